@@ -1,0 +1,118 @@
+"""Attention over a paged KV cache: the torch reference implementation.
+
+Tokens of every sequence in a step are flattened into one batch. Each sequence owns a list of
+fixed-size KV blocks (its block table); a token's K/V are written at its slot
+(`block * block_size + offset`), and its queries attend over the sequence's whole context,
+gathered back from those blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Plain description of one model step, built by the runner.
+
+    query_lens[i] new tokens of sequence i sit contiguously in the flattened batch, in sequence order;
+    after this step sequence i has context_lens[i] tokens in the cache (the new ones included, at the end).
+    """
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    block_tables: tuple[torch.Tensor, ...]  # per sequence: [num_blocks_used] int64 block ids
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+class KVCache:
+    """Preallocated K and V blocks for every layer: [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+def write_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    # [num_blocks_used, block_size, h, d] -> [length, h, d]
+    blocks = cache.index_select(0, block_table)
+    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+
+
+def _causal_mask(query_len: int, context_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+    """[query_len, context_len] bool, True where a query may attend to a key."""
+    query_pos = torch.arange(context_len - query_len, context_len, device=device)[:, None]
+    key_pos = torch.arange(context_len, device=device)[None, :]
+    allowed = key_pos <= query_pos
+    if sliding_window is not None:
+        allowed &= key_pos > query_pos - sliding_window
+    return allowed
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Write K/V to the cache, then causal (optionally windowed) attention per sequence via SDPA."""
+    write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    start = 0
+    for query_len, context_len, block_table in zip(meta.query_lens, meta.context_lens, meta.block_tables):
+        end = start + query_len
+        if context_len == query_len:  # nothing cached before: attend over this step's own K/V
+            keys, values = k[start:end], v[start:end]
+        else:
+            keys = _gather(key_cache, block_table, context_len)
+            values = _gather(value_cache, block_table, context_len)
+        mask = None
+        if query_len > 1 or (sliding_window is not None and context_len > sliding_window):
+            mask = _causal_mask(query_len, context_len, sliding_window, q.device)
+        attended = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1),  # [heads, q, d]
+            keys.transpose(0, 1),
+            values.transpose(0, 1),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = attended.transpose(0, 1)
+        start = end
+    return out

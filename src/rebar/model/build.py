@@ -1,0 +1,51 @@
+"""Checkpoint -> ready-to-run module: construct on the meta device, then load each tensor once."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rebar.errors import ModelFormatError
+from rebar.model.bert import BertModel
+from rebar.model.llama import LlamaModel
+from rebar.model.loader.base import Checkpoint
+
+_NON_PARAMETER_TENSORS = ("rope_freq_factors",)
+
+
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+    """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
+
+    Raises ModelFormatError naming the tensor when one is missing, unexpected or mis-shaped.
+    """
+    config = checkpoint.config
+    if config.architecture == "bert":
+        with torch.device("meta"):
+            model: nn.Module = BertModel(config)
+    else:
+        freq_factors = None
+        if "rope_freq_factors" in checkpoint.tensors:
+            freq_factors = checkpoint.load_tensor("rope_freq_factors", torch.float32)
+        with torch.device("meta"):
+            model = LlamaModel(config, rope_freq_factors=freq_factors)
+
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    present = {name for name in checkpoint.tensors if name not in _NON_PARAMETER_TENSORS}
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise ModelFormatError(f"{checkpoint.path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    unexpected = sorted(present - set(expected))
+    if unexpected:
+        raise ModelFormatError(f"{checkpoint.path}: unexpected tensors {unexpected[:5]}")
+    for name, shape in expected.items():
+        found = checkpoint.tensors[name].shape
+        if found != shape:
+            raise ModelFormatError(
+                f"{checkpoint.path}: tensor {checkpoint.tensors[name].file_name!r} has shape {list(found)}, "
+                f"expected {list(shape)} from the model config"
+            )
+
+    state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected}
+    model.load_state_dict(state, strict=True, assign=True)
+    # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
+    return model.to(device).eval().requires_grad_(False)

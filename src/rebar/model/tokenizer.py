@@ -1,0 +1,229 @@
+"""Tokenizers built from a GGUF file's metadata or an HF `tokenizer.json`.
+
+The `tokenizers` library is the BPE/WordPiece engine; this module decides how it is assembled
+(vocabulary, merges, pre-tokenizer regex, special tokens) so that token ids match the reference
+implementation of each format: llama.cpp for GGUF, the `tokenizer.json` itself for HF folders.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers.models import BPE
+
+from rebar.errors import ModelFormatError, UnsupportedModelError
+
+# GGUF token types (llama.cpp's llama_token_type).
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _byte_level_only() -> pre_tokenizers.PreTokenizer:
+    # GPT-2's own split regex, applied by the ByteLevel pre-tokenizer itself.
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _digits_then_byte_level() -> pre_tokenizers.PreTokenizer:
+    # StarCoder/SmolLM: every digit is its own pre-token, then GPT-2's regex.
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), _byte_level_only()]
+    )
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+# GGUF `tokenizer.ggml.pre` names (as llama.cpp's converter writes them) -> pre-tokenizer.
+_GGUF_PRE_TOKENIZERS = {
+    "default": _byte_level_only,
+    "gpt-2": _byte_level_only,
+    "gpt2": _byte_level_only,
+    "smollm": _digits_then_byte_level,
+    "starcoder": _digits_then_byte_level,
+    "refact": _digits_then_byte_level,
+    "codeshell": _digits_then_byte_level,
+    "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+    "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+    "smaug-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+    "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
+}
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids and strings a generator needs; any of them may be absent in a checkpoint."""
+
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+
+
+class Tokenizer:
+    """Text <-> token ids for one model.
+
+    `encode` never adds BOS/EOS (callers decide); special tokens written in the text, such as
+    `<|im_start|>`, are matched as single special ids. `decode` is the exact inverse of the
+    byte-level encoding, so `decode(encode(s)) == s` for any string.
+    """
+
+    def __init__(self, backend: BackendTokenizer, special: SpecialTokens) -> None:
+        self._backend = backend
+        self.special = special
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self._special_ids = frozenset(
+            token_id for token_id, added in backend.get_added_tokens_decoder().items() if added.special
+        )
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` applies the model's post-processor (BERT's [CLS]/[SEP])."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        encodings = self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._backend.id_to_token(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def set_truncation(self, max_length: int) -> None:
+        """Truncate encodings (post-processor tokens included) to `max_length`; used by encoders."""
+        self._backend.enable_truncation(max_length)
+
+    @property
+    def kind(self) -> str:
+        return type(self._backend.model).__name__
+
+    @classmethod
+    def from_gguf_vocab(
+        cls,
+        model: str,
+        pre: str,
+        tokens: Sequence[str],
+        token_types: Sequence[int] | None,
+        merges: Sequence[str],
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        add_bos: bool,
+    ) -> "Tokenizer":
+        """Assemble a byte-level BPE tokenizer the way llama.cpp reads the same metadata."""
+        if model != "gpt2":
+            raise UnsupportedModelError(
+                f"GGUF tokenizer model {model!r} is not supported (rebar reads 'gpt2'-style BPE)"
+            )
+        make_pre = _GGUF_PRE_TOKENIZERS.get(pre)
+        if make_pre is None:
+            raise UnsupportedModelError(
+                f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(_GGUF_PRE_TOKENIZERS)}"
+            )
+        vocab = {token: index for index, token in enumerate(tokens)}
+        if len(vocab) != len(tokens):
+            raise ModelFormatError("GGUF vocabulary has duplicate tokens")
+        merge_pairs = []
+        for line in merges:
+            left, sep, right = line.partition(" ")
+            if not sep:
+                raise ModelFormatError(f"GGUF merge {line!r} is not two space-separated tokens")
+            merge_pairs.append((left, right))
+        backend = BackendTokenizer(BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False))
+        backend.pre_tokenizer = make_pre()
+        backend.decoder = decoders.ByteLevel()
+        types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * len(tokens)
+        backend.add_special_tokens(
+            [
+                AddedToken(tokens[i], special=True, normalized=False)
+                for i, kind in enumerate(types)
+                if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
+            ]
+        )
+        backend.add_tokens(
+            [
+                AddedToken(tokens[i], special=False, normalized=False)
+                for i, kind in enumerate(types)
+                if kind == TOKEN_TYPE_USER_DEFINED
+            ]
+        )
+        special = SpecialTokens(
+            bos_token_id=bos_token_id,
+            eos_token_ids=() if eos_token_id is None else (eos_token_id,),
+            bos_token=tokens[bos_token_id] if bos_token_id is not None else "",
+            eos_token=tokens[eos_token_id] if eos_token_id is not None else "",
+            add_bos=add_bos,
+        )
+        return cls(backend, special)
+
+    @classmethod
+    def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
+        """Load `tokenizer.json`; special-token strings and BOS policy come from `tokenizer_config.json`."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise UnsupportedModelError(f"{folder} has no tokenizer.json (only fast tokenizers are supported)")
+        try:
+            backend = BackendTokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception on malformed JSON
+            raise ModelFormatError(f"cannot read {path}: {exc}") from exc
+        config = read_tokenizer_config(folder)
+        bos_token = _token_string(config.get("bos_token"))
+        eos_token = _token_string(config.get("eos_token"))
+        bos_id = backend.token_to_id(bos_token) if bos_token else None
+        eos_ids = list(eos_token_ids)
+        eos_id = backend.token_to_id(eos_token) if eos_token else None
+        if eos_id is not None and eos_id not in eos_ids:
+            eos_ids.insert(0, eos_id)
+        special = SpecialTokens(
+            bos_token_id=bos_id,
+            eos_token_ids=tuple(eos_ids),
+            bos_token=bos_token,
+            eos_token=eos_token,
+            add_bos=bool(config.get("add_bos_token", False)) and bos_id is not None,
+        )
+        return cls(backend, special)
+
+
+def read_tokenizer_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelFormatError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _token_string(value: object) -> str:
+    # tokenizer_config.json stores special tokens as a string or as an AddedToken dict.
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
