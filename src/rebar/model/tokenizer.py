@@ -194,6 +194,10 @@ class Tokenizer:
             backend = BackendTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on malformed JSON
             raise ModelFormatError(f"cannot read {path}: {exc}") from exc
+        # Padding and truncation baked into tokenizer.json would corrupt ids and masks silently;
+        # callers pad batches and check lengths themselves.
+        backend.no_padding()
+        backend.no_truncation()
         config = read_tokenizer_config(folder)
         bos_token = _token_string(config.get("bos_token"))
         eos_token = _token_string(config.get("eos_token"))

@@ -1,0 +1,182 @@
+"""The `rebar` command: generate, chat, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+from rebar.errors import RebarError
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_params(args: argparse.Namespace):
+    from rebar.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
+def _load(args: argparse.Namespace):
+    from rebar.engine.llm import LLM
+
+    return LLM(model=args.model, dtype=args.dtype, device=args.device)
+
+
+def _stream_to_stdout(llm, prompt: str, params) -> str:
+    text = []
+    for step in llm.stream([prompt], params):
+        sys.stdout.write(step.text_delta)
+        sys.stdout.flush()
+        text.append(step.text_delta)
+    sys.stdout.write("\n")
+    return "".join(text)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)  # validate before the (slow) load
+    llm = _load(args)
+    _stream_to_stdout(llm, args.prompt, params)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    llm = _load(args)
+    print(f"rebar chat — {args.model} loaded in {llm.load_seconds:.1f}s. /reset clears, /exit or Ctrl-D quits.", file=sys.stderr)
+    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            answer = _stream_to_stdout(llm, llm.render_chat(messages), params)
+        except RebarError as exc:  # e.g. the conversation outgrew the context window
+            messages.pop()
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        messages.append({"role": "assistant", "content": answer})
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from rebar.model.loader import open_checkpoint
+
+    checkpoint = open_checkpoint(args.model)
+    config = checkpoint.config
+    print(f"path:          {checkpoint.path}")
+    print(f"format:        {checkpoint.format}")
+    print(f"architecture:  {config.source_architecture} (runs as {config.architecture})")
+    if config.name:
+        print(f"name:          {config.name}")
+    print("config:")
+    skipped = {"name", "source_architecture", "architecture"}
+    skipped |= _DECODER_FIELDS if config.architecture == "bert" else _ENCODER_FIELDS
+    for key, value in vars(config).items():
+        if key not in skipped:
+            print(f"  {key}: {value}")
+    infos = checkpoint.tensors.values()
+    num_params = sum(_numel(t.shape) for t in infos)
+    num_bytes = sum(t.num_bytes for t in infos)
+    storage = Counter(t.storage for t in infos)
+    print(f"tensors:       {len(checkpoint.tensors)}, {num_params / 1e6:.1f}M parameters, {num_bytes / 2**20:.1f} MiB stored")
+    print("storage types: " + ", ".join(f"{kind} x{count}" for kind, count in storage.most_common()))
+    if args.tensors:
+        for info in infos:
+            print(f"  {info.file_name:48s} {str(list(info.shape)):18s} {info.storage}")
+    tokenizer = checkpoint.tokenizer
+    special = tokenizer.special
+    print(f"tokenizer:     {tokenizer.kind}, vocab {tokenizer.vocab_size}, bos {special.bos_token!r} "
+          f"(add_bos={special.add_bos}), eos {[tokenizer.id_to_token(i) for i in special.eos_token_ids]}")
+    template = checkpoint.chat_template
+    if template is None:
+        print("chat template: none")
+    else:
+        shown = template if args.full_template or len(template) <= 400 else template[:400] + " ..."
+        print(f"chat template ({len(template)} chars):\n{shown}")
+    return 0
+
+
+_ENCODER_FIELDS = {"type_vocab_size", "pooling", "normalize_embeddings", "max_seq_length"}
+_DECODER_FIELDS = {
+    "num_kv_heads", "head_dim", "rope_theta", "rope_scaling", "qkv_bias", "o_bias", "mlp_bias",
+    "tie_word_embeddings", "sliding_window",
+}
+
+
+def _numel(shape: Sequence[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rebar", description="rebar: LLM inference from first principles")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="complete a prompt, streaming tokens to stdout")
+    _add_model_args(generate)
+    _add_sampling_args(generate, max_tokens=128)
+    generate.add_argument("prompt")
+    generate.set_defaults(handler=cmd_generate)
+
+    chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
+    _add_model_args(chat)
+    _add_sampling_args(chat, max_tokens=512)
+    chat.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    chat.set_defaults(handler=cmd_chat)
+
+    inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")
+    inspect.add_argument("model")
+    inspect.add_argument("--tensors", action="store_true", help="list every tensor")
+    inspect.add_argument("--full-template", action="store_true")
+    inspect.set_defaults(handler=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except RebarError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

