@@ -186,9 +186,11 @@ class LLM:
         """One L2-normalised vector per text (float32 [len(texts), hidden]); inputs past the limit are truncated."""
         if self.config.architecture != "bert":
             raise InvalidRequestError(f"{self.config.source_architecture} is not an embedding model", "model")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts or not all(isinstance(t, str) for t in texts):
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, Sequence) or not texts or not all(isinstance(t, str) for t in texts):
             raise InvalidRequestError("input must be a non-empty list of strings", "input")
+        texts = list(texts)
         chunks = [self._embed_batch(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
         return torch.cat(chunks)
 
