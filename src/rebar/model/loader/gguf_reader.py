@@ -7,6 +7,7 @@ and returns plain Python values. Type ids and block sizes still come from `gguf`
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -58,15 +59,15 @@ class _Cursor:
 
     def string(self) -> str:
         length = self.unpack("<Q")
-        end = self.pos + length
+        start, end = self.pos, self.pos + length
         if end > len(self.data):
-            raise ModelFormatError(f"{self.path} is truncated inside a string at byte {self.pos}")
-        raw = self.data[self.pos : end]
+            raise ModelFormatError(f"{self.path} is truncated inside a string at byte {start}")
+        raw = self.data[start:end]
         self.pos = end
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ModelFormatError(f"{self.path}: a metadata string at byte {self.pos} is not UTF-8") from exc
+            raise ModelFormatError(f"{self.path}: a metadata string at byte {start} is not UTF-8") from exc
 
     def value(self, value_type: int) -> Any:
         if value_type in _SCALAR_FORMATS:
@@ -109,12 +110,18 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for _ in range(num_kv):
             key = cursor.string()
+            if key in self.metadata:
+                raise ModelFormatError(f"{path}: metadata key {key!r} appears twice")
             self.metadata[key] = cursor.value(cursor.unpack("<I"))
         infos = [self._tensor_info(cursor) for _ in range(num_tensors)]
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ModelFormatError(f"{path}: general.alignment must be a power of two, got {alignment!r}")
         data_start = -(-cursor.pos // alignment) * alignment
         self.tensors: dict[str, GGUFTensor] = {}
         for name, shape, qtype, relative in infos:
+            if name in self.tensors:
+                raise ModelFormatError(f"{path}: tensor {name!r} appears twice in the tensor index")
             tensor = GGUFTensor(name, shape, qtype, data_start + relative, _num_bytes(name, shape, qtype))
             if tensor.offset + tensor.num_bytes > len(mapped):
                 raise ModelFormatError(
@@ -142,5 +149,5 @@ def _num_bytes(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -
     row = shape[-1] if shape else 1
     if row % block_size:
         raise ModelFormatError(f"tensor {name!r}: row length {row} is not a multiple of {qtype.name}'s block {block_size}")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # Python ints: a corrupt shape cannot wrap around to a small size
     return count // block_size * type_size

@@ -93,6 +93,27 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported (rebar has linear and llama3)")
 
 
+def _sliding_window(config: dict[str, Any], arch: str) -> int | None:
+    """The window every layer uses, or None; rebar cannot mix windowed and full-attention layers."""
+    window = config.get("sliding_window")
+    is_qwen2 = arch == "Qwen2ForCausalLM"
+    if not window or (is_qwen2 and not config.get("use_sliding_window", False)):
+        return None
+    layer_types = config.get("layer_types")
+    if layer_types is None and is_qwen2:  # transformers 4.x: layers from max_window_layers on are windowed
+        first = int(config.get("max_window_layers", 0))
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(int(config["num_hidden_layers"]))]
+    kinds = {kind == "sliding_attention" for kind in layer_types or ["sliding_attention"]}
+    if kinds == {False}:
+        return None
+    if kinds == {True}:
+        return int(window)
+    raise UnsupportedModelError(
+        f"{arch} mixes sliding-window and full-attention layers (layer_types {layer_types}); "
+        "rebar applies one attention pattern to every layer"
+    )
+
+
 def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
     act = config.get("hidden_act", "silu")
     if act != "silu":
@@ -102,9 +123,6 @@ def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
     theta, scaling = _rope(config)
     is_qwen2 = arch == "Qwen2ForCausalLM"
     attention_bias = bool(config.get("attention_bias", False))
-    window = config.get("sliding_window")
-    if is_qwen2 and not config.get("use_sliding_window", False):
-        window = None
     return ModelConfig(
         architecture="llama",
         source_architecture=arch,
@@ -124,7 +142,7 @@ def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
         o_bias=attention_bias,
         mlp_bias=bool(config.get("mlp_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        sliding_window=int(window) if window else None,
+        sliding_window=_sliding_window(config, arch),
     )
 
 

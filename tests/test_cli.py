@@ -1,0 +1,48 @@
+"""The `rebar` command as a user runs it: real subprocesses, real model, exit codes and messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import requires_smollm2
+
+
+def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rebar.cli", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+@requires_smollm2
+def test_inspect_shows_architecture_types_tokenizer_and_template() -> None:
+    result = rebar("inspect", "smollm2")
+    assert result.returncode == 0, result.stderr
+    for expected in ("gguf:llama", "num_kv_heads: 3", "Q4_1 x210", "Q8_0 x1", "vocab 49152", "<|im_start|>"):
+        assert expected in result.stdout
+
+
+@requires_smollm2
+def test_generate_streams_a_completion() -> None:
+    result = rebar("generate", "--model", "smollm2", "--max-tokens", "8", "The capital of France is")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+@requires_smollm2
+def test_chat_keeps_the_conversation_and_exits_cleanly() -> None:
+    result = rebar("chat", "--model", "smollm2", "--max-tokens", "24", stdin="What is the capital of France?\n/exit\n")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_unknown_model_is_a_clean_error() -> None:
+    result = rebar("inspect", "/no/such/model.gguf")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_invalid_sampling_value_is_a_clean_error() -> None:
+    result = rebar("generate", "--top-p", "0", "hello")
+    assert result.returncode == 2
+    assert "top_p" in result.stderr and "Traceback" not in result.stderr
