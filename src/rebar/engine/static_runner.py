@@ -17,7 +17,7 @@ from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.outputs import StepOutput
 from rebar.engine.sampler import make_generator, sample
 from rebar.engine.sampling_params import SamplingParams
-from rebar.kernels.attention import AttentionMetadata, KVCache
+from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
 
@@ -76,15 +76,14 @@ class StaticBatchRunner:
             ids.extend(new_ids)
             positions.extend(range(start, end))
             slots.extend(first_block * self.block_size + p for p in range(start, end))
-            num_blocks = _blocks_for(end, self.block_size)
-            tables.append(torch.arange(first_block, first_block + num_blocks, device=self.device))
+            tables.append(list(range(first_block, first_block + _blocks_for(end, self.block_size))))
             query_lens.append(len(new_ids))
             context_lens.append(end)
         meta = AttentionMetadata(
             query_lens=tuple(query_lens),
             context_lens=tuple(context_lens),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            block_tables=tuple(tables),
+            block_tables=pad_block_tables(tables, self.device),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return self.model(input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta, cache)

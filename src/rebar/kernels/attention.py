@@ -25,11 +25,18 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]
     context_lens: tuple[int, ...]
     slot_mapping: torch.Tensor  # [num_tokens] int64
-    block_tables: tuple[torch.Tensor, ...]  # per sequence: [num_blocks_used] int64 block ids
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
 
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
+
+
+def pad_block_tables(tables: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[num_seqs, max_blocks] int64 from ragged per-sequence block lists (padding with block 0)."""
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(padded, dtype=torch.long, device=device).reshape(len(tables), width)
 
 
 class KVCache:
@@ -67,7 +74,8 @@ def write_kv(
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     # [num_blocks_used, block_size, h, d] -> [length, h, d]
-    blocks = cache.index_select(0, block_table)
+    num_blocks = -(-length // cache.shape[1])
+    blocks = cache.index_select(0, block_table[:num_blocks])
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
 
 
