@@ -1,13 +1,23 @@
-"""The sampler's filters against hand-computed expectations, and seeded reproducibility."""
+"""The sampler against hand-computed expectations: filters, penalties, logit_bias, logprobs, and
+seeded rows that draw the same tokens alone or in any batch."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from rebar import SamplingParams
-from rebar.engine.sampler import filter_logits, make_generator, sample
+from rebar.engine.sampler import (
+    NUM_CANDIDATES,
+    SampleRequest,
+    filter_logits,
+    make_generator,
+    process_logits,
+    sample,
+    sample_batch,
+)
 
 LOGITS = torch.log(torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]))
 
@@ -68,3 +78,294 @@ def test_filtered_tokens_are_never_sampled() -> None:
     params = SamplingParams(temperature=1.0, top_k=2, seed=3)
     generator = make_generator(params)
     assert {sample(LOGITS, params, generator) for _ in range(500)} == {0, 1}
+
+
+# --- the batched API -------------------------------------------------------------------------
+
+
+def request(
+    params: SamplingParams, prompt: tuple[int, ...] = (), output: tuple[int, ...] = (), seeded: bool = True
+) -> SampleRequest:
+    return SampleRequest(params, make_generator(params) if seeded else None, list(prompt), list(output))
+
+
+def processed(values: list[float], params: SamplingParams, prompt=(), output=()) -> list[float]:
+    return process_logits(torch.tensor([values]), [request(params, prompt, output)])[0].tolist()
+
+
+def greedy_token(values: list[float], **kwargs) -> int:
+    prompt, output = kwargs.pop("prompt", ()), kwargs.pop("output", ())
+    params = SamplingParams(temperature=0, **kwargs)
+    return sample_batch(torch.tensor([values]), [request(params, prompt, output)])[0].token_id
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    # token 0: positive, in the output; 1: negative, in the output; 2: positive, prompt only;
+    # 3: negative, prompt only; 4: never seen.
+    logits = [2.0, -1.0, 0.5, -0.25, 3.0]
+    got = processed(logits, SamplingParams(repetition_penalty=2.0), prompt=(2, 3), output=(0, 1, 0))
+    assert got == [1.0, -2.0, 0.25, -0.5, 3.0]
+
+
+def test_repetition_penalty_below_one_rewards_seen_tokens() -> None:
+    assert processed([2.0, -1.0, 1.0], SamplingParams(repetition_penalty=0.5), prompt=(0, 1)) == [4.0, -0.5, 1.0]
+
+
+def test_repetition_penalty_changes_the_greedy_choice_exactly_at_the_hand_computed_value() -> None:
+    # 2.0 / 2 = 1.0, so a neighbour at 0.99 still loses and one at 1.01 wins.
+    assert greedy_token([2.0, 0.99], repetition_penalty=2.0, prompt=(0,)) == 0
+    assert greedy_token([2.0, 1.01], repetition_penalty=2.0, prompt=(0,)) == 1
+    # -1.0 * 2 = -2.0 on a negative logit: a neighbour at -1.9 now wins, one at -2.1 does not.
+    assert greedy_token([-1.0, -1.9], repetition_penalty=2.0, output=(0,)) == 1
+    assert greedy_token([-1.0, -2.1], repetition_penalty=2.0, output=(0,)) == 0
+
+
+def test_presence_penalty_counts_a_token_once() -> None:
+    got = processed([1.0, 1.0, 1.0, 1.0], SamplingParams(presence_penalty=0.5), prompt=(3, 3), output=(0, 0, 0, 1))
+    assert got == [0.5, 0.5, 1.0, 1.0]  # the prompt-only token 3 is not penalised
+
+
+def test_frequency_penalty_scales_with_the_count() -> None:
+    got = processed([1.0, 1.0, 1.0, 1.0], SamplingParams(frequency_penalty=0.25), prompt=(3, 3), output=(0, 0, 0, 1))
+    assert got == [0.25, 0.75, 1.0, 1.0]
+
+
+def test_presence_and_frequency_add_up_and_may_be_negative() -> None:
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.25)
+    assert processed([1.0, 1.0, 1.0], params, output=(0, 0, 1)) == [1.0, 0.75, 1.0]  # 1 - 0.5 + 0.5; 1 - 0.5 + 0.25
+
+
+def test_repetition_comes_before_presence_and_frequency() -> None:
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=1.0, frequency_penalty=0.5)
+    assert processed([4.0, 4.0], params, output=(0, 0)) == [4.0 / 2 - 1.0 - 0.5 * 2, 4.0]
+
+
+def test_logit_bias_is_added_before_penalties() -> None:
+    params = SamplingParams(logit_bias={0: 2.0, 2: -3.0}, repetition_penalty=2.0)
+    # token 0: (1 + 2) / 2; token 2: (1 - 3) * 2 (the bias made it negative first)
+    assert processed([1.0, 1.0, 1.0], params, prompt=(0, 2)) == [1.5, 1.0, -4.0]
+
+
+def test_logit_bias_forces_and_bans_tokens() -> None:
+    logits = torch.tensor([[5.0, 4.0, 3.0, -5.0]])
+    forced = SamplingParams(temperature=1.0, seed=1, logit_bias={3: 100})
+    row = request(forced)
+    assert {sample_batch(logits, [row])[0].token_id for _ in range(200)} == {3}
+    assert greedy_token([5.0, 4.0, 3.0, -5.0], logit_bias={0: -100}) == 1
+    banned = request(SamplingParams(temperature=1.0, seed=2, logit_bias={"0": -100}))
+    flat = torch.zeros(1, 4)
+    drawn = {sample_batch(flat, [banned])[0].token_id for _ in range(300)}
+    assert drawn == {1, 2, 3}
+
+
+def test_process_logits_leaves_the_input_alone() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    reqs = [request(SamplingParams(temperature=0, logit_bias={0: 5}, presence_penalty=1.0), output=(2,))]
+    assert process_logits(logits, reqs).tolist() == [[6.0, 2.0, 2.0]]
+    assert sample_batch(logits, reqs)[0].token_id == 0
+    assert logits.tolist() == [[1.0, 2.0, 3.0]]
+
+
+def test_logprobs_come_from_the_raw_logits_sorted_and_of_the_requested_length() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50)
+    params = SamplingParams(
+        temperature=0.5, seed=4, logprobs=5, logit_bias={7: 3.0}, presence_penalty=1.0, repetition_penalty=1.5
+    )
+    result = sample_batch(logits, [request(params, prompt=(1, 2), output=(3, 7))])[0]
+    reference = torch.log_softmax(logits[0], -1)
+    assert result.logprobs is not None
+    assert result.logprobs.token_id == result.token_id
+    assert result.logprobs.logprob == pytest.approx(float(reference[result.token_id]), abs=1e-6)
+    top = result.logprobs.top
+    assert len(top) == 5
+    assert [t for t, _ in top] == torch.argsort(reference, descending=True)[:5].tolist()
+    assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+    for token_id, logprob in top:
+        assert logprob == pytest.approx(float(reference[token_id]), abs=1e-6)
+
+
+def test_the_chosen_token_is_reported_even_outside_the_top_list() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    params = SamplingParams(temperature=0, logprobs=1, logit_bias={3: 100})
+    result = sample_batch(logits, [request(params)])[0]
+    reference = torch.log_softmax(logits[0], -1)
+    assert result.token_id == 3
+    assert result.logprobs is not None
+    assert result.logprobs.logprob == pytest.approx(float(reference[3]), abs=1e-6)
+    assert result.logprobs.top == ((0, pytest.approx(float(reference[0]), abs=1e-6)),)
+
+
+def test_logprobs_zero_reports_only_the_chosen_token_and_none_means_off() -> None:
+    logits = torch.tensor([[0.0, 1.0]])
+    zero = sample_batch(logits, [request(SamplingParams(temperature=0, logprobs=0))])[0]
+    assert zero.logprobs is not None and zero.logprobs.top == ()
+    assert zero.logprobs.logprob == pytest.approx(math.log(math.e / (1 + math.e)), abs=1e-6)
+    assert sample_batch(logits, [request(SamplingParams(temperature=0))])[0].logprobs is None
+
+
+def test_each_row_gets_its_own_number_of_alternatives() -> None:
+    logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(2))
+    reqs = [request(SamplingParams(temperature=0, logprobs=k)) for k in (2, None, 5)]
+    results = sample_batch(logits, reqs)
+    assert results[0].logprobs is not None and results[2].logprobs is not None
+    assert [t for t, _ in results[0].logprobs.top] == torch.argsort(logits[0], descending=True)[:2].tolist()
+    assert results[1].logprobs is None
+    assert [t for t, _ in results[2].logprobs.top] == torch.argsort(logits[2], descending=True)[:5].tolist()
+
+
+def test_plain_greedy_batch_takes_each_rows_argmax() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0], [5.0, -1.0, 4.0], [0.0, 0.0, 9.0]])
+    reqs = [request(SamplingParams(temperature=0)) for _ in range(3)]
+    assert [t.token_id for t in sample_batch(logits, reqs)] == [1, 0, 2]
+
+
+def _neighbours(vocab_size: int) -> list[tuple[SamplingParams, torch.Tensor]]:
+    """Seven rows with assorted params and their own logits, to surround the row under test."""
+    g = torch.Generator().manual_seed(99)
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.3),  # unseeded: the global RNG
+        SamplingParams(temperature=0.7, seed=5, top_p=0.5, logprobs=3),
+        SamplingParams(temperature=0, presence_penalty=1.5, logit_bias={1: 2.0}),
+        SamplingParams(temperature=1.0, seed=6, min_p=0.1, frequency_penalty=0.4),
+        SamplingParams(temperature=2.0, top_k=3, repetition_penalty=1.8),
+        SamplingParams(temperature=0.9, seed=7, top_k=10, top_p=0.8, min_p=0.05, logprobs=20),
+    ]
+    return [(p, torch.randn(vocab_size, generator=g) * 3) for p in params]
+
+
+def _draw_sequence(row_logits: torch.Tensor, params: SamplingParams, neighbours, position: int) -> list[int]:
+    """50 tokens for one row, fed back as its output history, optionally among neighbour rows."""
+    target = request(params, prompt=(1, 2, 3))
+    others = [request(p, prompt=(4,)) for p, _ in neighbours]
+    tokens = []
+    for _ in range(50):
+        reqs = others[:position] + [target] + others[position:]
+        logits = torch.stack([l for _, l in neighbours[:position]] + [row_logits] + [l for _, l in neighbours[position:]])
+        results = sample_batch(logits, reqs)
+        token = results[position].token_id
+        tokens.append(token)
+        target.output_token_ids.append(token)
+        for other, result in zip(reqs, results):
+            if other is not target:
+                other.output_token_ids.append(result.token_id)
+    return tokens
+
+
+@pytest.mark.parametrize("vocab_size", [64, 4096])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, seed=1234),
+        SamplingParams(temperature=0.8, seed=1234, top_k=20, top_p=0.9, min_p=0.02),
+        SamplingParams(temperature=1.5, seed=9, top_p=0.9),  # in 4096 tokens: wider than the candidates
+        SamplingParams(temperature=1.1, seed=77, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={0: 1.0}),
+    ],
+)
+def test_a_seeded_row_draws_the_same_tokens_alone_or_in_a_batch(params: SamplingParams, vocab_size: int) -> None:
+    row_logits = torch.randn(vocab_size, generator=torch.Generator().manual_seed(3))
+    alone = _draw_sequence(row_logits, params, [], 0)
+    in_batch = _draw_sequence(row_logits, params, _neighbours(vocab_size), 5)
+    assert alone == in_batch
+    assert len(set(alone)) > 5  # the row really samples, so the comparison means something
+
+
+def test_greedy_rows_are_unaffected_by_their_neighbours() -> None:
+    vocab_size = 64
+    plain = torch.randn(vocab_size, generator=torch.Generator().manual_seed(8))
+    penalised_params = SamplingParams(temperature=0, frequency_penalty=2.0)
+    for position in (0, 3, 7):
+        neighbours = _neighbours(vocab_size)
+        logits = [l for _, l in neighbours]
+        reqs = [request(p) for p, _ in neighbours]
+        logits.insert(position, plain)
+        reqs.insert(position, request(SamplingParams(temperature=0)))
+        logits.append(plain)
+        reqs.append(request(penalised_params, output=(int(plain.argmax()),) * 2))
+        results = sample_batch(torch.stack(logits), reqs)
+        assert results[position].token_id == int(plain.argmax())
+        expected = plain.clone()
+        expected[int(plain.argmax())] -= 4.0  # frequency 2.0 * count 2
+        assert results[-1].token_id == int(expected.argmax())
+
+
+def test_batched_sampling_follows_the_distribution() -> None:
+    row = request(SamplingParams(temperature=1.0, seed=11))
+    counts = torch.zeros(5)
+    for _ in range(4000):
+        counts[sample_batch(LOGITS.unsqueeze(0), [row])[0].token_id] += 1
+    assert torch.allclose(counts / 4000, LOGITS.exp(), atol=0.03)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(top_k=2, seed=1), {0, 1}),
+        (SamplingParams(top_p=0.5, seed=2), {0, 1}),
+        (SamplingParams(min_p=0.3, seed=3), {0, 1, 2}),
+        (SamplingParams(top_k=3, top_p=0.6, seed=4), {0, 1}),
+        (SamplingParams(seed=5), {0, 1, 2, 3, 4}),
+    ],
+)
+def test_batched_filters_keep_exactly_the_hand_computed_set(params: SamplingParams, expected: set[int]) -> None:
+    row = request(params)
+    assert {sample_batch(LOGITS.unsqueeze(0), [row])[0].token_id for _ in range(1500)} == expected
+
+
+def _draw_many(logits: torch.Tensor, params: SamplingParams, num_draws: int) -> list[int]:
+    row = request(params)
+    return [sample_batch(logits.unsqueeze(0), [row])[0].token_id for _ in range(num_draws)]
+
+
+def test_a_wide_nucleus_reaches_past_the_candidate_tokens() -> None:
+    # p_i is proportional to r**i, so the mass ranked before token i is (1 - r**i) / (1 - r**V).
+    vocab_size, step, top_p = 4096, 1e-4, 0.5
+    r = math.exp(-step)
+    cutoff = math.ceil(math.log(1 - top_p * (1 - r**vocab_size)) / math.log(r))  # first dropped token
+    assert NUM_CANDIDATES < cutoff < vocab_size
+    drawn = _draw_many(-step * torch.arange(vocab_size, dtype=torch.float32), SamplingParams(top_p=top_p, seed=1), 400)
+    assert max(drawn) <= cutoff  # one token of slack for float32 round-off at the boundary
+    assert max(drawn) > NUM_CANDIDATES
+
+
+def test_a_large_top_k_reaches_past_the_candidate_tokens() -> None:
+    logits = -1e-3 * torch.arange(4096, dtype=torch.float32)
+    drawn = _draw_many(logits, SamplingParams(top_k=2000, seed=2), 400)
+    assert max(drawn) < 2000
+    assert max(drawn) > NUM_CANDIDATES
+
+
+def test_a_narrow_nucleus_in_a_large_vocabulary_keeps_the_hand_computed_set() -> None:
+    logits = torch.full((4096,), -30.0)
+    logits[[7, 900, 3000, 4000]] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert set(_draw_many(logits, SamplingParams(top_p=0.75, seed=3), 200)) == {7, 900}
+    assert set(_draw_many(logits, SamplingParams(top_p=0.85, seed=4), 300)) == {7, 900, 3000}
+    assert set(_draw_many(logits, SamplingParams(top_k=3, seed=5), 300)) == {7, 900, 3000}
+
+
+def test_a_tiny_temperature_behaves_like_greedy() -> None:
+    # 30 / 1e-38 overflows float32; the sampler must still pick the best token, not a NaN.
+    logits = torch.tensor([[10.0, 30.0, 20.0]])
+    row = request(SamplingParams(temperature=1e-38, seed=1))
+    assert {sample_batch(logits, [row])[0].token_id for _ in range(20)} == {1}
+
+
+def test_same_seed_repeats_and_other_seeds_differ_in_a_batch() -> None:
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
+
+    def draw(seed: int) -> list[int]:
+        row = request(SamplingParams(temperature=1.0, seed=seed))
+        return [sample_batch(logits, [row])[0].token_id for _ in range(20)]
+
+    assert draw(1) == draw(1)
+    assert draw(1) != draw(2)
+
+
+def test_bad_shapes_and_history_ids_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        sample_batch(torch.zeros(2, 4), [request(SamplingParams())])
+    with pytest.raises(ValueError):
+        sample_batch(torch.zeros(4), [request(SamplingParams())])
+    with pytest.raises(ValueError):
+        sample_batch(torch.zeros(1, 4), [request(SamplingParams(presence_penalty=1.0), output=(4,))])

@@ -30,6 +30,7 @@ from gguf_builder import (
     stored_values,
 )
 from rebar.engine.llm import LLM
+from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from rebar.model.loader import open_checkpoint
 from rebar.model.loader.ggml_dequant import SUPPORTED_TYPES, dequantize
@@ -359,7 +360,7 @@ def test_add_bos_flag_is_read(tmp_path: Path) -> None:
     contents.metadata["tokenizer.ggml.add_bos_token"] = True
     llm = LLM(model=contents.write(tmp_path / "bos.gguf"), dtype="float32", device="cpu")
     assert llm.tokenizer.special.add_bos
-    assert llm.prompt_ids("hi") == [byte_level_vocab().bos_id, *llm.tokenize("hi")]
+    assert prompt_token_ids(llm.tokenizer, "hi") == [byte_level_vocab().bos_id, *llm.tokenize("hi")]
 
 
 def test_merges_are_applied_in_rank_order(tiny_llama: Path) -> None:

@@ -1,17 +1,25 @@
-"""The offline Python API: `LLM(model=...)` with tokenize, logits, generate, chat and embed."""
+"""The offline Python API: `LLM(model=...)` with tokenize, logits, generate, chat and embed.
+
+Generation runs on the same EngineCore as the server (continuous batching, paged KV cache,
+prefix caching), stepped synchronously in the calling thread.
+"""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rebar.engine.outputs import CompletionOutput, StepOutput
+from rebar.engine.core import EngineCore
+from rebar.engine.engine_config import EngineConfig
+from rebar.engine.outputs import Choice, CompletionOutput, RequestOutput
+from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.sampling_params import SamplingParams
-from rebar.engine.static_runner import StaticBatchRunner
 from rebar.errors import InvalidRequestError
 from rebar.model.build import build_model
 from rebar.model.chat_template import render_chat
@@ -19,7 +27,6 @@ from rebar.model.loader import open_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-Prompt = str | list[int]
 Messages = Sequence[Mapping[str, Any]]
 
 
@@ -37,31 +44,47 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+@dataclass
+class _Collected:
+    text: str = ""
+    token_ids: list[int] | None = None
+    logprobs: list | None = None
+    last: RequestOutput | None = None
+
+
 class LLM:
     """A loaded model. Decoder models generate; encoder (BERT) models embed.
 
-    Everything is synchronous and runs in the calling thread; the serving engine builds on the
-    same model and tokenizer objects.
+    Everything is synchronous and runs in the calling thread.
     """
 
-    def __init__(self, model: str | Path = "smollm2", dtype: str = "float32", device: str = "auto", max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path = "smollm2",
+        dtype: str = "float32",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        engine_config: EngineConfig | None = None,
+    ) -> None:
         started = time.perf_counter()
         self.checkpoint = open_checkpoint(model)
         self.config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
+        engine_config = engine_config or EngineConfig()
+        if max_model_len is not None:
+            engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
         self.model = build_model(self.checkpoint, self.dtype, self.device)
-        limit = self.config.max_position_embeddings
-        if max_model_len is not None and not 0 < max_model_len <= limit:
-            raise InvalidRequestError(f"max_model_len must be in [1, {limit}], got {max_model_len}", "max_model_len")
-        self.max_model_len = max_model_len or limit
-        self.load_seconds = time.perf_counter() - started
-        self._runner = None
+        self.engine: EngineCore | None = None
         if self.config.is_decoder:
-            self._runner = StaticBatchRunner(
-                self.model, self.config, self.tokenizer, self.max_model_len, self.dtype, self.device
-            )
+            self.engine = EngineCore(self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device)
+        self.load_seconds = time.perf_counter() - started
+        self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        return self._require_decoder().max_model_len
 
     # ----- text <-> ids -------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -71,84 +94,65 @@ class LLM:
         return self.tokenizer.encode(text)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        self._check_ids(ids, allow_empty=True)
+        vocab = self.tokenizer.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", "tokens")
         return self.tokenizer.decode(ids)
 
-    def _check_ids(self, ids: Sequence[int], allow_empty: bool = False, param: str = "prompt") -> list[int]:
-        ids = list(ids)
-        if not ids and not allow_empty:
-            raise InvalidRequestError("token id list is empty", param)
-        vocab = self.tokenizer.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"token ids out of range [0, {vocab}): {bad[:5]}", param)
-        return ids
-
     # ----- decoder models -----------------------------------------------------------------
-    def _require_decoder(self) -> StaticBatchRunner:
-        if self._runner is None:
+    def _require_decoder(self) -> EngineCore:
+        if self.engine is None:
             raise InvalidRequestError(f"{self.config.source_architecture} is an embedding model; it cannot generate", "model")
-        return self._runner
+        return self.engine
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Teacher-forced next-token logits: float32 [len(ids), vocab], row i predicts token i + 1."""
-        runner = self._require_decoder()
-        ids = self._check_ids(ids)
-        if len(ids) > self.max_model_len:
-            raise InvalidRequestError(f"{len(ids)} tokens exceed the context window of {self.max_model_len}", "prompt")
-        cache = runner.new_cache(-(-len(ids) // runner.block_size))
-        hidden = runner.forward(cache, [(ids, 0, 0)])
-        with torch.inference_mode():
-            return self.model.compute_logits(hidden).cpu()
+        engine = self._require_decoder()
+        ids = list(ids)
+        vocab = self.tokenizer.vocab_size
+        if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"need a non-empty list of token ids in [0, {vocab})", "prompt")
+        if len(ids) > engine.max_model_len:
+            raise InvalidRequestError(f"{len(ids)} tokens exceed the context window of {engine.max_model_len}", "prompt")
+        return engine.logits(ids)
 
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Ids the model sees for `prompt`: text is tokenized and gets BOS when the model wants one."""
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-            bos = self.tokenizer.special.bos_token_id
-            if self.tokenizer.special.add_bos and bos is not None and (not ids or ids[0] != bos):
-                ids.insert(0, bos)
-        else:
-            ids = self._check_ids(prompt)
-        if not ids:
-            raise InvalidRequestError("prompt is empty", "prompt")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt has {len(ids)} tokens; the context window of {self.max_model_len} leaves no room to generate",
-                "prompt",
-            )
-        return ids
+    def stream(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
+        """Generate for every prompt as one continuous batch, yielding outputs as each step produces them.
 
-    def stream(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[StepOutput]:
-        """Generate for every prompt, yielding each token as it is produced (all prompts run as one batch)."""
-        runner = self._require_decoder()
-        prompt_ids = [self.prompt_ids(p) for p in prompts]
-        per_prompt = self._params_per_prompt(params, len(prompt_ids))
-        for ids, sp in zip(prompt_ids, per_prompt):
-            if sp.max_tokens is not None and len(ids) + sp.max_tokens > self.max_model_len:
-                raise InvalidRequestError(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({sp.max_tokens}) exceeds the context window of "
-                    f"{self.max_model_len}",
-                    "max_tokens",
-                )
-        return runner.run(prompt_ids, per_prompt)
+        Outputs carry `request_id` = the prompt's position as a string. Stopping the iteration early
+        aborts what is still running.
+        """
+        engine = self._require_decoder()
+        per_prompt = self._params_per_prompt(params, len(prompts))
+        request_ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        names = {rid: str(i) for i, rid in enumerate(request_ids)}
+        try:
+            for rid, prompt, sp in zip(request_ids, prompts, per_prompt):
+                engine.add_request(rid, prompt_token_ids(self.tokenizer, prompt), sp)
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.request_id in names:
+                        yield _renamed(output, names[output.request_id])
+        finally:
+            for rid in request_ids:
+                engine.abort_request(rid)
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
-        """Complete each prompt (text, or a list of token ids); returns outputs in prompt order."""
+        """Complete each prompt (text, or a list of token ids); returns one output per prompt, in order."""
         batch = self._as_batch(prompts)
-        prompt_ids = [self.prompt_ids(p) for p in batch]
-        texts = [""] * len(batch)
-        tokens: list[list[int]] = [[] for _ in batch]
-        finished: dict[int, StepOutput] = {}
-        for step in self.stream(prompt_ids, params):
-            texts[step.index] += step.text_delta
-            tokens[step.index].append(step.token_id)
-            if step.finish_reason is not None:
-                finished[step.index] = step
-        return [
-            CompletionOutput(prompt_ids[i], texts[i], tokens[i], finished[i].finish_reason, finished[i].stop_reason)
-            for i in range(len(batch))
-        ]
+        collected: dict[tuple[int, int], _Collected] = {}
+        for output in self.stream(batch, params):
+            entry = collected.setdefault((int(output.request_id), output.index), _Collected(token_ids=[], logprobs=[]))
+            entry.text += output.text_delta
+            entry.token_ids.extend(output.new_token_ids)
+            entry.logprobs.extend(output.logprobs)
+            entry.last = output
+        per_prompt = self._params_per_prompt(params, len(batch))
+        results = []
+        for i, prompt in enumerate(batch):
+            choices = tuple(_choice(j, collected[(i, j)]) for j in range(per_prompt[i].n))
+            results.append(CompletionOutput.from_choices(prompt_token_ids(self.tokenizer, prompt), choices, collected[(i, 0)].last))
+        return results
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         special = self.tokenizer.special
@@ -165,10 +169,10 @@ class LLM:
         if isinstance(prompts, str):
             return [prompts]
         batch = list(prompts)
-        if batch and all(isinstance(t, int) for t in batch):
-            return [batch]  # one prompt given as token ids
         if not batch:
             raise InvalidRequestError("no prompts given", "prompt")
+        if all(isinstance(t, int) for t in batch):
+            return [batch]  # one prompt given as token ids
         return batch
 
     @staticmethod
@@ -204,3 +208,14 @@ class LLM:
             input_ids[row, : len(ids)] = torch.tensor(ids)
             mask[row, : len(ids)] = 1
         return self.model.embed(input_ids.to(self.device), mask.to(self.device)).cpu()
+
+
+def _renamed(output: RequestOutput, request_id: str) -> RequestOutput:
+    from dataclasses import replace
+
+    return replace(output, request_id=request_id)
+
+
+def _choice(index: int, entry: _Collected) -> Choice:
+    last = entry.last
+    return Choice(index, entry.text, list(entry.token_ids), last.finish_reason, last.stop_reason, tuple(entry.logprobs), last.error)

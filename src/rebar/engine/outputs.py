@@ -6,27 +6,61 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class CompletionOutput:
-    """One finished generation.
+class Choice:
+    """One of the `n` completions of a prompt."""
 
-    `token_ids` are every generated id (a final EOS or stop token included); `text` excludes special
-    tokens (unless requested) and everything from a matched stop string on. `finish_reason` is
-    "stop" (EOS, a stop token or a stop string) or "length" (max_tokens or the context window).
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: str | int | None = None
+    logprobs: tuple = ()  # TokenLogprobs per generated token when requested
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """The finished generation for one prompt.
+
+    `text`, `token_ids`, `finish_reason` and `stop_reason` are those of the first choice; all `n`
+    choices are in `choices`. `token_ids` are every generated id (a final EOS or stop token
+    included); `text` excludes special tokens (unless requested) and everything from a matched stop
+    string on. `finish_reason` is "stop" (EOS, a stop token or a stop string), "length"
+    (max_tokens or the context window), or "timeout"/"error"/"abort".
     """
 
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
     finish_reason: str
-    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    stop_reason: str | int | None = None
+    choices: tuple[Choice, ...] = ()
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @classmethod
+    def from_choices(cls, prompt_token_ids: list[int], choices: tuple[Choice, ...], last: "RequestOutput") -> "CompletionOutput":
+        first = choices[0]
+        return cls(prompt_token_ids, first.text, first.token_ids, first.finish_reason, first.stop_reason, choices, last.num_cached_tokens)
 
 
 @dataclass(frozen=True)
-class StepOutput:
-    """One token for one sequence: the text it released and, on the last one, why it ended."""
+class RequestOutput:
+    """What one engine step produced for one choice of one request (incremental).
 
-    index: int  # position of the prompt in the batch
-    token_id: int
+    `request_id` is the caller's id; `index` tells the choices of an `n > 1` request apart. The last
+    output of a choice has `finished=True` and a `finish_reason`: "stop", "length", "abort",
+    "timeout" or "error" (with `error` saying what went wrong).
+    """
+
+    request_id: str
+    index: int
+    new_token_ids: tuple[int, ...]
     text_delta: str
+    finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: tuple = ()  # TokenLogprobs for each new token when requested
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None

@@ -1,10 +1,58 @@
-"""Turn one row of logits into a token: greedy, or temperature with top-k / top-p / min-p filters."""
+"""Turn logits into tokens: greedy, or temperature with top-k / top-p / min-p filters.
+
+`sample_batch` is what the engine calls once per step for every running request. Per row it
+applies, in order: logit_bias -> repetition, presence and frequency penalties -> greedy argmax when
+temperature is 0, else temperature -> top_k -> top_p -> min_p -> a draw from the row's own
+generator. `process_logits` exposes the first two stages; `sample` and `filter_logits` are the
+single-row forms of the rest (without bias or penalties).
+
+Log-probabilities are always the log-softmax of the raw model logits, before logit_bias, penalties,
+temperature and filters (as vLLM reports them by default), so they describe the model, not the
+sampling settings.
+"""
 
 from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from rebar.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleRequest:
+    """One row of a sampling batch: the settings and token history of one sequence."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # from make_generator(params); None = the global RNG
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The chosen token's log-probability and the best alternatives, from the raw model logits.
+
+    `top` holds (token_id, logprob) pairs, most likely first; its length is `params.logprobs`
+    (capped at the vocabulary size). The chosen token is reported in `token_id`/`logprob` whether
+    or not it appears in `top`.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """The token picked for one row; `logprobs` is None unless the row's params asked for them."""
+
+    token_id: int
+    logprobs: TokenLogprobs | None
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
@@ -18,21 +66,7 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature-scaled logits ([vocab] float32) with filtered-out tokens set to -inf."""
-    logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens ranked before it already reach top_p.
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    if params.min_p > 0.0:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
-    return logits
+    return _filter_rows(logits.unsqueeze(0), [params]).squeeze(0)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -41,3 +75,275 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return int(torch.argmax(logits))
     probs = filter_logits(logits, params).softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampledToken]:
+    """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module docstring.
+
+    Callers may rely on: the caller's `logits` tensor is not modified; a row's token depends only on
+    its own logits, params, token history and generator, never on the other rows, so a seeded row
+    draws the same tokens alone or in any batch; each sampled (non-greedy) row consumes exactly one
+    float64 uniform from its generator (or, without one, from the global CPU RNG) per call; greedy
+    rows consume none.
+    """
+    _check_shape(logits, requests)
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    plain = [i for i, r in enumerate(requests) if _is_plain_greedy(r.params)]
+    if len(plain) == len(requests):
+        token_ids = logits.argmax(-1)
+    elif plain:
+        token_ids[plain] = logits[plain].argmax(-1)
+    rest = [i for i, r in enumerate(requests) if not _is_plain_greedy(r.params)]
+    if rest:
+        token_ids[rest] = _sample_processed(logits[rest].float(), [requests[i] for i in rest])
+    logprobs = _logprobs(logits, token_ids, requests)
+    return [SampledToken(t, lp) for t, lp in zip(token_ids.tolist(), logprobs)]
+
+
+def _check_shape(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
+    if logits.dim() != 2 or logits.shape[0] != len(requests):
+        raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
+
+
+def _is_plain_greedy(params: SamplingParams) -> bool:
+    return params.greedy and params.logit_bias is None and not params.has_penalties
+
+
+def process_logits(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Each row's logits after its logit_bias and penalties, before temperature and filters.
+
+    Returns a new float32 tensor shaped like `logits` ([len(requests), vocab]); the input is untouched.
+    """
+    _check_shape(logits, requests)
+    processed = logits.float().clone()
+    _process_in_place(processed, requests)
+    return processed
+
+
+def _process_in_place(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
+    _add_logit_bias(logits, [r.params for r in requests])
+    penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
+    if penalised:
+        logits[penalised] = _apply_penalties(logits[penalised], [requests[i] for i in penalised])
+
+
+def _sample_processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Token ids [rows] for rows that need bias, penalties or sampling; `logits` is a private copy."""
+    _process_in_place(logits, requests)
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+    if greedy:
+        token_ids[greedy] = logits[greedy].argmax(-1)
+    sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+    if sampled:
+        token_ids[sampled] = _draw(logits[sampled], [requests[i] for i in sampled])
+    return token_ids
+
+
+def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    """Add every row's logit_bias in place, in one indexed add over the batch."""
+    rows: list[int] = []
+    columns: list[int] = []
+    values: list[float] = []
+    for row, p in enumerate(params):
+        if p.logit_bias:
+            rows.extend([row] * len(p.logit_bias))
+            columns.extend(p.logit_bias.keys())
+            values.extend(p.logit_bias.values())
+    if not rows:
+        return
+    if max(columns) >= logits.shape[1]:
+        raise ValueError(f"logit_bias names token {max(columns)} beyond the vocabulary of {logits.shape[1]}")
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
+    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+
+
+def _token_counts(histories: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """How often each token id occurs in each history: [len(histories), vocab_size] int64."""
+    lengths = torch.tensor([len(h) for h in histories], device=device)
+    token_ids = torch.tensor(list(itertools.chain.from_iterable(histories)), dtype=torch.long, device=device)
+    if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
+        raise ValueError(f"token history holds an id outside [0, {vocab_size})")
+    rows = torch.repeat_interleave(torch.arange(len(histories), device=device), lengths)
+    flat = torch.bincount(rows * vocab_size + token_ids, minlength=len(histories) * vocab_size)
+    return flat.view(len(histories), vocab_size)
+
+
+def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Repetition (prompt and output), then presence and frequency (output only) penalties."""
+    vocab_size, device = logits.shape[1], logits.device
+    output_counts = _token_counts([r.output_token_ids for r in requests], vocab_size, device)
+    output_seen = output_counts > 0
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=logits.dtype, device=device).unsqueeze(1)  # [rows, 1]
+
+    repetition = [r.params.repetition_penalty for r in requests]
+    if any(p != 1.0 for p in repetition):
+        prompt_seen = _token_counts([r.prompt_token_ids for r in requests], vocab_size, device) > 0
+        penalty = column(repetition)
+        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(prompt_seen | output_seen, penalised, logits)
+    frequency = column([r.params.frequency_penalty for r in requests])
+    presence = column([r.params.presence_penalty for r in requests])
+    return logits - frequency * output_counts.to(logits.dtype) - presence * output_seen.to(logits.dtype)
+
+
+def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)  # [rows, 1]
+
+
+def _filter_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature-scaled logits [rows, vocab] with each row's top-k/top-p/min-p losers set to -inf."""
+    logits = logits / _column([p.temperature for p in params], logits)
+    return _mask_min_p(_top_k_top_p(logits, params), params)
+
+
+def _mask_min_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Mask tokens whose probability is below min_p times the row's best (a ratio, so a logit gap)."""
+    if all(p.min_p == 0.0 for p in params):
+        return logits
+    log_min_p = _column([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params], logits)
+    return logits.masked_fill(logits < logits.amax(-1, keepdim=True) + log_min_p, float("-inf"))
+
+
+def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Mask each row's tokens below its k-th best logit, then those outside its top-p nucleus."""
+    if not any(_narrows(p, logits.shape[1]) for p in params):
+        return logits
+    # A stable sort keeps ties in token order, so a row sorts the same way in any batch.
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    sorted_logits = _mask_sorted(sorted_logits, params, logits.shape[1])
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _narrows(params: SamplingParams, vocab_size: int) -> bool:
+    return 0 < params.top_k < vocab_size or params.top_p < 1.0
+
+
+def _mask_sorted(
+    sorted_logits: torch.Tensor, params: Sequence[SamplingParams], vocab_size: int, total: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Apply top-k then top-p to logits sorted best first ([rows, n], n <= vocab_size).
+
+    When the n columns are only each row's best candidates, their best logit must be 0 and `total`
+    ([rows, 1]) must be the sum of exp(logit) over the whole row; rows with top_k <= n then
+    normalise over their own top k instead.
+    """
+    ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    ks = torch.tensor(ks, device=sorted_logits.device).unsqueeze(1)  # [rows, 1]
+    num_columns = sorted_logits.shape[1]
+    kth = sorted_logits.gather(1, ks.clamp(max=num_columns) - 1)
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if all(p.top_p >= 1.0 for p in params):
+        return sorted_logits
+    if total is None:
+        probs = sorted_logits.softmax(-1)
+    else:
+        weights = sorted_logits.exp()
+        probs = weights / weights.sum(-1, keepdim=True)
+    # Rows without top-p get an unreachable threshold, so round-off never trims their tail.
+    top_p = _column([p.top_p if p.top_p < 1.0 else math.inf for p in params], probs)
+    # Drop a token when the tokens ranked before it already reach top_p.
+    drop = (probs.cumsum(-1) - probs) >= top_p
+    return sorted_logits.masked_fill(drop, float("-inf"))
+
+
+def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """One token per row [rows] from its filtered distribution, using only the row's own generator.
+
+    Each row draws one uniform number and inverts its cumulative distribution. Rows with top-k or
+    top-p first try their best NUM_CANDIDATES tokens and fall back to sorting the whole vocabulary
+    only when the kept set may reach beyond them; which path a row takes depends on that row alone.
+    """
+    params = [r.params for r in requests]
+    # Shifting by the row maximum leaves the distribution unchanged and keeps a tiny temperature
+    # from overflowing to inf (which would turn the probabilities into NaN).
+    scaled = (logits - logits.amax(-1, keepdim=True)) / _column([p.temperature for p in params], logits)
+    uniforms = _uniforms([r.generator for r in requests], logits.device)
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    vocab_size = logits.shape[1]
+    narrow = [i for i, p in enumerate(params) if _narrows(p, vocab_size)]
+    full = [i for i, p in enumerate(params) if not _narrows(p, vocab_size)]
+    if narrow:
+        found, fallback = _draw_from_candidates(scaled[narrow], [params[i] for i in narrow], uniforms[narrow])
+        exact = [j for j in range(len(narrow)) if j not in fallback]
+        token_ids[[narrow[j] for j in exact]] = found[exact]
+        full += [narrow[j] for j in fallback]
+    if full:
+        rows = sorted(full)
+        kept = _top_k_top_p(scaled[rows], [params[i] for i in rows])
+        token_ids[rows] = _invert_cdf(_mask_min_p(kept, [params[i] for i in rows]), uniforms[rows])
+    return token_ids
+
+
+NUM_CANDIDATES = 1024
+
+
+def _draw_from_candidates(
+    scaled: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor
+) -> tuple[torch.Tensor, list[int]]:
+    """A token id per row, and the rows whose kept set may reach past their best candidates.
+
+    The ids of those fallback rows are meaningless; the caller must sample them over the whole vocabulary.
+    """
+    vocab_size = scaled.shape[1]
+    values, candidate_ids = scaled.topk(min(NUM_CANDIDATES, vocab_size), dim=-1)  # best first
+    total = scaled.exp().sum(-1, keepdim=True)  # [rows, 1]; the best logit is 0, so no overflow
+    kept = _mask_min_p(_mask_sorted(values, params, vocab_size, total), params)
+    # The set is exact when top_k fits among the candidates or, without top_k, when the candidates
+    # alone already hold top_p of the mass (so every token past them would be dropped anyway).
+    mass = (values.exp() / total).sum(-1).tolist()
+    fallback = [
+        j
+        for j, p in enumerate(params)
+        if not (0 < p.top_k <= values.shape[1] or (not 0 < p.top_k < vocab_size and mass[j] >= p.top_p))
+    ]
+    positions = _invert_cdf(kept, uniforms)
+    return candidate_ids.gather(1, positions.unsqueeze(1)).squeeze(1), fallback
+
+
+def _invert_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Column index per row drawn in proportion to exp(logits), using one uniform in [0, 1) per row.
+
+    Each row's best logit must be 0 (so exp cannot overflow) and finite.
+    """
+    cdf = logits.exp().cumsum(-1, dtype=torch.float64)  # [rows, n]
+    total = cdf[:, -1:]
+    # Stay strictly below the total, so the search always lands on a token with positive mass.
+    target = torch.minimum(uniforms.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One uniform [0, 1) float64 per row: seeded rows from their own generator, the rest from the global RNG."""
+    uniforms = torch.empty(len(generators), dtype=torch.float64)
+    unseeded = [row for row, generator in enumerate(generators) if generator is None]
+    if unseeded:
+        uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            uniforms[row] = torch.rand((), dtype=torch.float64, generator=generator, device=generator.device).cpu()
+    return uniforms.to(device)
+
+
+def _logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, requests: Sequence[SampleRequest]
+) -> list[TokenLogprobs | None]:
+    """Per row, the chosen token's and the top alternatives' log-softmax of the raw logits."""
+    result: list[TokenLogprobs | None] = [None] * len(requests)
+    rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    if not rows:
+        return result
+    logprobs = logits[rows].float().log_softmax(-1)
+    chosen_ids = token_ids[rows]
+    chosen = logprobs.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
+    num_top = min(max(requests[i].params.logprobs or 0 for i in rows), logits.shape[1])
+    top_values, top_ids = logprobs.topk(num_top, dim=-1)
+    top_values, top_ids, chosen_id_list = top_values.tolist(), top_ids.tolist(), chosen_ids.tolist()
+    for j, row in enumerate(rows):
+        k = requests[row].params.logprobs or 0
+        top = tuple(zip(top_ids[j][:k], top_values[j][:k]))
+        result[row] = TokenLogprobs(chosen_id_list[j], chosen[j], top)
+    return result

@@ -2,11 +2,109 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from rebar.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 16
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
+MAX_ABS_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 2.0
+_SEED_LIMIT = 2**63
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+class LogitBias(Mapping[int, float]):
+    """An immutable, hashable map from token id to the bias added to that token's logit.
+
+    Callers may rely on: iteration in ascending token id order, equality with any mapping holding
+    the same pairs, and `token_ids` / `biases` being parallel tuples in that same order.
+    """
+
+    __slots__ = ("_items", "_lookup")
+
+    def __init__(self, items: Mapping[int, float]) -> None:
+        self._items: tuple[tuple[int, float], ...] = tuple(sorted(items.items()))
+        self._lookup: dict[int, float] = dict(self._items)
+
+    def __getitem__(self, token_id: int) -> float:
+        return self._lookup[token_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(token_id for token_id, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __repr__(self) -> str:
+        return f"LogitBias({self._lookup!r})"
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(token_id for token_id, _ in self._items)
+
+    @property
+    def biases(self) -> tuple[float, ...]:
+        return tuple(bias for _, bias in self._items)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_finite_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checked_real(name: str, value: object, low: float, high: float, low_open: bool = False) -> float:
+    """`value` as a float when it is a finite number within the interval, else InvalidRequestError."""
+    above_low = _is_finite_real(value) and (value > low if low_open else value >= low)
+    if not above_low or not value <= high:  # type: ignore[operator]
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise InvalidRequestError(f"{name} must be a number in {interval}, got {value!r}", name)
+    return float(value)  # type: ignore[arg-type]
+
+
+def _checked_int(name: str, value: object, low: int, high: int | None, hint: str = "") -> int:
+    """`value` as an int when it is an integer (not a bool) within [low, high], else InvalidRequestError."""
+    if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
+        interval = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise InvalidRequestError(f"{name} must be an integer {interval}{hint}, got {value!r}", name)
+    return int(value)  # type: ignore[call-overload]
+
+
+def _token_id_key(key: object) -> int:
+    """A logit_bias key as a token id; JSON object keys arrive as decimal strings."""
+    if isinstance(key, str) and _DECIMAL.fullmatch(key.strip()):
+        key = int(key)
+    if not _is_int(key) or key < 0:  # type: ignore[operator]
+        raise InvalidRequestError(f"logit_bias keys must be non-negative token ids, got {key!r}", "logit_bias")
+    return int(key)  # type: ignore[call-overload]
+
+
+def _checked_logit_bias(value: object) -> LogitBias | None:
+    """The bias map as a LogitBias (None when absent or empty), else InvalidRequestError."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidRequestError(f"logit_bias must map token ids to biases, got {type(value).__name__}", "logit_bias")
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        token_id = _token_id_key(key)
+        if token_id in biases:
+            raise InvalidRequestError(f"logit_bias names token {token_id} twice", "logit_bias")
+        biases[token_id] = _checked_real("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return LogitBias(biases) if biases else None
 
 
 @dataclass(frozen=True)
@@ -15,6 +113,19 @@ class SamplingParams:
 
     temperature 0 means greedy. `max_tokens=None` generates until a stop condition or the end of
     the context window. `seed` makes sampling reproducible for this request alone.
+
+    `n` is how many independent completions to return; `child(i)` gives the params for the i-th.
+    `repetition_penalty` (CTRL style) scales the logit of every token already seen in the prompt or
+    the output: positive logits are divided by it, negative ones multiplied. `presence_penalty` and
+    `frequency_penalty` (OpenAI style) look at output tokens only: a token's logit is lowered by
+    `presence_penalty * (count > 0) + frequency_penalty * count`. `logit_bias` is added to the raw
+    logits of the named tokens first; it is stored as a hashable, read-only `LogitBias` (string keys
+    holding decimal integers are accepted, as JSON sends them; an empty map becomes None).
+    `logprobs=None` returns no log-probabilities; k in [0, 20] returns the chosen token's plus the k
+    most likely alternatives, all taken from the model's raw logits.
+
+    After construction every numeric field holds a plain `int` or `float` and every sequence a
+    tuple, so the object is safely immutable and hashable.
     """
 
     max_tokens: int | None = 16
@@ -27,6 +138,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    n: int = 1
+    repetition_penalty: float = 1.0  # 1 = disabled
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: int | None = None  # None = disabled
 
     def __post_init__(self) -> None:
         # Accept a single string or any sequence for the tuple fields, as the OpenAI API does.
@@ -34,28 +151,75 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        self._validate()
+        for name, value in {**self._checked_limits(), **self._checked_sampling(), **self._checked_extras()}.items():
+            object.__setattr__(self, name, value)
+        self._validate_stops()
 
-    def _validate(self) -> None:
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise InvalidRequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature}", "temperature")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be a non-negative integer (0 disables it), got {self.top_k!r}", "top_k")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
-            raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
+    def _checked_limits(self) -> dict[str, object]:
+        max_tokens = self.max_tokens
+        if max_tokens is not None:
+            max_tokens = _checked_int("max_tokens", max_tokens, 1, None, " (a positive integer)")
+        seed = None if self.seed is None else _checked_int("seed", self.seed, 0, _SEED_LIMIT - 1)
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be a boolean, got {getattr(self, name)!r}", name)
+        return {"max_tokens": max_tokens, "seed": seed, "n": _checked_int("n", self.n, 1, MAX_N)}
+
+    def _checked_sampling(self) -> dict[str, object]:
+        return {
+            "temperature": _checked_real("temperature", self.temperature, 0.0, 100.0),
+            "top_p": _checked_real("top_p", self.top_p, 0.0, 1.0, low_open=True),
+            "top_k": _checked_int("top_k", self.top_k, 0, None, " (0 disables it)"),
+            "min_p": _checked_real("min_p", self.min_p, 0.0, 1.0),
+        }
+
+    def _checked_extras(self) -> dict[str, object]:
+        logprobs = None if self.logprobs is None else _checked_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        return {
+            "repetition_penalty": _checked_real(
+                "repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True
+            ),
+            "presence_penalty": _checked_real("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
+            "frequency_penalty": _checked_real(
+                "frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY
+            ),
+            "logit_bias": _checked_logit_bias(self.logit_bias),
+            "logprobs": logprobs,
+        }
+
+    def _validate_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError when a token id named by these params is not below `vocab_size`."""
+        for name, token_ids in (("logit_bias", self.logit_bias or ()), ("stop_token_ids", self.stop_token_ids)):
+            too_big = [t for t in token_ids if t >= vocab_size]
+            if too_big:
+                raise InvalidRequestError(
+                    f"{name} names token {too_big[0]}, but the vocabulary has {vocab_size} tokens", name
+                )
+
+    def child(self, index: int) -> SamplingParams:
+        """Params for completion `index` of `n`: n=1, and a seed offset by `index` when seeded.
+
+        Sibling completions therefore differ from each other, yet each stays reproducible.
+        """
+        if not 0 <= index < self.n:
+            raise IndexError(f"child index {index} out of range for n={self.n}")
+        seed = None if self.seed is None else (self.seed + index) % _SEED_LIMIT
+        return dataclasses.replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any repetition, presence or frequency penalty changes the logits."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

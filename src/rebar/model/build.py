@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from rebar.errors import ModelFormatError
+from rebar.kernels.backends import default_attention_backend
 from rebar.model.bert import BertModel
 from rebar.model.llama import LlamaModel
 from rebar.model.loader.base import Checkpoint
@@ -13,21 +14,29 @@ from rebar.model.loader.base import Checkpoint
 _NON_PARAMETER_TENSORS = ("rope_freq_factors",)
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+def build_model(
+    checkpoint: Checkpoint,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    attention_backend: str | None = None,
+) -> nn.Module:
     """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
 
-    Raises ModelFormatError naming the tensor when one is missing, unexpected or mis-shaped.
+    Decoders run attention through the backend named `attention_backend` (None: the default for
+    `device`); encoders ignore it. Raises ModelFormatError naming the tensor when one is missing,
+    unexpected or mis-shaped, and InvalidRequestError for an unknown attention backend.
     """
     config = checkpoint.config
     if config.architecture == "bert":
         with torch.device("meta"):
             model: nn.Module = BertModel(config)
     else:
+        backend = default_attention_backend(torch.device(device)) if attention_backend is None else attention_backend
         freq_factors = None
         if "rope_freq_factors" in checkpoint.tensors:
             freq_factors = checkpoint.load_tensor("rope_freq_factors", torch.float32)
         with torch.device("meta"):
-            model = LlamaModel(config, rope_freq_factors=freq_factors)
+            model = LlamaModel(config, rope_freq_factors=freq_factors, attention_backend=backend)
 
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     present = {name for name in checkpoint.tensors if name not in _NON_PARAMETER_TENSORS}

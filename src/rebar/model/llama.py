@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rebar.kernels.attention import AttentionMetadata, KVCache, paged_attention
+from rebar.kernels.attention import AttentionMetadata, KVCache
+from rebar.kernels.backends import AttentionBackend, get_attention_backend
 from rebar.model.config import ModelConfig
 from rebar.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -29,8 +30,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Q/K/V projections, RoPE, paged attention through `backend`, output projection."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
+        self.backend = backend
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -56,7 +60,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = paged_attention(q, k, v, key_cache, value_cache, attn_meta, self.scale, self.sliding_window)
+        out = self.backend(q, k, v, key_cache, value_cache, attn_meta, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -73,10 +77,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, attention_backend: AttentionBackend) -> None:
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, attention_backend)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = MLP(config)
 
@@ -89,13 +93,19 @@ class LlamaModel(nn.Module):
     """Decoder-only transformer; weights arrive through `load_state_dict(assign=True)`.
 
     `rope_freq_factors` (from GGUF `rope_freqs`) divide the RoPE frequencies when present.
+    `attention_backend` names an entry of `rebar.kernels.backends.ATTENTION_BACKENDS`; it is
+    resolved once here (an unknown name raises InvalidRequestError) and shared by every layer.
     """
 
-    def __init__(self, config: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, rope_freq_factors: torch.Tensor | None = None, attention_backend: str = "torch"
+    ) -> None:
         super().__init__()
         self.config = config
+        self.attention_backend = attention_backend
+        backend = get_attention_backend(attention_backend)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         inv_freq = inverse_frequencies(config, rope_freq_factors)

@@ -1,0 +1,167 @@
+"""The engine core in its own thread, bridged to asyncio.
+
+The event loop never runs a matmul: `generate` puts commands on a thread-safe inbox and awaits
+per-request queues that the core thread fills after each step. Leaving the async iterator early
+(client gone, task cancelled) aborts the request, which frees its KV blocks within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from rebar.engine.core import EngineCore
+from rebar.engine.outputs import RequestOutput
+from rebar.engine.prompt import Prompt, prompt_token_ids
+from rebar.engine.sampling_params import SamplingParams
+from rebar.errors import InvalidRequestError, RebarError
+
+logger = logging.getLogger("rebar.engine")
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class AsyncEngine:
+    """Thread-owning front of an EngineCore. Create it inside a running event loop, or call `start()` there."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self.last_step_error: str | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rebar-engine-core", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ----- public API ----------------------------------------------------------------------------
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of one request until each of its `params.n` choices has finished.
+
+        Raises InvalidRequestError (before any output) when the engine refuses the request.
+        `timeout` (seconds) finishes it with reason "timeout" if it runs longer.
+        """
+        self.start()
+        request_id = request_id or f"req-{next(self._ids)}"
+        ids = prompt_token_ids(self.core.tokenizer, prompt)
+        stream: asyncio.Queue = asyncio.Queue()
+        with self._streams_lock:
+            if request_id in self._streams:
+                raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._inbox.put(_Add(request_id, ids, params, deadline))
+        remaining = params.n
+        try:
+            while remaining:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= item.finished
+                yield item
+        finally:
+            with self._streams_lock:
+                self._streams.pop(request_id, None)
+            if remaining:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Finish the request as aborted at the start of the next step (no-op if it already ended)."""
+        self._inbox.put(_Abort(request_id))
+
+    # ----- the core thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            block = not self.core.has_unfinished_requests()
+            commands = self._drain(block)
+            if any(command is _STOP for command in commands):
+                self._fail_everything("engine shut down")
+                return
+            for command in commands:
+                self._apply(command)
+            if self.core.has_unfinished_requests():
+                try:
+                    self._deliver(self.core.step())
+                except Exception as exc:  # a bug in the step itself: fail what is in flight, keep serving
+                    logger.exception("engine step failed")
+                    self.last_step_error = str(exc)
+                    self._fail_everything(f"engine step failed: {exc}")
+
+    def _drain(self, block: bool) -> list:
+        commands = []
+        try:
+            commands.append(self._inbox.get(block=block))
+            while True:
+                commands.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return commands
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self._deliver(self.core.abort_request(command.request_id))
+            return
+        try:
+            self.core.add_request(command.request_id, command.prompt_token_ids, command.params, command.deadline)
+        except RebarError as exc:
+            self._send(command.request_id, exc)
+
+    def _fail_everything(self, message: str) -> None:
+        self._deliver(self.core.fail_all(message))
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            self._send(output.request_id, output)
+
+    def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._streams_lock:
+            target = self._streams.get(request_id)
+        if target is None:
+            return  # the caller left; its abort is already queued
+        loop, stream = target
+        _call_soon(loop, stream.put_nowait, item)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, function: Callable, item: object) -> None:
+    try:
+        loop.call_soon_threadsafe(function, item)
+    except RuntimeError:  # the caller's event loop is closed
+        pass
+

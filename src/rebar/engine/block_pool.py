@@ -1,0 +1,120 @@
+"""The pool of fixed-size KV blocks: reference counts, an LRU free list, and the prefix-cache index.
+
+Pure Python bookkeeping; the KV tensors themselves live in `rebar.kernels.attention.KVCache`.
+A block is *free* when no request holds it (ref_count == 0). A free block may still hold a cached
+prefix (it keeps its hash) until it is reused: free blocks are handed out least recently freed
+first, so recently used prefixes survive longest.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set once the block is full and registered in the prefix cache
+    token_ids: tuple[int, ...] = ()  # the tokens it holds, to verify a hash hit
+
+
+def chain_hash(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """Hash of a full block given the hash of the block before it: equal hashes mean equal prefixes."""
+    return hash((parent_hash, tuple(token_ids)))
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.enable_prefix_caching = enable_prefix_caching
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self.num_prefix_queries = 0  # full blocks looked up
+        self.num_prefix_hits = 0  # ... and found
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def allocate(self, count: int) -> list[int]:
+        """Take `count` free blocks (evicting whatever prefix they cached), each with ref_count 1."""
+        if count > len(self._free):
+            raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")  # callers check first
+        taken = []
+        for _ in range(count):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash, block.token_ids = None, ()
+            block.ref_count = 1
+            taken.append(block_id)
+        return taken
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block; unreferenced blocks join the end of the free list."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
+    def lookup(self, block_hash: int, token_ids: Sequence[int]) -> int | None:
+        """The cached block holding exactly these tokens after this prefix, or None."""
+        self.num_prefix_queries += 1
+        block_id = self._cached.get(block_hash)
+        if block_id is None or self.blocks[block_id].token_ids != tuple(token_ids):
+            return None
+        self.num_prefix_hits += 1
+        return block_id
+
+    def share(self, block_ids: Iterable[int]) -> None:
+        """Take a reference to cached blocks (a prefix hit); free ones leave the free list."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+
+    def register(self, block_id: int, block_hash: int, token_ids: Sequence[int]) -> None:
+        """Publish a full block in the prefix cache (first writer wins on duplicates)."""
+        if not self.enable_prefix_caching or block_hash in self._cached:
+            return
+        block = self.blocks[block_id]
+        block.block_hash, block.token_ids = block_hash, tuple(token_ids)
+        self._cached[block_hash] = block_id
+
+    def uncache(self, block_ids: Iterable[int]) -> None:
+        """Forget cached prefixes held in these blocks (their KV may never have been written)."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash, block.token_ids = None, ()
+
+    def count_free_among(self, block_ids: Iterable[int]) -> int:
+        return sum(1 for b in block_ids if self.blocks[b].ref_count == 0)
+
+    def check_integrity(self, held: dict[int, int]) -> None:
+        """Assert the pool agrees with `held` (block id -> number of requests holding it)."""
+        for block in self.blocks:
+            expected = held.get(block.block_id, 0)
+            assert block.ref_count == expected, f"block {block.block_id}: ref_count {block.ref_count}, held {expected}"
+            assert (block.block_id in self._free) == (expected == 0), f"block {block.block_id} free-list mismatch"
+        for block_hash, block_id in self._cached.items():
+            assert self.blocks[block_id].block_hash == block_hash, f"cache index points at stale block {block_id}"
+        assert len(self._free) == sum(1 for b in self.blocks if b.ref_count == 0)

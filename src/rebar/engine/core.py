@@ -1,0 +1,282 @@
+"""The engine core: requests in, one batched model step at a time, incremental outputs out.
+
+Synchronous and single-threaded by design; `AsyncEngine` runs it in its own thread and `LLM`
+steps it directly. Every way a request can end goes through `_finish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from rebar.engine.detokenizer import IncrementalDetokenizer
+from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
+from rebar.engine.kv_cache_manager import KVCacheManager
+from rebar.engine.outputs import RequestOutput
+from rebar.engine.request import Request, RequestStatus
+from rebar.engine.runner import ModelRunner
+from rebar.engine.sampler import SampleRequest, make_generator, sample_batch
+from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from rebar.errors import InvalidRequestError
+from rebar.kernels.attention import KVCache
+from rebar.model.config import ModelConfig
+from rebar.model.tokenizer import Tokenizer
+
+logger = logging.getLogger("rebar.engine")
+
+
+@dataclass
+class _RequestState:
+    """Engine-side companions of a scheduler Request."""
+
+    parent_id: str
+    index: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    first_token_time: float | None = None
+    logprobs: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_blocks: int
+    kv_usage: float
+    num_prefix_queries: int
+    num_prefix_hits: int
+    num_preemptions: int
+
+
+class EngineCore:
+    def __init__(
+        self,
+        model: nn.Module,
+        model_config: ModelConfig,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
+        num_blocks = num_kv_blocks(config, model_config, dtype, device)
+        if num_blocks * config.block_size < self.max_model_len:
+            raise InvalidRequestError(
+                f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len={self.max_model_len}; "
+                "raise kv_cache_memory or lower max_model_len",
+                "kv_cache_memory",
+            )
+        kv_cache = KVCache(model_config.num_layers, num_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim, dtype, device)
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
+            num_blocks, config.block_size, num_blocks * config.block_size, kv_cache.num_bytes / 2**20,
+            dtype, kv_bytes_per_token(model_config, dtype),
+        )
+        self.runner = ModelRunner(model, model_config, kv_cache, device)
+        self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager)
+        self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
+
+    # ----- admission ---------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, deadline: float | None = None) -> None:
+        """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks)."""
+        if request_id in self._children:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        prompt = self._check_prompt(prompt_token_ids)
+        params.check_vocab(self.tokenizer.vocab_size)
+        max_total = self._max_total_tokens(len(prompt), params)
+        children = []
+        for index in range(params.n):
+            child_params = params if params.n == 1 else _choice_params(params, index)
+            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
+            state = _RequestState(
+                parent_id=request_id,
+                index=index,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
+                generator=make_generator(child_params),
+            )
+            request = Request(child_id, list(prompt), child_params, max_total, deadline=deadline, state=state)
+            children.append(request)
+        self._children[request_id] = [r.request_id for r in children]
+        for request in children:
+            self.scheduler.add_request(request)
+
+    def _check_prompt(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise InvalidRequestError("prompt is empty", "prompt")
+        vocab = self.tokenizer.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt)} tokens; the context window of {self.max_model_len} leaves no room to generate", "prompt"
+            )
+        return prompt
+
+    def _max_total_tokens(self, num_prompt: int, params: SamplingParams) -> int:
+        if params.max_tokens is None:
+            return self.max_model_len
+        if num_prompt + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the context window of {self.max_model_len}",
+                "max_tokens",
+            )
+        return num_prompt + params.max_tokens
+
+    # ----- aborts and the single finish path ------------------------------------------------------
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """Finish every choice of `request_id` as aborted and free its blocks now; unknown ids are ignored."""
+        return [
+            self._finish(child, RequestStatus.FINISHED_ABORTED)
+            for child in self._live_children(request_id)
+        ]
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Finish every live request with an error (engine shutdown or an unexpected fault)."""
+        live = list(self.scheduler.requests.values())
+        return [self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False) for r in live]
+
+    def _live_children(self, request_id: str) -> list[Request]:
+        return [self.scheduler.requests[c] for c in self._children.get(request_id, []) if c in self.scheduler.requests]
+
+    def _finish(self, request: Request, status: RequestStatus, delta: str = "", new_tokens: tuple[int, ...] = (), error: str | None = None, keep_cached: bool = True) -> RequestOutput:
+        self.scheduler.finish_request(request.request_id, status, keep_cached=keep_cached)
+        state: _RequestState = request.state
+        siblings = self._children.get(state.parent_id, [])
+        if all(c not in self.scheduler.requests for c in siblings):
+            self._children.pop(state.parent_id, None)
+        if status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
+            delta += state.detokenizer.finish()
+        request.error = error
+        return self._output(request, new_tokens, delta, finished=True)
+
+    def _output(self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False) -> RequestOutput:
+        state: _RequestState = request.state
+        logprobs = tuple(state.logprobs[-len(new_tokens):]) if new_tokens and state.logprobs else ()
+        return RequestOutput(
+            request_id=state.parent_id,
+            index=state.index,
+            new_token_ids=new_tokens,
+            text_delta=delta,
+            finished=finished,
+            finish_reason=request.status.finish_reason if finished else None,
+            stop_reason=request.stop_reason,
+            logprobs=logprobs,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            error=request.error,
+        )
+
+    # ----- one step ------------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and report what every touched request produced."""
+        outputs = self._expire_deadlines()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        try:
+            logits = self.runner.execute(plan.scheduled)
+        except Exception as exc:  # the whole batch failed: fail its requests, keep serving others
+            logger.exception("model step failed for %d requests", len(plan.scheduled))
+            return outputs + self._fail_all(plan, f"model step failed: {exc}")
+        self.scheduler.update_after_step(plan)
+        sampling = [self.scheduler.requests[item.request_id] for item in plan.scheduled if item.sample]
+        return outputs + self._sample_and_append(sampling, logits)
+
+    def _fail_all(self, plan: SchedulerOutput, message: str) -> list[RequestOutput]:
+        failed = [self.scheduler.requests[item.request_id] for item in plan.scheduled]
+        return [self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False) for r in failed]
+
+    def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+        rows = [SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids) for r in requests]
+        try:
+            sampled = sample_batch(logits, rows)
+        except Exception:  # isolate the row that cannot be sampled
+            logger.exception("batched sampling failed; sampling rows one at a time")
+            sampled = [self._sample_one(logits[i : i + 1], row) for i, row in enumerate(rows)]
+        outputs = []
+        for request, token in zip(requests, sampled):
+            if token is None:
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, error="sampling failed"))
+                continue
+            try:
+                outputs.append(self._append_token(request, token))
+            except Exception as exc:
+                logger.exception("request %s failed", request.request_id)
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, error=str(exc)))
+        return outputs
+
+    @staticmethod
+    def _sample_one(logits: torch.Tensor, row: SampleRequest):
+        try:
+            return sample_batch(logits, [row])[0]
+        except Exception:
+            return None
+
+    def _append_token(self, request: Request, token) -> RequestOutput:
+        state: _RequestState = request.state
+        token_id = token.token_id
+        request.append_output(token_id)
+        if token.logprobs is not None:
+            state.logprobs.append(token.logprobs)
+        if state.first_token_time is None:
+            state.first_token_time = time.monotonic()
+        params = request.params
+        new = (token_id,)
+        if token_id in self.tokenizer.special.eos_token_ids and not params.ignore_eos:
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
+        if token_id in params.stop_token_ids:
+            request.stop_reason = token_id
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
+        delta = state.detokenizer.add(token_id)
+        if state.detokenizer.stopped:
+            request.stop_reason = state.detokenizer.stop_string
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
+        if request.num_tokens >= request.max_total_tokens:
+            return self._finish(request, RequestStatus.FINISHED_LENGTH, delta, new)
+        return self._output(request, new, delta)
+
+    def _expire_deadlines(self) -> list[RequestOutput]:
+        now = time.monotonic()
+        expired = [r for r in self.scheduler.requests.values() if r.deadline is not None and now >= r.deadline]
+        return [self._finish(r, RequestStatus.FINISHED_TIMEOUT, error="deadline exceeded") for r in expired]
+
+    # ----- introspection -------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        pool = self.kv_manager.pool
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=pool.num_free_blocks,
+            num_blocks=pool.num_blocks,
+            kv_usage=pool.usage,
+            num_prefix_queries=pool.num_prefix_queries,
+            num_prefix_hits=pool.num_prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    def logits(self, token_ids: list[int]) -> torch.Tensor:
+        return self.runner.teacher_forced_logits(token_ids)
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+        assert set(self._children) == {r.state.parent_id for r in self.scheduler.requests.values()}
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` of an n > 1 request: its own seed (seed + index) so choices differ but replay."""
+    return replace(params, n=1, seed=None if params.seed is None else params.seed + index)

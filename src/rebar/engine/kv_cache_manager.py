@@ -1,0 +1,104 @@
+"""Which KV blocks each request holds: allocation, prefix-cache hits, release.
+
+The manager maps a request's token positions to blocks (`block_ids[i // block_size]`) and keeps
+the chained hashes of its full blocks so they can be shared with later requests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rebar.engine.block_pool import BlockPool, chain_hash
+from rebar.engine.request import Request
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self._blocks: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[int]] = {}  # chained hashes of the request's full blocks, in order
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.pool.enable_prefix_caching
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return self._blocks.get(request_id, [])
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Cached blocks that hold a prefix of the request's tokens (not yet referenced).
+
+        At least one token is always left to compute, since the model must run to sample.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        found: list[int] = []
+        parent: int | None = None
+        for index in range(max_blocks):
+            tokens = request.token_ids[index * self.block_size : (index + 1) * self.block_size]
+            parent = chain_hash(parent, tokens)
+            block_id = self.pool.lookup(parent, tokens)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def allocate(self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None) -> bool:
+        """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the pool is short.
+
+        `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared first.
+        """
+        cached_prefix = cached_prefix or []
+        held = self._blocks.get(request.request_id, [])
+        assert not (held and cached_prefix), "a prefix hit is only taken by a request holding no blocks"
+        num_computed = len(cached_prefix) * self.block_size if cached_prefix else request.num_computed_tokens
+        total = blocks_needed(num_computed + num_new_tokens, self.block_size)
+        num_new_blocks = max(0, total - len(held) - len(cached_prefix))
+        # Sharing a free cached block removes it from the free list too.
+        if num_new_blocks + self.pool.count_free_among(cached_prefix) > self.pool.num_free_blocks:
+            return False
+        self.pool.share(cached_prefix)
+        blocks = self._blocks.setdefault(request.request_id, held)
+        blocks.extend(cached_prefix)
+        blocks.extend(self.pool.allocate(num_new_blocks))
+        self._register_full_blocks(request, num_computed + num_new_tokens)
+        return True
+
+    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish blocks that become full once this step's tokens are written."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._hashes.setdefault(request.request_id, [])
+        blocks = self._blocks[request.request_id]
+        for index in range(len(hashes), num_tokens // self.block_size):
+            tokens = request.token_ids[index * self.block_size : (index + 1) * self.block_size]
+            hashes.append(chain_hash(hashes[-1] if hashes else None, tokens))
+            self.pool.register(blocks[index], hashes[-1], tokens)
+
+    def free(self, request: Request, keep_cached: bool = True) -> None:
+        """Release every block of the request (tail first, so its prefix stays cached longest).
+
+        `keep_cached=False` also drops the prefixes it published: used when its step failed and
+        the KV it was to write may be missing.
+        """
+        blocks = self._blocks.pop(request.request_id, [])
+        self._hashes.pop(request.request_id, None)
+        if not keep_cached:
+            self.pool.uncache(blocks)
+        self.pool.free(reversed(blocks))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._blocks)
+
+    def check_integrity(self) -> None:
+        held = Counter(block for blocks in self._blocks.values() for block in blocks)
+        for request_id, blocks in self._blocks.items():
+            assert len(set(blocks)) == len(blocks), f"{request_id} holds a block twice"
+        self.pool.check_integrity(dict(held))

@@ -1,0 +1,23 @@
+"""Prompts as the model sees them: text is tokenized and gets BOS when the model asks for one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rebar.errors import InvalidRequestError
+from rebar.model.tokenizer import Tokenizer
+
+Prompt = str | Sequence[int]
+
+
+def prompt_token_ids(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids for a text or id-list prompt. Range and length checks happen at admission."""
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+        bos = tokenizer.special.bos_token_id
+        if tokenizer.special.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+    if not isinstance(prompt, Sequence):
+        raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
+    return list(prompt)

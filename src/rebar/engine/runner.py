@@ -1,0 +1,62 @@
+"""Turn a scheduler's plain-data plan into tensors, run the model once, return logits to sample from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from rebar.engine.scheduler import ScheduledRequest
+from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
+from rebar.model.config import ModelConfig
+
+
+class ModelRunner:
+    """Owns the model and its KV cache tensors; knows nothing about requests beyond a step's plan."""
+
+    def __init__(self, model: nn.Module, config: ModelConfig, kv_cache: KVCache, device: torch.device) -> None:
+        self.model = model
+        self.config = config
+        self.kv_cache = kv_cache
+        self.device = device
+        self.block_size = kv_cache.block_size
+
+    def _metadata(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for item in items:
+            ids.extend(item.token_ids)
+            end = item.start_position + len(item.token_ids)
+            for position in range(item.start_position, end):
+                positions.append(position)
+                slots.append(item.block_ids[position // self.block_size] * self.block_size + position % self.block_size)
+        meta = AttentionMetadata(
+            query_lens=tuple(len(item.token_ids) for item in items),
+            context_lens=tuple(item.start_position + len(item.token_ids) for item in items),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            block_tables=pad_block_tables([list(item.block_ids) for item in items], self.device),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
+
+    @torch.inference_mode()
+    def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
+        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order."""
+        input_ids, positions, meta = self._metadata(items)
+        hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
+        ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
+        rows = ends[torch.tensor([item.sample for item in items], device=self.device)]
+        return self.model.compute_logits(hidden[rows]).cpu()
+
+    @torch.inference_mode()
+    def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence, using a private cache (the shared pool is untouched)."""
+        c = self.config
+        num_blocks = -(-len(token_ids) // self.block_size)
+        cache = KVCache(c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim, self.kv_cache.keys[0].dtype, self.device)
+        item = ScheduledRequest("logits", tuple(token_ids), 0, tuple(range(num_blocks)), sample=True)
+        input_ids, positions, meta = self._metadata([item])
+        hidden = self.model(input_ids, positions, meta, cache)
+        return self.model.compute_logits(hidden).cpu()

@@ -1,0 +1,124 @@
+"""AsyncEngine: the core in its own thread, streamed outputs, aborts when the consumer leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.sampling_params import SamplingParams
+from rebar.errors import InvalidRequestError
+from tiny_engine import make_core, run_to_completion, tokens_of
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    engine = AsyncEngine(make_core(tmp_path))
+    yield engine
+    engine.shutdown()
+
+
+async def collect(engine: AsyncEngine, prompt, params, request_id=None) -> list:
+    return [output async for output in engine.generate(prompt, params, request_id)]
+
+
+def wait_until(predicate, timeout: float = 1.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_streams_the_same_tokens_as_the_core(engine, tmp_path) -> None:
+    outputs = asyncio.run(collect(engine, [3, 4, 5], GREEDY))
+    reference = make_core(tmp_path)
+    reference.add_request("r", [3, 4, 5], GREEDY)
+    assert tokens_of(outputs) == tokens_of(run_to_completion(reference)[("r", 0)])
+    assert len(outputs) == 10 and outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+
+
+def test_concurrent_requests_all_complete(engine) -> None:
+    async def main():
+        return await asyncio.gather(*(collect(engine, [3 + i, 4, 5], GREEDY) for i in range(12)))
+
+    results = asyncio.run(main())
+    assert all(len(tokens_of(r)) == 10 and r[-1].finish_reason == "length" for r in results)
+    assert wait_until(lambda: engine.core.stats().num_free_blocks == engine.core.stats().num_blocks)
+
+
+def test_leaving_the_stream_aborts_and_frees_blocks_within_a_second(engine) -> None:
+    async def main():
+        stream = engine.generate([3, 4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True), "leaver")
+        async for _ in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(main())
+    core = engine.core
+    assert wait_until(lambda: not core.has_unfinished_requests(), timeout=1.0)
+    assert wait_until(lambda: core.stats().num_free_blocks == core.stats().num_blocks, timeout=1.0)
+
+
+def test_cancelled_task_aborts(engine) -> None:
+    async def main():
+        task = asyncio.create_task(collect(engine, [3, 4], SamplingParams(max_tokens=120, ignore_eos=True)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert wait_until(lambda: not engine.core.has_unfinished_requests())
+
+
+def test_explicit_abort_finishes_with_reason_abort(engine) -> None:
+    async def main():
+        outputs = []
+        async for output in engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True), "victim"):
+            outputs.append(output)
+            if len(outputs) == 2:
+                engine.abort("victim")
+        return outputs
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    assert len(outputs) < 120
+
+
+def test_invalid_request_raises_in_the_caller(engine) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        asyncio.run(collect(engine, [3] * 200, GREEDY))
+    assert info.value.param == "prompt"
+    asyncio.run(collect(engine, [3, 4], GREEDY))  # the engine keeps serving
+
+
+def test_timeout_finishes_the_request(engine) -> None:
+    async def main():
+        return [o async for o in engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True), timeout=0.0)]
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finish_reason == "timeout"
+
+
+def test_n_choices_stream_until_all_finish(engine) -> None:
+    outputs = asyncio.run(collect(engine, [3, 4], SamplingParams(max_tokens=5, n=3, temperature=1.0, seed=1, ignore_eos=True)))
+    assert sorted(o.index for o in outputs if o.finished) == [0, 1, 2]
+
+
+def test_shutdown_fails_in_flight_requests(tmp_path) -> None:
+    engine = AsyncEngine(make_core(tmp_path))
+
+    async def main():
+        stream = engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True))
+        first = await stream.__anext__()
+        engine.shutdown()
+        return [first] + [o async for o in stream]
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finished and outputs[-1].finish_reason == "error"

@@ -1,0 +1,212 @@
+"""EngineCore on a tiny random model: batching equivalence, prefix caching, preemption, aborts, errors."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+
+from rebar.engine.sampling_params import SamplingParams
+from rebar.errors import InvalidRequestError
+from tiny_engine import VOCAB, make_core, run_to_completion, tokens_of
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
+
+
+def alone(tmp_path, prompt: list[int], params: SamplingParams) -> list[int]:
+    core = make_core(tmp_path)
+    core.add_request("solo", prompt, params)
+    return tokens_of(run_to_completion(core)[("solo", 0)])
+
+
+def test_batched_greedy_equals_one_at_a_time(tmp_path) -> None:
+    batch = prompts(8)
+    core = make_core(tmp_path, max_num_batched_tokens=24)  # forces chunked prefill alongside decodes
+    for i, prompt in enumerate(batch):
+        core.add_request(str(i), prompt, GREEDY)
+    together = run_to_completion(core)
+    for i, prompt in enumerate(batch):
+        assert tokens_of(together[(str(i), 0)]) == alone(tmp_path, prompt, GREEDY)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(tmp_path) -> None:
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    target = prompts(1, seed=5)[0]
+    core = make_core(tmp_path)
+    core.add_request("target", target, params)
+    for i, prompt in enumerate(prompts(6, seed=9)):
+        core.add_request(f"noise{i}", prompt, SamplingParams(max_tokens=20, temperature=0.8, ignore_eos=True))
+    busy = tokens_of(run_to_completion(core)[("target", 0)])
+    assert busy == alone(tmp_path, target, params)
+
+
+def test_identical_prompt_hits_the_prefix_cache(tmp_path) -> None:
+    core = make_core(tmp_path)
+    prompt = prompts(1, seed=3)[0] + list(range(2, 30))
+    core.add_request("first", prompt, GREEDY)
+    first = run_to_completion(core)[("first", 0)]
+    hits_before = core.stats().num_prefix_hits
+    core.add_request("second", prompt, GREEDY)
+    second = run_to_completion(core)[("second", 0)]
+    full_blocks = (len(prompt) - 1) // 4
+    assert second[-1].num_cached_tokens == full_blocks * 4
+    assert core.stats().num_prefix_hits - hits_before == full_blocks
+    assert first[-1].num_cached_tokens == 0
+    assert tokens_of(second) == tokens_of(first)
+
+
+def test_preemption_under_a_tiny_pool_still_completes_every_request_correctly(tmp_path) -> None:
+    batch = prompts(10, seed=7)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    big = make_core(tmp_path, num_blocks=256)
+    small = make_core(tmp_path, num_blocks=40, enable_prefix_caching=False)  # 160 slots for ~10 x 50 tokens
+    for core in (big, small):
+        for i, prompt in enumerate(batch):
+            core.add_request(str(i), prompt, params)
+    expected, got = run_to_completion(big), run_to_completion(small)
+    assert small.stats().num_preemptions > 0
+    for i in range(len(batch)):
+        assert tokens_of(got[(str(i), 0)]) == tokens_of(expected[(str(i), 0)])
+        assert got[(str(i), 0)][-1].finish_reason == "length"
+    assert small.stats().num_free_blocks == 40
+
+
+def test_32_concurrent_requests_with_random_aborts_leave_no_blocks(tmp_path) -> None:
+    rng = random.Random(0)
+    core = make_core(tmp_path, num_blocks=48, max_num_seqs=16)
+    live = set()
+    for i, prompt in enumerate(prompts(32, seed=11)):
+        core.add_request(str(i), prompt, SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0.7, seed=i))
+        live.add(str(i))
+    finished = {}
+    while core.has_unfinished_requests():
+        if rng.random() < 0.3 and live:
+            victim = rng.choice(sorted(live))
+            for output in core.abort_request(victim):
+                finished[victim] = output.finish_reason
+        for output in core.step():
+            if output.finished:
+                finished[output.request_id] = output.finish_reason
+        live -= set(finished)
+        core.check_integrity()
+    assert set(finished) == {str(i) for i in range(32)}
+    assert "abort" in finished.values() and "length" in finished.values()
+    assert core.stats().num_free_blocks == 48 and core.kv_manager.num_requests == 0
+
+
+def test_abort_frees_blocks_immediately(tmp_path) -> None:
+    core = make_core(tmp_path)
+    core.add_request("a", prompts(1)[0] + [5] * 20, SamplingParams(max_tokens=50, ignore_eos=True))
+    core.step()
+    assert core.stats().num_free_blocks < core.stats().num_blocks
+    (output,) = core.abort_request("a")
+    assert output.finished and output.finish_reason == "abort"
+    assert core.stats().num_free_blocks == core.stats().num_blocks
+    assert core.abort_request("a") == []  # unknown now: ignored
+
+
+def test_n_choices_differ_and_replay_with_a_seed(tmp_path) -> None:
+    params = SamplingParams(max_tokens=10, temperature=1.0, n=3, seed=42, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        core = make_core(tmp_path)
+        core.add_request("r", [3, 4, 5, 6, 7, 8], params)
+        out = run_to_completion(core)
+        runs.append([tokens_of(out[("r", i)]) for i in range(3)])
+    assert runs[0] == runs[1]
+    assert len({tuple(t) for t in runs[0]}) == 3
+
+
+def test_deadline_finishes_with_timeout(tmp_path) -> None:
+    core = make_core(tmp_path)
+    core.add_request("slow", [3, 4, 5], SamplingParams(max_tokens=100, ignore_eos=True), deadline=time.monotonic() - 1)
+    (output,) = core.step()
+    assert output.finished and output.finish_reason == "timeout"
+    assert core.stats().num_free_blocks == core.stats().num_blocks
+
+
+def test_a_failing_request_fails_alone(tmp_path) -> None:
+    core = make_core(tmp_path)
+    core.add_request("bad", [3, 4, 5], GREEDY)
+    core.add_request("good", [6, 7, 8], GREEDY)
+    bad = core.scheduler.requests["bad"]
+
+    def explode(token_id: int) -> str:
+        raise RuntimeError("detokenizer broke")
+
+    bad.state.detokenizer.add = explode
+    out = run_to_completion(core)
+    assert out[("bad", 0)][-1].finish_reason == "error" and "detokenizer broke" in out[("bad", 0)][-1].error
+    assert out[("good", 0)][-1].finish_reason == "length" and len(tokens_of(out[("good", 0)])) == 12
+
+
+def test_a_failing_model_step_fails_its_batch_and_the_engine_recovers(tmp_path, monkeypatch) -> None:
+    core = make_core(tmp_path)
+    core.add_request("a", [3, 4, 5, 6, 7], GREEDY)
+    real = core.runner.execute
+    monkeypatch.setattr(core.runner, "execute", lambda items: (_ for _ in ()).throw(RuntimeError("device lost")))
+    (output,) = core.step()
+    assert output.finish_reason == "error" and "device lost" in output.error
+    monkeypatch.setattr(core.runner, "execute", real)
+    core.add_request("b", [3, 4, 5, 6, 7], GREEDY)
+    out = run_to_completion(core)
+    assert out[("b", 0)][-1].num_cached_tokens == 0  # the failed step's blocks were not left in the prefix cache
+    assert out[("b", 0)][-1].finish_reason == "length"
+
+
+def test_stop_token_and_eos(tmp_path) -> None:
+    reference = alone(tmp_path, [3, 4, 5], GREEDY)
+    core = make_core(tmp_path)
+    core.add_request("s", [3, 4, 5], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[reference[3]], ignore_eos=True))
+    out = run_to_completion(core)[("s", 0)]
+    assert tokens_of(out)[-1] == reference[3] and out[-1].finish_reason == "stop" and out[-1].stop_reason == reference[3]
+
+
+def test_logprobs_match_log_softmax_of_the_model(tmp_path) -> None:
+    core = make_core(tmp_path)
+    prompt = [3, 4, 5, 6]
+    core.add_request("lp", prompt, SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True))
+    out = run_to_completion(core)[("lp", 0)]
+    tokens = tokens_of(out)
+    logprobs = [lp for o in out for lp in o.logprobs]
+    reference = torch.log_softmax(core.logits(prompt + tokens[:-1]), -1)[len(prompt) - 1 :]
+    for row, (token, lp) in enumerate(zip(tokens, logprobs)):
+        assert lp.token_id == token and len(lp.top) == 2
+        assert lp.logprob == pytest.approx(float(reference[row, token]), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "param"),
+    [
+        ([], GREEDY, "prompt"),
+        ([VOCAB], GREEDY, "prompt"),
+        ([3] * 128, GREEDY, "prompt"),
+        ([3] * 120, SamplingParams(max_tokens=9), "max_tokens"),
+        ([3], SamplingParams(logit_bias={VOCAB: 1.0}), "logit_bias"),
+    ],
+)
+def test_admission_errors(tmp_path, prompt, params, param) -> None:
+    core = make_core(tmp_path)
+    with pytest.raises(InvalidRequestError) as info:
+        core.add_request("x", prompt, params)
+    assert info.value.param == param
+    assert not core.has_unfinished_requests()
+
+
+def test_duplicate_request_id_is_refused(tmp_path) -> None:
+    core = make_core(tmp_path)
+    core.add_request("x", [3], GREEDY)
+    with pytest.raises(InvalidRequestError):
+        core.add_request("x", [4], GREEDY)
+
+
+def test_kv_pool_smaller_than_one_sequence_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(InvalidRequestError, match="kv_cache_memory"):
+        make_core(tmp_path, num_blocks=8)  # 32 slots < max_model_len 128
