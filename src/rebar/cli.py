@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -136,6 +137,24 @@ _DECODER_FIELDS = {
 }
 
 
+def cmd_bench_offline(args: argparse.Namespace) -> int:
+    from rebar.bench.offline import run_offline
+    from rebar.engine.engine_config import EngineConfig
+    from rebar.engine.llm import LLM
+
+    engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config)
+    core = llm._require_decoder()
+    if args.warmup:
+        run_offline(core, num_prompts=1, input_len=min(args.input_len, 16), output_len=4, concurrency=1, seed=args.seed + 1)
+    result = run_offline(core, args.num_prompts, args.input_len, args.output_len, args.concurrency, seed=args.seed)
+    print(result.table())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(result.to_json())
+    return 0
+
+
 def _numel(shape: Sequence[int]) -> int:
     count = 1
     for dim in shape:
@@ -164,11 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tensors", action="store_true", help="list every tensor")
     inspect.add_argument("--full-template", action="store_true")
     inspect.set_defaults(handler=cmd_inspect)
+
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    offline = bench.add_parser("offline", help="engine throughput and latency at a fixed concurrency")
+    _add_model_args(offline)
+    offline.add_argument("--num-prompts", type=int, default=16)
+    offline.add_argument("--input-len", type=int, default=128)
+    offline.add_argument("--output-len", type=int, default=64)
+    offline.add_argument("--concurrency", type=int, default=1)
+    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    offline.add_argument("--seed", type=int, default=0)
+    offline.add_argument("--no-warmup", dest="warmup", action="store_false")
+    offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    offline.set_defaults(handler=cmd_bench_offline)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return args.handler(args)
     except RebarError as exc:
