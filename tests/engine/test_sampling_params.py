@@ -121,7 +121,8 @@ def test_boundary_values_are_accepted(kwargs: dict) -> None:
 
 def test_new_fields_default_to_off() -> None:
     params = SamplingParams()
-    assert (params.n, params.repetition_penalty, params.presence_penalty, params.frequency_penalty) == (1, 1.0, 0.0, 0.0)
+    assert params.n == 1 and params.repetition_penalty == 1.0
+    assert params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
     assert params.logit_bias is None and params.logprobs is None
     assert not params.has_penalties
 

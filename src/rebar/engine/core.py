@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -96,7 +96,7 @@ class EngineCore:
         max_total = self._max_total_tokens(len(prompt), params)
         children = []
         for index in range(params.n):
-            child_params = params if params.n == 1 else _choice_params(params, index)
+            child_params = params if params.n == 1 else params.child(index)
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             state = _RequestState(
                 parent_id=request_id,
@@ -276,7 +276,3 @@ class EngineCore:
         self.scheduler.check_integrity()
         assert set(self._children) == {r.state.parent_id for r in self.scheduler.requests.values()}
 
-
-def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice `index` of an n > 1 request: its own seed (seed + index) so choices differ but replay."""
-    return replace(params, n=1, seed=None if params.seed is None else params.seed + index)

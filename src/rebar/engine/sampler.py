@@ -3,8 +3,8 @@
 `sample_batch` is what the engine calls once per step for every running request. Per row it
 applies, in order: logit_bias -> repetition, presence and frequency penalties -> greedy argmax when
 temperature is 0, else temperature -> top_k -> top_p -> min_p -> a draw from the row's own
-generator. `process_logits` exposes the first two stages; `sample` and `filter_logits` are the
-single-row forms of the rest (without bias or penalties).
+generator. `process_logits` exposes the first two stages; `filter_logits` is the single-row
+form of the filters (without bias or penalties).
 
 Log-probabilities are always the log-softmax of the raw model logits, before logit_bias, penalties,
 temperature and filters (as vLLM reports them by default), so they describe the model, not the
@@ -69,14 +69,6 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return _filter_rows(logits.unsqueeze(0), [params]).squeeze(0)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Pick the next token from [vocab] float32 logits."""
-    if params.greedy:
-        return int(torch.argmax(logits))
-    probs = filter_logits(logits, params).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampledToken]:
     """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module docstring.
 
@@ -115,16 +107,17 @@ def process_logits(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> t
     Returns a new float32 tensor shaped like `logits` ([len(requests), vocab]); the input is untouched.
     """
     _check_shape(logits, requests)
-    processed = logits.float().clone()
+    processed = logits.float().clone(memory_format=torch.contiguous_format)
     _process_in_place(processed, requests)
     return processed
 
 
 def _process_in_place(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
+    assert logits.is_contiguous()  # penalties index it as one flat vector
     _add_logit_bias(logits, [r.params for r in requests])
     penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
     if penalised:
-        logits[penalised] = _apply_penalties(logits[penalised], [requests[i] for i in penalised])
+        _apply_penalties(logits, [requests[i] for i in penalised], penalised)
 
 
 def _sample_processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
@@ -159,35 +152,45 @@ def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
     logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
-def _token_counts(histories: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """How often each token id occurs in each history: [len(histories), vocab_size] int64."""
-    lengths = torch.tensor([len(h) for h in histories], device=device)
+def _token_counts(
+    histories: Sequence[Sequence[int]], rows: Sequence[int], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct (row, token) pairs of the histories as flat ids row * vocab_size + token, and their counts.
+
+    `histories[j]` belongs to row `rows[j]`. Costs time in the history length, not the vocabulary.
+    """
     token_ids = torch.tensor(list(itertools.chain.from_iterable(histories)), dtype=torch.long, device=device)
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
         raise ValueError(f"token history holds an id outside [0, {vocab_size})")
-    rows = torch.repeat_interleave(torch.arange(len(histories), device=device), lengths)
-    flat = torch.bincount(rows * vocab_size + token_ids, minlength=len(histories) * vocab_size)
-    return flat.view(len(histories), vocab_size)
+    lengths = torch.tensor([len(h) for h in histories], device=device)
+    row_ids = torch.repeat_interleave(torch.tensor(list(rows), dtype=torch.long, device=device), lengths)
+    return torch.unique(row_ids * vocab_size + token_ids, return_counts=True)
 
 
-def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """Repetition (prompt and output), then presence and frequency (output only) penalties."""
+def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest], rows: Sequence[int]) -> None:
+    """Repetition (prompt and output), then presence and frequency (output only) penalties, in place.
+
+    `requests[j]` is row `rows[j]` of `logits` ([rows, vocab], contiguous); only logits of tokens
+    in a history are read or written.
+    """
     vocab_size, device = logits.shape[1], logits.device
-    output_counts = _token_counts([r.output_token_ids for r in requests], vocab_size, device)
-    output_seen = output_counts > 0
+    flat = logits.view(-1)
+    output_ids, output_counts = _token_counts([r.output_token_ids for r in requests], rows, vocab_size, device)
 
-    def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=logits.dtype, device=device).unsqueeze(1)  # [rows, 1]
+    def per_row(values: list[float], flat_ids: torch.Tensor) -> torch.Tensor:
+        by_row = torch.zeros(logits.shape[0], dtype=logits.dtype, device=device)
+        by_row[list(rows)] = torch.tensor(values, dtype=logits.dtype, device=device)
+        return by_row[flat_ids // vocab_size]
 
     repetition = [r.params.repetition_penalty for r in requests]
     if any(p != 1.0 for p in repetition):
-        prompt_seen = _token_counts([r.prompt_token_ids for r in requests], vocab_size, device) > 0
-        penalty = column(repetition)
-        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = torch.where(prompt_seen | output_seen, penalised, logits)
-    frequency = column([r.params.frequency_penalty for r in requests])
-    presence = column([r.params.presence_penalty for r in requests])
-    return logits - frequency * output_counts.to(logits.dtype) - presence * output_seen.to(logits.dtype)
+        prompt_ids, _ = _token_counts([r.prompt_token_ids for r in requests], rows, vocab_size, device)
+        seen = torch.unique(torch.cat([prompt_ids, output_ids]))
+        penalty, values = per_row(repetition, seen), flat[seen]
+        flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    presence = per_row([r.params.presence_penalty for r in requests], output_ids)
+    frequency = per_row([r.params.frequency_penalty for r in requests], output_ids)
+    flat[output_ids] = flat[output_ids] - (presence + frequency * output_counts.to(logits.dtype))
 
 
 def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
@@ -242,7 +245,7 @@ def _mask_sorted(
         probs = sorted_logits.softmax(-1)
     else:
         weights = sorted_logits.exp()
-        probs = weights / weights.sum(-1, keepdim=True)
+        probs = weights / torch.where(ks <= num_columns, weights.sum(-1, keepdim=True), total)
     # Rows without top-p get an unreachable threshold, so round-off never trims their tail.
     top_p = _column([p.top_p if p.top_p < 1.0 else math.inf for p in params], probs)
     # Drop a token when the tokens ranked before it already reach top_p.
@@ -254,52 +257,77 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
     """One token per row [rows] from its filtered distribution, using only the row's own generator.
 
     Each row draws one uniform number and inverts its cumulative distribution. Rows with top-k or
-    top-p first try their best NUM_CANDIDATES tokens and fall back to sorting the whole vocabulary
-    only when the kept set may reach beyond them; which path a row takes depends on that row alone.
+    top-p first look at their best CANDIDATE_WIDTHS tokens and sort the whole vocabulary only when
+    the kept set may reach past them; which path a row takes depends on that row alone.
     """
     params = [r.params for r in requests]
-    # Shifting by the row maximum leaves the distribution unchanged and keeps a tiny temperature
-    # from overflowing to inf (which would turn the probabilities into NaN).
-    scaled = (logits - logits.amax(-1, keepdim=True)) / _column([p.temperature for p in params], logits)
     uniforms = _uniforms([r.generator for r in requests], logits.device)
     token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-    vocab_size = logits.shape[1]
-    narrow = [i for i, p in enumerate(params) if _narrows(p, vocab_size)]
-    full = [i for i, p in enumerate(params) if not _narrows(p, vocab_size)]
-    if narrow:
-        found, fallback = _draw_from_candidates(scaled[narrow], [params[i] for i in narrow], uniforms[narrow])
-        exact = [j for j in range(len(narrow)) if j not in fallback]
-        token_ids[[narrow[j] for j in exact]] = found[exact]
-        full += [narrow[j] for j in fallback]
+    full: list[int] = []
+    by_width: dict[int, list[int]] = {}
+    for i, p in enumerate(params):
+        width = _candidate_width(p, logits.shape[1])
+        if width is None:
+            full.append(i)
+        else:
+            by_width.setdefault(width, []).append(i)
+    for width, rows in by_width.items():
+        found, fallback = _draw_from_candidates(logits[rows], [params[i] for i in rows], uniforms[rows], width)
+        exact = [j for j in range(len(rows)) if j not in fallback]
+        token_ids[[rows[j] for j in exact]] = found[exact]
+        full += [rows[j] for j in fallback]
     if full:
         rows = sorted(full)
-        kept = _top_k_top_p(scaled[rows], [params[i] for i in rows])
-        token_ids[rows] = _invert_cdf(_mask_min_p(kept, [params[i] for i in rows]), uniforms[rows])
+        row_params = [params[i] for i in rows]
+        kept = _top_k_top_p(_scaled(logits[rows], row_params), row_params)
+        token_ids[rows] = _invert_cdf(_mask_min_p(kept, row_params), uniforms[rows])
     return token_ids
 
 
-NUM_CANDIDATES = 1024
+CANDIDATE_WIDTHS = (64, 1024)
+NUM_CANDIDATES = CANDIDATE_WIDTHS[-1]
+
+
+def _candidate_width(params: SamplingParams, vocab_size: int) -> int | None:
+    """How many best tokens may hold this row's kept set; None when it needs the whole vocabulary."""
+    if not _narrows(params, vocab_size):
+        return None
+    if 0 < params.top_k < vocab_size:
+        return next((w for w in CANDIDATE_WIDTHS if params.top_k <= w), None)
+    return NUM_CANDIDATES
+
+
+def _scaled(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """(logits - row max) / temperature, so every row's best logit is exactly 0.
+
+    Shifting leaves the distribution unchanged and keeps a tiny temperature from overflowing to
+    inf (which would turn the probabilities into NaN).
+    """
+    return (logits - logits.amax(-1, keepdim=True)) / _column([p.temperature for p in params], logits)
 
 
 def _draw_from_candidates(
-    scaled: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor
+    logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, list[int]]:
-    """A token id per row, and the rows whose kept set may reach past their best candidates.
+    """A token id per row drawn among its best `width` tokens, and the rows where that was not exact.
 
-    The ids of those fallback rows are meaningless; the caller must sample them over the whole vocabulary.
+    The ids of those fallback rows are meaningless; the caller must sample them over the whole
+    vocabulary. Only top-p rows without top-k can fall back: their candidates may hold less than
+    top_p of the mass.
     """
-    vocab_size = scaled.shape[1]
-    values, candidate_ids = scaled.topk(min(NUM_CANDIDATES, vocab_size), dim=-1)  # best first
-    total = scaled.exp().sum(-1, keepdim=True)  # [rows, 1]; the best logit is 0, so no overflow
+    vocab_size = logits.shape[1]
+    values, candidate_ids = logits.topk(min(width, vocab_size), dim=-1)  # best first
+    values = _scaled(values, params)  # the row max is the first candidate
+    # Rows without top-k normalise over the whole vocabulary; the others over their own top k.
+    whole = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab_size]
+    total = torch.ones(len(params), 1, dtype=values.dtype, device=values.device)
+    if whole:
+        total[whole] = _scaled(logits[whole], [params[j] for j in whole]).exp().sum(-1, keepdim=True)
     kept = _mask_min_p(_mask_sorted(values, params, vocab_size, total), params)
-    # The set is exact when top_k fits among the candidates or, without top_k, when the candidates
-    # alone already hold top_p of the mass (so every token past them would be dropped anyway).
+    # Without top-k the set is exact when the candidates alone hold top_p of the mass, so every
+    # token past them would be dropped anyway.
     mass = (values.exp() / total).sum(-1).tolist()
-    fallback = [
-        j
-        for j, p in enumerate(params)
-        if not (0 < p.top_k <= values.shape[1] or (not 0 < p.top_k < vocab_size and mass[j] >= p.top_p))
-    ]
+    fallback = [j for j in whole if mass[j] < params[j].top_p]
     positions = _invert_cdf(kept, uniforms)
     return candidate_ids.gather(1, positions.unsqueeze(1)).squeeze(1), fallback
 
@@ -309,7 +337,7 @@ def _invert_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
     Each row's best logit must be 0 (so exp cannot overflow) and finite.
     """
-    cdf = logits.exp().cumsum(-1, dtype=torch.float64)  # [rows, n]
+    cdf = logits.exp().double().cumsum(-1)  # [rows, n]; float64 keeps rare tokens distinguishable
     total = cdf[:, -1:]
     # Stay strictly below the total, so the search always lands on a token with positive mass.
     target = torch.minimum(uniforms.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))

@@ -175,14 +175,14 @@ class SamplingParams:
 
     def _checked_extras(self) -> dict[str, object]:
         logprobs = None if self.logprobs is None else _checked_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        repetition = self.repetition_penalty
+        repetition = _checked_real("repetition_penalty", repetition, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        presence = _checked_real("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+        frequency = _checked_real("frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
         return {
-            "repetition_penalty": _checked_real(
-                "repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True
-            ),
-            "presence_penalty": _checked_real("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
-            "frequency_penalty": _checked_real(
-                "frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY
-            ),
+            "repetition_penalty": repetition,
+            "presence_penalty": presence,
+            "frequency_penalty": frequency,
             "logit_bias": _checked_logit_bias(self.logit_bias),
             "logprobs": logprobs,
         }
