@@ -94,7 +94,8 @@ def make_step(
         block_tables=block_tables,
     )
     q = torch.randn(num_tokens, num_heads, HEAD_DIM, generator=gen).to(dtype)
-    return Step(q, torch.cat(new_k), torch.cat(new_v), key_cache, value_cache, meta, dense_keys, dense_values)
+    empty = torch.empty(0, num_kv_heads, HEAD_DIM, dtype=dtype)
+    return Step(q, torch.cat([empty, *new_k]), torch.cat([empty, *new_v]), key_cache, value_cache, meta, dense_keys, dense_values)
 
 
 def dense_attention(step: Step, scale: float, sliding_window: int | None) -> torch.Tensor:
@@ -215,6 +216,12 @@ def test_large_decode_batch_matches_dense_reference(backend: str) -> None:
     step = make_step(specs, 9, 3, 16, seed=5)
     out = run_backend(backend, step, None)
     torch.testing.assert_close(out.double(), dense_attention(step, SCALE, None), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_without_sequences_gives_an_empty_output(backend: str) -> None:
+    step = make_step([], 8, 2, 5)
+    assert run_backend(backend, step, None).shape == (0, 8, HEAD_DIM)
 
 
 # ----- the cache writes ----------------------------------------------------------------------

@@ -55,8 +55,10 @@ class KVCache:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Uninitialised on purpose: attention only ever reads slots this sequence has written (padding
+        # points at its own tokens and is masked), so zero-filling gigabytes at start buys nothing.
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @property
     def num_bytes(self) -> int:
