@@ -87,13 +87,21 @@ class EngineCore:
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
 
     # ----- admission ---------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+        """Validate a request without queueing it; returns its max total length (prompt + outputs).
+
+        Pure and thread-safe, so a front end can refuse bad input before it starts a response.
+        """
+        prompt = self._check_prompt(prompt_token_ids)
+        params.check_vocab(self.tokenizer.vocab_size)
+        return self._max_total_tokens(len(prompt), params)
+
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, deadline: float | None = None) -> None:
         """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks)."""
         if request_id in self._children:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        prompt = self._check_prompt(prompt_token_ids)
-        params.check_vocab(self.tokenizer.vocab_size)
-        max_total = self._max_total_tokens(len(prompt), params)
+        max_total = self.check_request(prompt_token_ids, params)
+        prompt = list(prompt_token_ids)
         children = []
         for index in range(params.n):
             child_params = params if params.n == 1 else params.child(index)

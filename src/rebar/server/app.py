@@ -1,0 +1,116 @@
+"""The FastAPI application: middleware, routes, and model loading in the background.
+
+The server answers /health at once; /ready and the model endpoints answer 503 until the models
+are loaded and a warm-up generation has run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI
+
+from rebar.config import Settings
+from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.llm import LLM
+from rebar.engine.sampling_params import SamplingParams
+from rebar.server.auth import ApiKeyChecker
+from rebar.server.errors import install_error_handlers
+from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestIdMiddleware
+from rebar.server.routes import chat, completions, misc
+from rebar.server.state import Admission, ServedModels, ServerState
+
+logger = logging.getLogger("rebar.server")
+
+
+def served_name(model: str) -> str:
+    """The id clients use: the alias, or the file/folder name of a path."""
+    return Path(model).name.removesuffix(".gguf") if ("/" in model or model.endswith(".gguf")) else model
+
+
+def load_models(settings: Settings) -> ServedModels:
+    if settings.engine.num_threads:
+        torch.set_num_threads(settings.engine.num_threads)
+    served = ServedModels(created=int(time.time()))
+    m = settings.models
+    if m.chat:
+        served.chat = LLM(m.chat, dtype=m.dtype, device=m.device, engine_config=settings.engine.to_engine_config())
+        served.chat_name = served_name(m.chat)
+        served.engine = AsyncEngine(served.chat.engine)
+        logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
+    if m.embedding:
+        served.embedding = LLM(m.embedding, dtype=m.dtype, device=m.device)
+        served.embedding_name = served_name(m.embedding)
+        logger.info("loaded embedding model %s in %.1fs", served.embedding_name, served.embedding.load_seconds)
+    return served
+
+
+async def warm_up(models: ServedModels) -> None:
+    if models.engine is not None:
+        async for _ in models.engine.generate("Hello", SamplingParams(max_tokens=2, temperature=0), "warm-up"):
+            pass
+    if models.embedding is not None:
+        await asyncio.to_thread(models.embedding.embed, ["warm-up"])
+
+
+def create_app(settings: Settings, models: ServedModels | None = None) -> FastAPI:
+    """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load in the background."""
+    limits = settings.limits
+    state = ServerState(Admission(limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s),
+                        request_timeout_s=limits.request_timeout_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        loading = loop.create_task(_load_and_warm(state, settings, models))
+        yield
+        loading.cancel()
+        if state.models.engine is not None:
+            state.models.engine.shutdown()
+
+    app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
+    app.state.rebar = state
+    install_error_handlers(app)
+    for router in (chat.router, completions.router, misc.router):
+        app.include_router(router)
+    checker = ApiKeyChecker(settings.api_key_hashes())
+    if checker.enabled:
+        app.add_middleware(ApiKeyMiddleware, check=checker.check)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+async def _load_and_warm(state: ServerState, settings: Settings, models: ServedModels | None) -> None:
+    try:
+        state.models = models if models is not None else await _in_thread(load_models, settings)
+        await warm_up(state.models)
+        state.ready = True
+        logger.info("ready: %s", ", ".join(state.models.names()))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # keep serving /health and report the failure on /ready
+        logger.exception("model loading failed")
+        state.load_error = str(exc)
+
+
+async def _in_thread(function, *args):
+    # A plain daemon thread: a slow load must not keep the interpreter alive at shutdown.
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = function(*args)
+            loop.call_soon_threadsafe(future.set_result, result)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            loop.call_soon_threadsafe(future.set_exception, exc)
+
+    threading.Thread(target=run, name="rebar-model-load", daemon=True).start()
+    return await future

@@ -1,0 +1,129 @@
+"""Between the HTTP schemas and the engine: SamplingParams from a request, response dicts from outputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rebar.engine.outputs import RequestOutput
+from rebar.engine.sampling_params import SamplingParams
+from rebar.model.tokenizer import Tokenizer
+from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+
+def sampling_params(body: _SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """Raises InvalidRequestError naming the parameter for any out-of-range value."""
+    return SamplingParams(
+        n=body.n,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        stop=body.stop or (),
+        stop_token_ids=body.stop_token_ids or (),
+        ignore_eos=body.ignore_eos,
+        skip_special_tokens=body.skip_special_tokens,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias=body.logit_bias,
+        logprobs=logprobs,
+    )
+
+
+def chat_params(body: ChatCompletionRequest) -> SamplingParams:
+    from rebar.errors import InvalidRequestError
+
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_tokens")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", "top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs)
+
+
+def completion_params(body: CompletionRequest) -> SamplingParams:
+    from rebar.errors import InvalidRequestError
+
+    if body.echo and body.logprobs is not None:
+        raise InvalidRequestError("echo together with logprobs (prompt logprobs) is not supported", "echo")
+    return sampling_params(body, body.max_tokens, body.logprobs)
+
+
+@dataclass
+class ChoiceState:
+    """Accumulates one choice's outputs for a non-streaming response and usage."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    # OpenAI knows "stop" and "length"; an aborted or failed choice is reported as stopped.
+    return reason if reason in (None, "stop", "length") else "stop"
+
+
+def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict:
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+        "prompt_tokens_details": {"cached_tokens": num_cached},
+    }
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def chat_logprobs(tokenizer: Tokenizer, entries: list) -> dict | None:
+    if not entries:
+        return None
+
+    def item(token_id: int, logprob: float) -> dict:
+        text = token_text(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+        ]
+    }
+
+
+def completion_logprobs(tokenizer: Tokenizer, entries: list, text_offset: int = 0) -> dict | None:
+    if not entries:
+        return None
+    tokens, offsets = [], []
+    for entry in entries:
+        offsets.append(text_offset)
+        piece = token_text(tokenizer, entry.token_id)
+        tokens.append(piece)
+        text_offset += len(piece)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def accumulate(choices: dict[int, ChoiceState], output: RequestOutput) -> None:
+    state = choices.setdefault(output.index, ChoiceState())
+    state.text += output.text_delta
+    state.token_ids.extend(output.new_token_ids)
+    state.logprobs.extend(output.logprobs)
+    state.num_cached_tokens = output.num_cached_tokens
+    if output.finished:
+        state.finish_reason = output.finish_reason
+        state.error = output.error

@@ -1,0 +1,89 @@
+"""Embeddings, models, tokenize/detokenize, health and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from rebar.errors import InvalidRequestError
+from rebar.server.errors import APIError
+from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+
+router = APIRouter()
+MAX_EMBEDDING_INPUTS = 2048
+
+
+@router.get("/health")
+async def health() -> dict:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """Readiness: 200 once every model is loaded and a warm-up generation has run."""
+    state = request.app.state.rebar
+    if state.ready:
+        return JSONResponse({"status": "ready", "models": state.models.names()})
+    body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = request.app.state.rebar
+    created = state.models.created
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "rebar"} for name in state.models.names()]}
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
+    llm = request.app.state.rebar.embedding_model(body.model)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} strings", "input")
+    if any(not text for text in texts):
+        raise InvalidRequestError("input strings must not be empty", "input")
+    dim = llm.config.hidden_size
+    if body.dimensions is not None and body.dimensions != dim:
+        raise InvalidRequestError(f"this model returns {dim} dimensions; dimensions={body.dimensions} is not supported", "dimensions")
+    num_tokens = sum(len(ids) for ids in llm.tokenizer.encode_batch(texts, add_special_tokens=True))
+    vectors = await asyncio.to_thread(llm.embed, texts)
+    data = []
+    for index, vector in enumerate(vectors):
+        values = vector.numpy().astype(np.float32)
+        encoded = base64.b64encode(values.tobytes()).decode() if body.encoding_format == "base64" else values.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    return {"object": "list", "data": data, "model": body.model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+def _decoder(request: Request, model: str | None):
+    state = request.app.state.rebar
+    name = model or state.models.chat_name
+    llm, _engine = state.chat_model(name)
+    return llm
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    llm = _decoder(request, body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise InvalidRequestError("give exactly one of prompt or messages", "prompt")
+    if body.messages is not None:
+        text = llm.render_chat([m.model_dump(exclude_none=True) for m in body.messages], body.add_generation_prompt)
+    else:
+        text = body.prompt
+    tokens = llm.tokenize(text)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    llm = _decoder(request, body.model)
+    if len(body.tokens) > llm.max_model_len:
+        raise APIError(400, f"at most {llm.max_model_len} tokens", "tokens", "invalid_value")
+    return {"prompt": llm.detokenize(body.tokens)}

@@ -1,0 +1,87 @@
+"""What the server holds while it runs: the loaded models, the admission gate, readiness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.llm import LLM
+from rebar.server.errors import APIError
+
+
+class Admission:
+    """Bounded waiting queue: requests admitted but not yet producing output, and their prompt tokens.
+
+    Beyond either limit a request gets 503 with Retry-After instead of queueing without bound.
+    """
+
+    def __init__(self, max_requests: int, max_prompt_tokens: int, retry_after_s: int) -> None:
+        self.max_requests, self.max_prompt_tokens, self.retry_after_s = max_requests, max_prompt_tokens, retry_after_s
+        self.waiting_requests = 0
+        self.waiting_prompt_tokens = 0
+        self.num_rejected = 0
+
+    def admit(self, num_prompt_tokens: int) -> "Ticket":
+        if self.waiting_requests + 1 > self.max_requests or self.waiting_prompt_tokens + num_prompt_tokens > self.max_prompt_tokens:
+            self.num_rejected += 1
+            raise APIError(503, "the server is at capacity; retry later", code="overloaded",
+                           headers={"Retry-After": str(self.retry_after_s)})
+        self.waiting_requests += 1
+        self.waiting_prompt_tokens += num_prompt_tokens
+        return Ticket(self, num_prompt_tokens)
+
+
+@dataclass
+class Ticket:
+    admission: Admission
+    num_prompt_tokens: int
+    released: bool = False
+
+    def release(self) -> None:
+        """The request started producing (or ended): it no longer counts as waiting. Idempotent."""
+        if not self.released:
+            self.released = True
+            self.admission.waiting_requests -= 1
+            self.admission.waiting_prompt_tokens -= self.num_prompt_tokens
+
+
+@dataclass
+class ServedModels:
+    chat_name: str | None = None
+    chat: LLM | None = None
+    engine: AsyncEngine | None = None
+    embedding_name: str | None = None
+    embedding: LLM | None = None
+    created: int = 0
+
+    def names(self) -> list[str]:
+        return [n for n in (self.chat_name, self.embedding_name) if n]
+
+
+@dataclass
+class ServerState:
+    admission: Admission
+    request_timeout_s: float
+    ping_interval_s: float = 10.0
+    models: ServedModels = field(default_factory=ServedModels)
+    ready: bool = False
+    load_error: str | None = None
+
+    def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
+        self._require_ready()
+        if self.models.chat is None or name != self.models.chat_name:
+            raise APIError(400, f"model {name!r} is not served for generation; available: {self.models.chat_name!r}",
+                           "model", "model_not_found")
+        return self.models.chat, self.models.engine
+
+    def embedding_model(self, name: str) -> LLM:
+        self._require_ready()
+        if self.models.embedding is None or name != self.models.embedding_name:
+            raise APIError(400, f"model {name!r} is not served for embeddings; available: {self.models.embedding_name!r}",
+                           "model", "model_not_found")
+        return self.models.embedding
+
+    def _require_ready(self) -> None:
+        if not self.ready:
+            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            raise APIError(503, message, code="not_ready", headers={"Retry-After": "5"})
