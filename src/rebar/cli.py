@@ -7,6 +7,7 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from rebar.errors import RebarError
 
@@ -155,6 +156,41 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rebar.bench.serve import ServeBenchConfig, parse_concurrency_levels, run_serve_bench
+
+    levels = parse_concurrency_levels(args.concurrency)
+    config = ServeBenchConfig(
+        url=args.url, model=args.model, endpoint=args.endpoint, num_prompts=args.num_prompts,
+        input_words=args.input_words, output_tokens=args.output_tokens, seed=args.seed,
+        api_key=args.api_key, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would drown the progress lines
+    report = asyncio.run(run_serve_bench(config, levels))
+    print(report.table())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(report.to_json())
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    import json
+
+    from rebar.config import load_settings, to_toml
+
+    settings = load_settings(args.config)
+    num_keys = len(settings.api_key_hashes())  # also proves the key file is readable
+    if args.format == "json":
+        print(json.dumps(settings.masked_dict(), indent=2))
+    else:
+        print(to_toml(settings.masked_dict()), end="")
+        print(f"# auth: on, {num_keys} distinct key(s)" if num_keys else "# auth: off (no api_keys or api_key_file)")
+    return 0
+
+
 def _numel(shape: Sequence[int]) -> int:
     count = 1
     for dim in shape:
@@ -196,6 +232,26 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
     offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
     offline.set_defaults(handler=cmd_bench_offline)
+
+    serve = bench.add_parser("serve", help="streaming latency and throughput of any OpenAI-compatible server")
+    serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--model", default=None, help="model name to request (default: the first from /v1/models)")
+    serve.add_argument("--endpoint", default="chat", choices=["chat", "completions"])
+    serve.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels, run in order")
+    serve.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
+    serve.add_argument("--input-words", type=int, default=128, help="words per prompt")
+    serve.add_argument("--output-tokens", type=int, default=128, help="max_tokens of every request")
+    serve.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true (an extension vLLM and llama.cpp accept)")
+    serve.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
+    serve.add_argument("--timeout", type=float, default=600.0, help="seconds before one request counts as failed")
+    serve.add_argument("--json", default=None, help="also write the results (one object per level) to this file")
+    serve.set_defaults(handler=cmd_bench_serve)
+    config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser("show", help="print the effective settings (defaults < --config file < REBAR_* env); keys masked")
+    show.add_argument("--config", type=Path, default=None, help="TOML settings file")
+    show.add_argument("--format", default="toml", choices=["toml", "json"])
+    show.set_defaults(handler=cmd_config_show)
     return parser
 
 
