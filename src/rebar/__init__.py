@@ -1,9 +1,31 @@
-"""rebar: an LLM inference service built from first principles."""
+"""rebar: an LLM inference service built from first principles.
 
-from rebar.engine.llm import LLM
-from rebar.engine.outputs import CompletionOutput
-from rebar.engine.sampling_params import SamplingParams
+`LLM`, `SamplingParams` and `CompletionOutput` load lazily, so `import rebar` (and commands that
+need no model, such as `rebar config show`) do not pay for importing torch.
+"""
+
+from typing import TYPE_CHECKING, Any
+
 from rebar.errors import RebarError
 
 __all__ = ["LLM", "SamplingParams", "CompletionOutput", "RebarError"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": "rebar.engine.llm",
+    "SamplingParams": "rebar.engine.sampling_params",
+    "CompletionOutput": "rebar.engine.outputs",
+}
+
+if TYPE_CHECKING:
+    from rebar.engine.llm import LLM
+    from rebar.engine.outputs import CompletionOutput
+    from rebar.engine.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rebar' has no attribute {name!r}")

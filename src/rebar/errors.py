@@ -28,3 +28,7 @@ class InvalidRequestError(RebarError, ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ConfigError(RebarError):
+    """A setting is unknown or invalid, or a config file cannot be read; the message names the key."""

@@ -1,0 +1,435 @@
+"""Settings: one typed, frozen object, and the only code that reads TOML files or `REBAR_*` env.
+
+`load_settings(config_file, overrides)` layers, lowest to highest precedence:
+
+1. the defaults declared on the models below;
+2. the TOML file, if one is given (sections `[server]`, `[models]`, `[engine]`, `[limits]`,
+   `[logging]`);
+3. `REBAR_<SECTION>__<KEY>` environment variables (case-insensitive; lists as JSON, e.g.
+   `REBAR_SERVER__API_KEYS='["k1"]'`; a whole section as JSON in `REBAR_<SECTION>` also works);
+4. explicit overrides from the caller (the CLI), keyed `"section.key"`.
+
+What callers may rely on: an unknown key in any layer and every invalid value raise
+`rebar.errors.ConfigError` whose message names the dotted key (`server.port`), the bad value
+(masked for secrets), where it came from and what is allowed. Optional settings are unset with
+`""` or `"none"` (TOML has no null). Constructing `Settings(...)` directly reads no file and no
+environment: it is defaults plus the given values, which keeps tests hermetic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+
+from rebar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rebar.engine.engine_config import EngineConfig
+
+ENV_PREFIX = "REBAR_"
+ENV_NESTED_DELIMITER = "__"
+SECRET_KEYS = frozenset({"server.api_keys"})
+
+
+def _blank_to_none(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value
+
+
+# Marks an optional setting: "" or "none" (any case) mean unset.
+Unsettable = BeforeValidator(_blank_to_none)
+
+
+def hash_api_key(key: str) -> str:
+    """SHA-256 hex digest of an API key; the only form in which the server keeps keys."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _check_api_key(key: str) -> None:
+    if not key or any(char.isspace() for char in key):
+        raise ValueError("an API key must be non-empty and contain no whitespace")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # Lax mode would read `port = true` as 1.
+        if isinstance(value, bool) and info.field_name and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError("expected a value of the setting's type, not true/false")
+        return value
+
+
+class ServerSettings(_Section):
+    """HTTP listener, authentication and request-size limits. An empty key set means auth is off."""
+
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(8000, ge=1, le=65535)
+    api_keys: tuple[SecretStr, ...] = ()
+    # One key per line; blank lines and lines starting with "#" are ignored. A relative path in a
+    # TOML file is relative to that file's folder.
+    api_key_file: Annotated[Path | None, Unsettable] = None
+    max_body_bytes: int = Field(2**20, ge=1024)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    cors_allow_origins: tuple[str, ...] = ()
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _expand_user(cls, path: Path | None) -> Path | None:
+        return path.expanduser() if path is not None else None
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_are_tokens(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for key in keys:
+            _check_api_key(key.get_secret_value())
+        return keys
+
+
+class ModelsSettings(_Section):
+    """Which models to serve: an alias, a .gguf file or an HF folder. None disables that endpoint."""
+
+    chat: Annotated[str | None, Unsettable] = "smollm2"
+    embedding: Annotated[str | None, Unsettable] = "minilm"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", json_schema_extra={"allowed": "auto, cpu, mps, cuda or cuda:N"})
+
+    @model_validator(mode="after")
+    def _serves_something(self) -> ModelsSettings:
+        if self.chat is None and self.embedding is None:
+            raise ValueError("models.chat and models.embedding are both disabled; nothing to serve")
+        return self
+
+
+class EngineSettings(_Section):
+    """`rebar.engine.engine_config.EngineConfig` fields (same defaults and ranges) plus torch threads."""
+
+    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(32, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = None  # None: the model's context window
+    kv_cache_memory: Annotated[Annotated[int, Field(gt=0)] | None, Unsettable] = None  # bytes; wins over the fraction
+    kv_cache_fraction: float = Field(0.2, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = True
+    attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
+    num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None  # None: torch's default
+
+    def to_engine_config(self) -> EngineConfig:
+        """The engine's own frozen config; `num_threads` is applied by whoever starts torch."""
+        from rebar.engine.engine_config import EngineConfig  # imports torch: keep `rebar config show` light
+
+        return EngineConfig(**self.model_dump(exclude={"num_threads"}))
+
+
+class LimitsSettings(_Section):
+    """Admission control: beyond these queue limits requests get 429 with Retry-After."""
+
+    max_waiting_requests: int = Field(256, ge=1)
+    max_waiting_prompt_tokens: int = Field(262144, ge=1)
+    request_timeout_s: float = Field(600.0, gt=0)
+    retry_after_s: int = Field(1, ge=0)
+
+
+class LoggingSettings(_Section):
+    """Log verbosity; names are case-insensitive ("INFO" reads as "info")."""
+
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)] = "info"
+
+
+class Settings(BaseSettings):
+    """Every setting of a rebar process, grouped by section; frozen once built.
+
+    Build it with `load_settings` (file + env + overrides) or `Settings(section={...})` (no env).
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, case_sensitive=False, extra="forbid", frozen=True
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)  # the environment is read only by load_settings, strictly
+
+    def masked_dict(self) -> dict[str, dict[str, Any]]:
+        """The effective settings as JSON-compatible data; each API key appears as "***"."""
+        data = self.model_dump(mode="json")
+        data["server"]["api_keys"] = ["***"] * len(self.server.api_keys)
+        return data
+
+    def api_key_hashes(self) -> frozenset[str]:
+        """SHA-256 hex digests of `server.api_keys` plus the keys in `server.api_key_file` (read now).
+
+        Empty means authentication is off. An unreadable or keyless key file raises ConfigError.
+        """
+        keys = [key.get_secret_value() for key in self.server.api_keys]
+        if self.server.api_key_file is not None:
+            keys.extend(read_api_key_file(self.server.api_key_file))
+        return frozenset(hash_api_key(key) for key in keys)
+
+
+def read_api_key_file(path: Path) -> list[str]:
+    """The keys in `path`, one per line; blank lines and `#` comment lines are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read server.api_key_file {str(path)!r}: {reason}") from None
+    keys = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if any(char.isspace() for char in key):
+            raise ConfigError(f"server.api_key_file {str(path)!r} line {line_number}: a key must not contain whitespace")
+        keys.append(key)
+    if not keys:
+        raise ConfigError(f"server.api_key_file {str(path)!r} holds no keys (auth would silently be off)")
+    return keys
+
+
+def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Defaults < `config_file` (TOML) < `REBAR_*` env < `overrides` (`{"server.port": 9000}`).
+
+    An override whose value is None is skipped, so CLI flags that were not given can be passed
+    as they are; to unset an optional setting pass "" or "none". Raises ConfigError.
+    """
+    file_layer = _read_toml(Path(config_file)) if config_file is not None else {}
+    env_layer = _read_env()
+    override_layer = _nest_overrides(overrides or {})
+    merged = _deep_merge(_deep_merge(file_layer, env_layer), override_layer)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        origins = _Origins(config_file, file_layer, env_layer, override_layer)
+        lines = dict.fromkeys(_describe_error(error, origins) for error in exc.errors(include_url=False))
+        raise ConfigError("\n".join(lines)) from None
+
+
+def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """`masked_dict()`-shaped data as TOML text that loads back to the same settings (None as "")."""
+    lines: list[str] = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f'{key} = ""  # unset' if value is None else f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+# --- layers -------------------------------------------------------------------------------
+
+
+def _sections() -> dict[str, type[BaseModel]]:
+    return {name: field.annotation for name, field in Settings.model_fields.items()}  # type: ignore[misc]
+
+
+def _unknown(dotted: str, known: list[str], where: str) -> ConfigError:
+    suggestion = difflib.get_close_matches(dotted, known, n=1)
+    hint = f"; did you mean {suggestion[0]!r}?" if suggestion else ""
+    return ConfigError(f"unknown setting {dotted!r} {where}{hint} (known: {', '.join(known)})")
+
+
+def _check_known(path: tuple[str, ...], where: str) -> None:
+    """Raise unless `path` names a section or a section's field."""
+    sections = _sections()
+    if path[0] not in sections:
+        raise _unknown(".".join(path), list(sections), where)
+    fields = list(sections[path[0]].model_fields)
+    if len(path) > 1 and path[1] not in fields:
+        raise _unknown(".".join(path), [f"{path[0]}.{name}" for name in fields], where)
+    if len(path) > 2:
+        raise ConfigError(f"unknown setting {'.'.join(path)!r} {where}: {'.'.join(path[:2])} has no sub-keys")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot parse config file {str(path)!r}: {exc}") from None
+    where = f"in {str(path)!r}"
+    for section, values in data.items():
+        _check_known((section,), where)
+        if isinstance(values, dict):
+            for key in values:
+                _check_known((section, key), where)
+    server = data.get("server")
+    if isinstance(server, dict) and isinstance(server.get("api_key_file"), str) and _blank_to_none(server["api_key_file"]):
+        server["api_key_file"] = str(path.parent / Path(server["api_key_file"]).expanduser())  # absolute stays absolute
+    return data
+
+
+def _read_env() -> dict[str, Any]:
+    for name, raw in os.environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        path = tuple(name[len(ENV_PREFIX):].lower().split(ENV_NESTED_DELIMITER))
+        _check_known(path, f"from environment variable {name}")
+        field = _field(path)
+        if field is None or get_origin(field.annotation) is tuple:
+            expected = "a JSON object" if field is None else 'a JSON list, e.g. ["a", "b"]'
+            try:
+                json.loads(raw)
+            except ValueError as exc:  # the message never echoes the value: it may be a key
+                raise ConfigError(f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}") from None
+    try:
+        return EnvSettingsSource(Settings)()
+    except SettingsError as exc:
+        raise ConfigError(f"cannot parse a {ENV_PREFIX}* environment variable: {exc} (lists and sections are JSON)") from None
+
+
+def _nest_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        path = tuple(dotted.split("."))
+        if len(path) != 2:
+            raise ConfigError(f"unknown setting {dotted!r} in overrides: expected 'section.key'")
+        _check_known(path, "in overrides")
+        if value is not None:
+            nested.setdefault(path[0], {})[path[1]] = value
+    return nested
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# --- error messages -----------------------------------------------------------------------
+
+
+class _Origins:
+    """Says which layer supplied the value at a path, for error messages."""
+
+    def __init__(self, config_file: Path | None, file_layer: dict, env_layer: dict, override_layer: dict) -> None:
+        self.config_file, self.file_layer, self.env_layer, self.override_layer = config_file, file_layer, env_layer, override_layer
+
+    def describe(self, path: tuple[str, ...]) -> str:
+        if _has_path(self.override_layer, path):
+            return "from overrides"
+        if _has_path(self.env_layer, path):
+            upper = {name.upper(): name for name in os.environ}
+            for depth in range(len(path), 0, -1):
+                name = (ENV_PREFIX + ENV_NESTED_DELIMITER.join(path[:depth])).upper()
+                if name in upper:
+                    return f"from environment variable {upper[name]}"
+            return "from the environment"
+        if _has_path(self.file_layer, path):
+            return f"in {str(self.config_file)!r}"
+        return "by default"
+
+
+def _has_path(data: Any, path: tuple[str, ...]) -> bool:
+    for part in path:
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _describe_error(error: Any, origins: _Origins) -> str:
+    loc = tuple(str(part) for part in error["loc"])
+    path = loc[:2]
+    dotted = ".".join(path)
+    origin = origins.describe(path)
+    if error["type"] == "extra_forbidden":
+        return f"unknown setting {'.'.join(loc)!r} {origin}"
+    field = _field(path)
+    if field is None:  # a whole section is wrong, or a check across its fields failed
+        message = error["msg"].removeprefix("Value error, ")
+        return f"invalid setting {dotted} {origin}: {message}"
+    value = "***" if dotted in SECRET_KEYS else repr(error["input"])
+    message = error["msg"].removeprefix("Value error, ")
+    return f"invalid setting {dotted} = {value} {origin}: {message}; allowed: {describe_allowed(field)}"
+
+
+def _field(path: tuple[str, ...]) -> FieldInfo | None:
+    if len(path) != 2:
+        return None
+    section = _sections().get(path[0])
+    return section.model_fields.get(path[1]) if section is not None else None
+
+
+_TYPE_NAMES: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a file path"}
+
+
+def describe_allowed(field: FieldInfo) -> str:
+    """Plain words for the values `field` accepts, e.g. "an integer from 1 to 65535"."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "allowed" in extra:
+        return str(extra["allowed"])
+    annotation, constraints = field.annotation, list(field.metadata)
+    optional = False
+    if get_origin(annotation) in (Union, type(int | None)):
+        members = [arg for arg in get_args(annotation) if arg is not type(None)]
+        optional = len(members) < len(get_args(annotation))
+        annotation = members[0]
+    if get_origin(annotation) is Annotated:  # Annotated[int, Field(ge=2)] | None keeps its bounds inside
+        annotation, *inner = get_args(annotation)
+        constraints += [item for meta in inner for item in (meta.metadata if isinstance(meta, FieldInfo) else [meta])]
+    if get_origin(annotation) is Literal:
+        text = "one of " + ", ".join(repr(choice) for choice in get_args(annotation))
+    elif get_origin(annotation) is tuple:
+        text = "a list of strings"
+    elif annotation is str and any(getattr(item, "min_length", 0) for item in constraints):
+        text = "a non-empty string"
+    else:
+        text = _TYPE_NAMES.get(annotation, str(annotation)) + _bounds(constraints)
+    return text + (' or "" / "none" to unset' if optional else "")
+
+
+def _bounds(constraints: list[Any]) -> str:
+    found = {name: getattr(item, name) for item in constraints for name in ("ge", "gt", "le", "lt")
+             if getattr(item, name, None) is not None}
+    if "ge" in found and "le" in found:
+        return f" from {found['ge']} to {found['le']}"
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    parts = [f"{words[name]} {value}" for name, value in found.items() if name in words]
+    return (" " + " and ".join(parts)) if parts else ""
