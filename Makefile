@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/rebar chat --model $(MODEL)
+	$(VENV)/bin/rebar serve --model $(MODEL)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

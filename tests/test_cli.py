@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import requires_smollm2
+from markers import requires_smollm2
 
 
 def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -93,6 +93,22 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": answer})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rebar.config import load_settings
+    from rebar.server.app import create_app
+    from rebar.server.serve import run_server
+
+    overrides = {
+        "server.host": args.host, "server.port": args.port, "models.chat": args.model,
+        "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
+    }
+    settings = load_settings(args.config, overrides)
+    level = settings.logging.level.upper()
+    logging.getLogger("rebar").setLevel(level)
+    run_server(create_app(settings), settings.server.host, settings.server.port, settings.server.drain_timeout_s, level.lower())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from rebar.model.loader import open_checkpoint
 
@@ -213,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat, max_tokens=512)
     chat.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     chat.set_defaults(handler=cmd_chat)
+
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve.add_argument("--config", default=None, help="TOML settings file (see rebar.toml)")
+    serve.add_argument("--model", default=None, help="chat model: alias, .gguf file or HF folder ('none' disables)")
+    serve.add_argument("--embedding-model", default=None, help="embedding model ('none' disables)")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--device", default=None)
+    serve.set_defaults(handler=cmd_serve)
 
     inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")
     inspect.add_argument("model")

@@ -75,7 +75,7 @@ class LLM:
         engine_config = engine_config or EngineConfig()
         if max_model_len is not None:
             engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
-        self.model = build_model(self.checkpoint, self.dtype, self.device)
+        self.model = build_model(self.checkpoint, self.dtype, self.device, attention_backend=engine_config.attention_backend)
         self.engine: EngineCore | None = None
         if self.config.is_decoder:
             self.engine = EngineCore(self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device)

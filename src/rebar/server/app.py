@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
 from rebar.engine.async_engine import AsyncEngine
@@ -79,6 +80,9 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
     install_error_handlers(app)
     for router in (chat.router, completions.router, misc.router):
         app.include_router(router)
+    if settings.server.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-ID"])
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, check=checker.check)
