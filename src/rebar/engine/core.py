@@ -40,7 +40,16 @@ class _RequestState:
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None
     first_token_time: float | None = None
-    logprobs: list = field(default_factory=list)
+    # Logprobs wait here, with the offset where their token's text starts, until that text is
+    # released: a stream never reports a token whose text it has not shown (held-back stop-string
+    # prefixes, EOS and stop tokens are never shown).
+    pending_logprobs: list[tuple[int, object]] = field(default_factory=list)
+
+    def release_logprobs(self, final: bool) -> tuple:
+        released = self.detokenizer.num_released_chars
+        ready = [entry for start, entry in self.pending_logprobs if start < released]
+        self.pending_logprobs = [] if final else [(s, e) for s, e in self.pending_logprobs if s >= released]
+        return tuple(ready)
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,7 @@ class EngineCore:
 
     def _output(self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False) -> RequestOutput:
         state: _RequestState = request.state
-        logprobs = tuple(state.logprobs[-len(new_tokens):]) if new_tokens and state.logprobs else ()
+        logprobs = state.release_logprobs(final=finished)
         return RequestOutput(
             request_id=state.parent_id,
             index=state.index,
@@ -239,8 +248,6 @@ class EngineCore:
         state: _RequestState = request.state
         token_id = token.token_id
         request.append_output(token_id)
-        if token.logprobs is not None:
-            state.logprobs.append(token.logprobs)
         if state.first_token_time is None:
             state.first_token_time = time.monotonic()
         params = request.params
@@ -250,6 +257,8 @@ class EngineCore:
         if token_id in params.stop_token_ids:
             request.stop_reason = token_id
             return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
+        if token.logprobs is not None:
+            state.pending_logprobs.append((len(state.detokenizer.text), token.logprobs))
         delta = state.detokenizer.add(token_id)
         if state.detokenizer.stopped:
             request.stop_reason = state.detokenizer.stop_string

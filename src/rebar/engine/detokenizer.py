@@ -76,6 +76,11 @@ class IncrementalDetokenizer:
         return delta
 
     @property
+    def num_released_chars(self) -> int:
+        """Characters of text returned so far by `add` and `finish`."""
+        return self._emitted
+
+    @property
     def stopped(self) -> bool:
         return self.stop_string is not None
 
