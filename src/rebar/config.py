@@ -137,12 +137,49 @@ class EngineSettings(_Section):
 
 
 class LimitsSettings(_Section):
-    """Admission control: beyond these queue limits requests get 429 with Retry-After."""
+    """Admission control: beyond these queue limits requests get 503 with Retry-After."""
 
     max_waiting_requests: int = Field(256, ge=1)
     max_waiting_prompt_tokens: int = Field(262144, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)
     retry_after_s: int = Field(1, ge=0)
+
+
+class StoreSettings(_Section):
+    """Where caches and rate-limit counters live: in-process ("memory") or a shared Redis."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"  # used when backend = "redis"
+    key_prefix: str = Field("rebar", min_length=1)
+    call_timeout_s: float = Field(0.25, gt=0)
+    failure_threshold: int = Field(3, ge=1)  # consecutive failures that open the circuit
+    open_for_s: float = Field(5.0, gt=0)  # how long the circuit stays open before a trial call
+    on_store_error: Literal["allow", "deny"] = "allow"  # rate limiting while the store is down
+
+
+class CacheSettings(_Section):
+    """Response cache (deterministic requests only) and embedding cache."""
+
+    enabled: bool = True
+    ttl_s: float = Field(3600.0, gt=0)  # how long a cached completion is fresh
+    stale_s: float = Field(60.0, ge=0)  # after that, served stale while one request refreshes it
+    lock_timeout_s: float = Field(30.0, gt=0)  # identical requests wait this long for the first one
+    embedding_ttl_s: float = Field(86400.0, gt=0)
+
+
+class RateLimitEntry(_Section):
+    requests_per_minute: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None
+    tokens_per_minute: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None
+
+
+class RateLimitSettings(RateLimitEntry):
+    """Per API key (per client address when keys are off). None = unlimited.
+
+    `per_key` maps the SHA-256 hex digest of an API key to its own limits, so no key is written in
+    the file: `python -c "import hashlib; print(hashlib.sha256(b'KEY').hexdigest())"`.
+    """
+
+    per_key: dict[str, RateLimitEntry] = Field(default_factory=dict)
 
 
 class LoggingSettings(_Section):
@@ -165,6 +202,9 @@ class Settings(BaseSettings):
     models: ModelsSettings = Field(default_factory=ModelsSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod

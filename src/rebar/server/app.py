@@ -23,6 +23,7 @@ from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import install_error_handlers
+from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestIdMiddleware
 from rebar.server.routes import chat, completions, misc
 from rebar.server.state import Admission, ServedModels, ServerState
@@ -66,6 +67,8 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
     state = ServerState(Admission(limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s),
                         request_timeout_s=limits.request_timeout_s)
 
+    install_store(state, settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
@@ -74,6 +77,7 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
         loading.cancel()
         if state.models.engine is not None:
             state.models.engine.shutdown()
+        await state.store.close()
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
@@ -89,6 +93,24 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_body_bytes)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def install_store(state: ServerState, settings: Settings) -> None:
+    """The shared store (memory or Redis, behind a circuit breaker), the caches and the rate limiter."""
+    from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
+
+    s = settings.store
+    url = "memory://" if s.backend == "memory" else s.url
+    state.store = ResilientStore(open_store(url), call_timeout_s=s.call_timeout_s, failure_threshold=s.failure_threshold,
+                                 open_for_s=s.open_for_s, on_error=s.on_store_error)
+    c = settings.cache
+    if c.enabled:
+        state.response_cache = ResponseCache(state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s)
+        state.embedding_cache = EmbeddingCache(state.store, s.key_prefix, c.embedding_ttl_s)
+    r = settings.rate_limits
+    per_key = {f"key-{digest[:32]}": RateLimits(e.requests_per_minute, e.tokens_per_minute) for digest, e in r.per_key.items()}
+    if r.requests_per_minute or r.tokens_per_minute or per_key:
+        state.rate_limiter = RateLimiter(state.store, s.key_prefix, RateLimits(r.requests_per_minute, r.tokens_per_minute), per_key)
 
 
 async def _load_and_warm(state: ServerState, settings: Settings, models: ServedModels | None) -> None:

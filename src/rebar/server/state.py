@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
@@ -66,6 +67,11 @@ class ServerState:
     models: ServedModels = field(default_factory=ServedModels)
     ready: bool = False
     load_error: str | None = None
+    store: Any = None  # rebar.store Store (wrapped in ResilientStore)
+    response_cache: Any = None  # ResponseCache, or None when caching is off
+    embedding_cache: Any = None  # EmbeddingCache, or None
+    rate_limiter: Any = None  # RateLimiter, or None when no limit is configured
+    num_rate_limited: int = 0
 
     def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
         self._require_ready()

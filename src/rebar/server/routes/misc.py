@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from rebar.errors import InvalidRequestError
+from rebar.server import completion_flow as flow
 from rebar.server.errors import APIError
 from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 
@@ -41,8 +42,9 @@ async def models(request: Request) -> dict:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
-    llm = request.app.state.rebar.embedding_model(body.model)
+async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+    state = request.app.state.rebar
+    llm = state.embedding_model(body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
         raise InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} strings", "input")
@@ -52,13 +54,30 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
     if body.dimensions is not None and body.dimensions != dim:
         raise InvalidRequestError(f"this model returns {dim} dimensions; dimensions={body.dimensions} is not supported", "dimensions")
     num_tokens = sum(len(ids) for ids in llm.tokenizer.encode_batch(texts, add_special_tokens=True))
-    vectors = await asyncio.to_thread(llm.embed, texts)
+    headers = await flow.check_rate_limit(state, request, num_tokens)
+    vectors, headers["X-Cache"] = await _embed_with_cache(state, llm, body.model, texts)
     data = []
     for index, vector in enumerate(vectors):
-        values = vector.numpy().astype(np.float32)
+        values = np.asarray(vector, dtype=np.float32)
         encoded = base64.b64encode(values.tobytes()).decode() if body.encoding_format == "base64" else values.tolist()
         data.append({"object": "embedding", "index": index, "embedding": encoded})
-    return {"object": "list", "data": data, "model": body.model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+    usage = {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
+    return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage}, headers=headers)
+
+
+async def _embed_with_cache(state, llm, model: str, texts: list[str]) -> tuple[list[np.ndarray], str]:
+    """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once)."""
+    cache = state.embedding_cache
+    if cache is None:
+        return [v.numpy() for v in await asyncio.to_thread(llm.embed, texts)], "MISS"
+    found = await cache.get_many(model, texts)
+    missing = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))
+    if missing:
+        computed = [v.numpy() for v in await asyncio.to_thread(llm.embed, missing)]
+        await cache.put_many(model, missing, computed)
+        by_text = dict(zip(missing, computed))
+        found = [v if v is not None else by_text[t] for t, v in zip(texts, found)]
+    return found, "MISS" if missing else "HIT"
 
 
 def _decoder(request: Request, model: str | None):

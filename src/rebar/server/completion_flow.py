@@ -1,0 +1,128 @@
+"""What chat and completions share around generation: rate limits, the response cache, and the
+neutral `Completion` that both fresh answers and cache hits are rendered from."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from rebar.engine.sampler import TokenLogprobs
+from rebar.engine.sampling_params import SamplingParams
+from rebar.server.convert import ChoiceState
+from rebar.server.errors import APIError
+from rebar.server.response_cache import Lead
+from rebar.server.state import ServerState
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished answer in a form both endpoints render, and the cache stores as JSON."""
+
+    choices: tuple[ChoiceResult, ...]
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_states(cls, choices: dict[int, ChoiceState], num_prompt_tokens: int) -> "Completion":
+        return cls(
+            tuple(ChoiceResult(i, c.text, c.finish_reason or "stop", tuple(c.logprobs)) for i, c in sorted(choices.items())),
+            num_prompt_tokens,
+            sum(len(c.token_ids) for c in choices.values()),
+            choices[0].num_cached_tokens if choices else 0,
+        )
+
+    @property
+    def cacheable(self) -> bool:
+        return all(c.finish_reason in ("stop", "length") for c in self.choices)
+
+    def to_json(self) -> dict:
+        return {
+            "choices": [
+                {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                 "logprobs": [[e.token_id, e.logprob, [list(t) for t in e.top]] for e in c.logprobs]}
+                for c in self.choices
+            ],
+            "usage": [self.num_prompt_tokens, self.num_completion_tokens],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, num_prompt_tokens: int) -> "Completion":
+        choices = tuple(
+            ChoiceResult(c["index"], c["text"], c["finish_reason"],
+                         tuple(TokenLogprobs(t, lp, tuple((a, b) for a, b in top)) for t, lp, top in c["logprobs"]))
+            for c in data["choices"]
+        )
+        # A hit computes nothing: every prompt token counts as cached.
+        return cls(choices, num_prompt_tokens, data["usage"][1], num_prompt_tokens)
+
+
+def client_id(request: Request) -> str:
+    """Rate-limit identity: the API key's hash when one is sent, else the client address."""
+    authorization = request.headers.get("authorization", "")
+    if authorization.lower().startswith("bearer ") and authorization[7:].strip():
+        return "key-" + hashlib.sha256(authorization[7:].strip().encode()).hexdigest()[:32]
+    return "addr-" + (request.client.host if request.client else "unknown")
+
+
+async def check_rate_limit(state: ServerState, request: Request, num_tokens: int) -> dict[str, str]:
+    """OpenAI-style x-ratelimit-* headers; raises 429 with Retry-After when over a limit."""
+    if state.rate_limiter is None:
+        return {}
+    result = await state.rate_limiter.check(client_id(request), num_tokens)
+    if not result.allowed:
+        state.num_rate_limited += 1
+        raise APIError(429, f"rate limit reached for {result.limited_by}; retry after {result.retry_after_s}s",
+                       code="rate_limit_exceeded", headers=result.headers)
+    return result.headers
+
+
+async def charge_completion(state: ServerState, request: Request, num_tokens: int) -> None:
+    if state.rate_limiter is not None and num_tokens > 0:
+        await state.rate_limiter.record_tokens(client_id(request), num_tokens)
+
+
+def canonical_request(endpoint: str, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> dict:
+    """The fields that change the output (not `stream`, not usage options), in a stable form."""
+    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    fields["logit_bias"] = sorted((params.logit_bias or {}).items())
+    fields["stop"], fields["stop_token_ids"] = list(params.stop), list(params.stop_token_ids)
+    return {"endpoint": endpoint, "prompt": prompt_ids, "params": fields, **(extra or {})}
+
+
+def is_deterministic(params: SamplingParams) -> bool:
+    return params.temperature == 0 or params.seed is not None
+
+
+async def cache_lookup(state: ServerState, request: Request, model: str, canonical: dict, params: SamplingParams) -> tuple[dict | None, Lead | None, str | None]:
+    """(cached value, lead, X-Cache header). No cache, a random request or `Cache-Control: no-cache`
+    skip the read; a no-cache request still refreshes the entry."""
+    cache = state.response_cache
+    if cache is None or not is_deterministic(params):
+        return None, None, None
+    key = cache.key(model, canonical)
+    if "no-cache" in request.headers.get("cache-control", "").lower():
+        return None, Lead(cache, key, locked=False, future=None), "MISS"
+    value, lead = await cache.lookup(key)
+    return value, lead, "HIT" if value is not None else "MISS"
+
+
+async def finish_lead(lead: Lead | None, completion: Completion | None) -> None:
+    """Write a finished answer through to the cache; anything else releases waiting requests."""
+    if lead is None:
+        return
+    if completion is not None and completion.cacheable:
+        await lead.fill(completion.to_json())
+    else:
+        await lead.abandon()

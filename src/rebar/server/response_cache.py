@@ -1,0 +1,166 @@
+"""Response and embedding caches on a Store, with stampede protection and logical expiry.
+
+A cached completion stays *fresh* for `ttl_s`, then *stale* for `stale_s` more: a stale entry is
+served while exactly one request (the one that takes the lock) regenerates it. Identical requests
+that miss at the same time wait for the first one's result instead of generating it again: on one
+process through an in-process future, across processes through a `SET NX PX` lock and polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rebar.store.base import Store
+
+POLL_INTERVAL_S = 0.05
+
+
+def digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass
+class Lead:
+    """Held by the one request that generates a missing entry; it must call `fill` or `abandon`."""
+
+    cache: "ResponseCache"
+    key: str
+    locked: bool
+    future: asyncio.Future | None
+    done: bool = False
+
+    async def fill(self, value: dict) -> None:
+        if self.done:
+            return
+        self.done = True
+        await self.cache._write(self.key, value)
+        await self._release(value)
+
+    async def abandon(self) -> None:
+        if not self.done:
+            self.done = True
+            await self._release(None)
+
+    async def _release(self, value: dict | None) -> None:
+        if self.locked:
+            await self.cache.store.delete(self.cache.lock_key(self.key))
+        if self.future is not None:
+            self.cache._local.pop(self.key, None)
+            if not self.future.done():
+                self.future.set_result(value)
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    stale_hits: int = 0
+    waits: int = 0
+
+
+@dataclass
+class ResponseCache:
+    store: Store
+    prefix: str
+    ttl_s: float
+    stale_s: float
+    lock_timeout_s: float
+    clock: Any = time.time
+    stats: CacheStats = field(default_factory=CacheStats)
+    _local: dict[str, asyncio.Future] = field(default_factory=dict)
+
+    def key(self, model: str, canonical: dict) -> str:
+        return f"{self.prefix}:cache:llm:{model}:{digest(canonical)}"
+
+    def lock_key(self, key: str) -> str:
+        return f"{key}:lock"
+
+    async def lookup(self, key: str) -> tuple[dict | None, Lead | None]:
+        """(value, None) for a hit; (None, lead) when the caller must generate and fill the entry."""
+        value, fresh = await self._read(key)
+        if value is not None and fresh:
+            self.stats.hits += 1
+            return value, None
+        if value is not None:  # stale: one caller refreshes, the rest are served the stale value
+            if await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000)):
+                self.stats.misses += 1
+                return None, Lead(self, key, locked=True, future=None)
+            self.stats.stale_hits += 1
+            return value, None
+        waited = await self._wait_for_leader(key)
+        if waited is not None:
+            self.stats.hits += 1
+            return waited, None
+        self.stats.misses += 1
+        future = asyncio.get_running_loop().create_future()
+        self._local[key] = future
+        locked = await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000))
+        return None, Lead(self, key, locked=locked, future=future)
+
+    async def _wait_for_leader(self, key: str) -> dict | None:
+        """Another request is generating this entry: wait (bounded) for its result."""
+        local = self._local.get(key)
+        if local is not None:
+            self.stats.waits += 1
+            try:
+                return await asyncio.wait_for(asyncio.shield(local), self.lock_timeout_s)
+            except asyncio.TimeoutError:
+                return None
+        if await self.store.get(self.lock_key(key)) is None:
+            return None
+        self.stats.waits += 1
+        deadline = time.monotonic() + self.lock_timeout_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(POLL_INTERVAL_S)
+            value, _fresh = await self._read(key)
+            if value is not None:
+                return value
+            if await self.store.get(self.lock_key(key)) is None:
+                return None  # the leader gave up; generate ourselves
+        return None
+
+    async def _read(self, key: str) -> tuple[dict | None, bool]:
+        raw = await self.store.get(key)
+        if raw is None:
+            return None, False
+        try:
+            entry = json.loads(raw)
+            return entry["value"], self.clock() < entry["fresh_until"]
+        except (ValueError, KeyError, TypeError):
+            return None, False  # unreadable entry: treat as a miss and overwrite it
+
+    async def _write(self, key: str, value: dict) -> None:
+        entry = {"fresh_until": self.clock() + self.ttl_s, "value": value}
+        await self.store.set(key, json.dumps(entry, ensure_ascii=False).encode(), int((self.ttl_s + self.stale_s) * 1000))
+
+
+@dataclass
+class EmbeddingCache:
+    store: Store
+    prefix: str
+    ttl_s: float
+    stats: CacheStats = field(default_factory=CacheStats)
+
+    def key(self, model: str, text: str) -> str:
+        return f"{self.prefix}:cache:emb:{model}:{hashlib.sha256(text.encode()).hexdigest()}"
+
+    async def get_many(self, model: str, texts: list[str]) -> list[np.ndarray | None]:
+        found = []
+        for text in texts:
+            raw = await self.store.get(self.key(model, text))
+            found.append(None if raw is None else np.frombuffer(raw, dtype=np.float32).copy())
+        hits = sum(v is not None for v in found)
+        self.stats.hits += hits
+        self.stats.misses += len(texts) - hits
+        return found
+
+    async def put_many(self, model: str, texts: list[str], vectors: list[np.ndarray]) -> None:
+        for text, vector in zip(texts, vectors):
+            await self.store.set(self.key(model, text), vector.astype(np.float32).tobytes(), int(self.ttl_s * 1000))
