@@ -291,6 +291,9 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):  # an inline table; its None values are simply left out
+        items = (f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        return "{ " + ", ".join(items) + " }" if value else "{}"
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
 

@@ -62,6 +62,7 @@ class EngineStats:
     num_prefix_queries: int
     num_prefix_hits: int
     num_preemptions: int
+    num_requests_added: int  # every accepted request (an n > 1 request counts once)
 
 
 class EngineCore:
@@ -94,6 +95,7 @@ class EngineCore:
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
+        self.num_requests_added = 0
 
     # ----- admission ---------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
@@ -124,6 +126,7 @@ class EngineCore:
             request = Request(child_id, list(prompt), child_params, max_total, deadline=deadline, state=state)
             children.append(request)
         self._children[request_id] = [r.request_id for r in children]
+        self.num_requests_added += 1
         for request in children:
             self.scheduler.add_request(request)
 
@@ -284,6 +287,7 @@ class EngineCore:
             num_prefix_queries=pool.num_prefix_queries,
             num_prefix_hits=pool.num_prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
+            num_requests_added=self.num_requests_added,
         )
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
