@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from rebar.errors import RebarError
+from rebar.errors import InvalidRequestError, RebarError
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -161,7 +161,9 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
 
     engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config)
-    core = llm._require_decoder()
+    core = llm.engine
+    if core is None:
+        raise InvalidRequestError(f"{args.model} is an embedding model; bench offline needs a generator", "model")
     if args.warmup:
         run_offline(core, num_prompts=1, input_len=min(args.input_len, 16), output_len=4, concurrency=1, seed=args.seed + 1)
     result = run_offline(core, args.num_prompts, args.input_len, args.output_len, args.concurrency, seed=args.seed)
