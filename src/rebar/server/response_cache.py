@@ -40,8 +40,10 @@ class Lead:
         if self.done:
             return
         self.done = True
-        await self.cache._write(self.key, value)
-        await self._release(value)
+        try:
+            await self.cache._write(self.key, value)
+        finally:
+            await self._release(value)
 
     async def abandon(self) -> None:
         if not self.done:
@@ -49,12 +51,15 @@ class Lead:
             await self._release(None)
 
     async def _release(self, value: dict | None) -> None:
-        if self.locked:
-            await self.cache.store.delete(self.cache.lock_key(self.key))
+        # This often runs in the cleanup of a cancelled stream (client gone), where any await can be
+        # interrupted: release the waiters before awaiting anything, and shield the lock's deletion,
+        # or identical requests would stall until lock_timeout_s.
         if self.future is not None:
             self.cache._local.pop(self.key, None)
             if not self.future.done():
                 self.future.set_result(value)
+        if self.locked:
+            await asyncio.shield(self.cache.store.delete(self.cache.lock_key(self.key)))
 
 
 @dataclass
@@ -89,32 +94,48 @@ class ResponseCache:
             self.stats.hits += 1
             return value, None
         if value is not None:  # stale: one caller refreshes, the rest are served the stale value
-            if await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000)):
+            if await self._take_lock(key):
                 self.stats.misses += 1
                 return None, Lead(self, key, locked=True, future=None)
             self.stats.stale_hits += 1
             return value, None
-        waited = await self._wait_for_leader(key)
-        if waited is not None:
-            self.stats.hits += 1
-            return waited, None
-        self.stats.misses += 1
-        future = asyncio.get_running_loop().create_future()
-        self._local[key] = future
-        locked = await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000))
-        return None, Lead(self, key, locked=locked, future=future)
-
-    async def _wait_for_leader(self, key: str) -> dict | None:
-        """Another request is generating this entry: wait (bounded) for its result."""
         local = self._local.get(key)
-        if local is not None:
+        if local is not None:  # an identical request of this process is generating it: wait for its result
             self.stats.waits += 1
             try:
-                return await asyncio.wait_for(asyncio.shield(local), self.lock_timeout_s)
+                waited = await asyncio.wait_for(asyncio.shield(local), self.lock_timeout_s)
             except asyncio.TimeoutError:
-                return None
-        if await self.store.get(self.lock_key(key)) is None:
-            return None
+                self.stats.misses += 1
+                return None, Lead(self, key, locked=False, future=None)  # too slow: generate without leading
+            if waited is None:
+                return await self.lookup(key)  # the leader gave up: look again, one of the waiters leads next
+            self.stats.hits += 1
+            return waited, None
+        # No await between the check above and this registration: identical requests arriving from now
+        # on wait for this one instead of each becoming a leader while the store answers.
+        future = asyncio.get_running_loop().create_future()
+        self._local[key] = future
+        try:
+            locked = await self._take_lock(key)
+            if not locked:  # another process is generating it
+                waited = await self._wait_for_other_process(key)
+                if waited is not None:
+                    self.stats.hits += 1
+                    self._local.pop(key, None)
+                    future.set_result(waited)
+                    return waited, None
+                locked = await self._take_lock(key)
+        except BaseException:
+            await Lead(self, key, locked=False, future=future).abandon()
+            raise
+        self.stats.misses += 1
+        return None, Lead(self, key, locked=locked, future=future)
+
+    async def _take_lock(self, key: str) -> bool:
+        return await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000))
+
+    async def _wait_for_other_process(self, key: str) -> dict | None:
+        """Another process holds the lock: poll (bounded) for its result; None if it gave up or took too long."""
         self.stats.waits += 1
         deadline = time.monotonic() + self.lock_timeout_s
         while time.monotonic() < deadline:
