@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
         """Complete each prompt (text, or a list of token ids); returns one output per prompt, in order."""
-        batch = self._as_batch(prompts)
+        batch = [prompt_token_ids(self.tokenizer, p) for p in self._as_batch(prompts)]
         collected: dict[tuple[int, int], _Collected] = {}
         for output in self.stream(batch, params):
             entry = collected.setdefault((int(output.request_id), output.index), _Collected(token_ids=[], logprobs=[]))
@@ -149,9 +149,9 @@ class LLM:
             entry.last = output
         per_prompt = self._params_per_prompt(params, len(batch))
         results = []
-        for i, prompt in enumerate(batch):
+        for i, prompt_ids in enumerate(batch):
             choices = tuple(_choice(j, collected[(i, j)]) for j in range(per_prompt[i].n))
-            results.append(CompletionOutput.from_choices(prompt_token_ids(self.tokenizer, prompt), choices, collected[(i, 0)].last))
+            results.append(CompletionOutput.from_choices(prompt_ids, choices, collected[(i, 0)].last))
         return results
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
@@ -211,8 +211,6 @@ class LLM:
 
 
 def _renamed(output: RequestOutput, request_id: str) -> RequestOutput:
-    from dataclasses import replace
-
     return replace(output, request_id=request_id)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rebar.engine.outputs import RequestOutput
 from rebar.engine.sampling_params import SamplingParams
+from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
 from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
@@ -34,8 +35,6 @@ def sampling_params(body: _SamplingFields, max_tokens: int | None, logprobs: int
 
 
 def chat_params(body: ChatCompletionRequest) -> SamplingParams:
-    from rebar.errors import InvalidRequestError
-
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_tokens")
     if body.top_logprobs is not None and not body.logprobs:
@@ -45,8 +44,6 @@ def chat_params(body: ChatCompletionRequest) -> SamplingParams:
 
 
 def completion_params(body: CompletionRequest) -> SamplingParams:
-    from rebar.errors import InvalidRequestError
-
     if body.echo and body.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs (prompt logprobs) is not supported", "echo")
     return sampling_params(body, body.max_tokens, body.logprobs)
