@@ -24,7 +24,7 @@ from rebar.engine.sampling_params import SamplingParams
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
-from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestIdMiddleware
+from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, HTTPMetricsMiddleware, RequestIdMiddleware
 from rebar.server.routes import chat, completions, misc
 from rebar.server.state import Admission, ServedModels, ServerState
 
@@ -68,6 +68,7 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
                         request_timeout_s=limits.request_timeout_s)
 
     install_store(state, settings)
+    state.metrics.attach(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -92,6 +93,7 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
         app.add_middleware(ApiKeyMiddleware, check=checker.check)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_body_bytes)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics, routes=lambda: app.routes)
     return app
 
 

@@ -24,18 +24,25 @@ def sse(data: dict | str) -> str:
     return f"data: {payload}\n\n"
 
 
-async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
-    """Validate (400 before any byte is sent), pass the admission gate, and stream engine outputs."""
+async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                arrived_at: float | None = None) -> AsyncIterator[RequestOutput]:
+    """Validate (400 before any byte is sent), pass the admission gate, and stream engine outputs.
+
+    `arrived_at` (the HTTP arrival on the metrics clock) starts the request's TTFT and e2e timers.
+    """
     engine.core.check_request(prompt_ids, params)
     ticket = state.admission.admit(len(prompt_ids))
+    timer = state.metrics.request_timer(arrived_at, params.n)
 
     async def outputs() -> AsyncIterator[RequestOutput]:
         try:
             async for output in engine.generate(prompt_ids, params, request_id, timeout=state.request_timeout_s):
                 ticket.release()
+                timer.on_output(output)
                 yield output
         finally:
             ticket.release()
+            timer.close()
 
     return outputs()
 

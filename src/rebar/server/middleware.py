@@ -1,11 +1,13 @@
-"""ASGI middleware: request ids, body-size limit, API-key auth. Pure ASGI so streaming responses pass through."""
+"""ASGI middleware: request ids, body-size limit, API-key auth, HTTP metrics. Pure ASGI so streaming responses pass through."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+from starlette.routing import BaseRoute, Match
 
 from rebar.server.errors import error_body
 
@@ -95,7 +97,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-OPEN_PATHS = ("/health", "/ready", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 
 
 class ApiKeyMiddleware:
@@ -111,3 +113,59 @@ class ApiKeyMiddleware:
             return await send_error(send, 401, "invalid or missing API key (Authorization: Bearer <key>)",
                                     [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
         await self.app(scope, receive, send)
+
+
+def _flat_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI wraps included routers
+        if included is not None:
+            yield from _flat_routes(included.routes)
+        elif hasattr(route, "path"):
+            yield route
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The matching route's path template ("/v1/chat/completions"), or "other": labels stay bounded."""
+    routed = scope.get("route")  # set by the router once it matched
+    if routed is not None and hasattr(routed, "path"):
+        return routed.path
+    partial = None
+    for route in _flat_routes(routes):
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route.path
+        if match == Match.PARTIAL and partial is None:  # the path matched but not the method (405)
+            partial = route.path
+    return partial or "other"
+
+
+class HTTPMetricsMiddleware:
+    """Counts requests by route template, method and status, and times them to the last byte (streams included).
+
+    Outermost, so 401/413 answered by inner middleware are counted too. `arrived_at` (on the
+    metrics clock) is left in the request state for TTFT and e2e.
+    """
+
+    def __init__(self, app: ASGIApp, metrics, routes: Callable[[], Sequence[BaseRoute]]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = self.metrics.clock()
+        scope.setdefault("state", {})["arrived_at"] = started
+        status = 500  # an exception before the response started
+
+        async def recording_send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            # After the call, so the router's own match is used; requests answered before routing
+            # (401, 413) are matched here.
+            route = route_template(self.routes(), scope)
+            self.metrics.observe_http(route, scope["method"], status, self.metrics.clock() - started)

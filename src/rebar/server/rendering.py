@@ -105,7 +105,8 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
         return JSONResponse(render.json(completion), headers=headers)
 
     try:
-        outputs = await generation.start(state, engine, prompt_ids, params, request.scope["state"]["request_id"])
+        outputs = await generation.start(state, engine, prompt_ids, params, request.scope["state"]["request_id"],
+                                         request.scope["state"].get("arrived_at"))
     except BaseException:
         await flow.finish_lead(lead, None)
         raise

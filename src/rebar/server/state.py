@@ -7,6 +7,7 @@ from typing import Any
 
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
+from rebar.obs.metrics import ServerMetrics
 from rebar.server.errors import APIError
 
 
@@ -72,6 +73,7 @@ class ServerState:
     embedding_cache: Any = None  # EmbeddingCache, or None
     rate_limiter: Any = None  # RateLimiter, or None when no limit is configured
     num_rate_limited: int = 0
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
 
     def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
         self._require_ready()

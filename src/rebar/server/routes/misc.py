@@ -7,7 +7,8 @@ import base64
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
@@ -32,6 +33,12 @@ async def ready(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ready", "models": state.models.names()})
     body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition of this server's registry (open without an API key)."""
+    return Response(request.app.state.rebar.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")

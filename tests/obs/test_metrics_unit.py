@@ -1,0 +1,108 @@
+"""ServerMetrics without a model: per-request timing from outputs, registry isolation, route templates."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rebar.obs.metrics import ServerMetrics
+from rebar.server.middleware import route_template
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
+    text = metrics.render().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def output(index: int, tokens: int, finished: bool = False, reason: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(index=index, new_token_ids=(1,) * tokens, finished=finished, finish_reason=reason,
+                           num_prompt_tokens=7)
+
+
+def test_request_timer_records_ttft_itl_e2e_tokens_and_reasons() -> None:
+    clock = FakeClock()
+    metrics = ServerMetrics(clock)
+    timer = metrics.request_timer(arrived_at=99.5, n=2)  # admitted at 100.0
+    clock.now = 100.25
+    timer.on_output(output(0, 1))
+    clock.now = 100.30
+    timer.on_output(output(1, 1))
+    clock.now = 100.35
+    timer.on_output(output(0, 2, True, "stop"))
+    clock.now = 101.0
+    timer.close()
+    timer.close()  # idempotent
+    s = samples(metrics)
+    assert s[("rebar_time_to_first_token_seconds_count", ())] == 1
+    assert abs(s[("rebar_time_to_first_token_seconds_sum", ())] - 0.75) < 1e-9
+    assert abs(s[("rebar_request_queue_seconds_sum", ())] - 0.25) < 1e-9
+    assert s[("rebar_inter_token_latency_seconds_count", ())] == 1  # only choice 0 had a second output
+    assert abs(s[("rebar_inter_token_latency_seconds_sum", ())] - 0.10) < 1e-9
+    assert abs(s[("rebar_e2e_request_latency_seconds_sum", ())] - 1.5) < 1e-9
+    assert s[("rebar_generation_tokens_total", ())] == 4
+    assert s[("rebar_prompt_tokens_total", ())] == 7
+    assert s[("rebar_requests_finished_total", (("finish_reason", "stop"),))] == 1
+    assert s[("rebar_requests_finished_total", (("finish_reason", "abort"),))] == 1  # choice 1 never finished
+
+
+def test_each_metrics_object_has_its_own_registry() -> None:
+    first, second = ServerMetrics(), ServerMetrics()
+    first.observe_http("/health", "GET", 200, 0.01)
+    assert samples(first)[("rebar_http_requests_total", (("method", "GET"), ("route", "/health"), ("status", "200")))] == 1
+    assert not any(name == "rebar_http_requests_total" for name, _ in samples(second))
+
+
+def test_state_collector_reads_engine_caches_store_and_models() -> None:
+    stats = SimpleNamespace(num_running=2, num_waiting=3, num_free_blocks=6, num_blocks=8, kv_usage=0.25,
+                            num_prefix_queries=10, num_prefix_hits=4, num_preemptions=1, num_requests_added=5)
+    engine = SimpleNamespace(core=SimpleNamespace(stats=lambda: stats))
+    chat = SimpleNamespace(load_seconds=1.5, dtype="torch.float32", config=SimpleNamespace(source_architecture="LlamaForCausalLM"))
+    state = SimpleNamespace(
+        models=SimpleNamespace(engine=engine, chat_name="tiny", chat=chat, embedding_name=None, embedding=None),
+        response_cache=SimpleNamespace(stats=SimpleNamespace(hits=2, stale_hits=1, misses=4)),
+        embedding_cache=None, num_rate_limited=3, store=SimpleNamespace(num_errors=2, circuit_open=True),
+    )
+    metrics = ServerMetrics()
+    metrics.attach(state)
+    s = samples(metrics)
+    assert s[("rebar_requests_running", ())] == 2 and s[("rebar_requests_waiting", ())] == 3
+    assert s[("rebar_kv_cache_usage_ratio", ())] == 0.25
+    assert s[("rebar_prefix_cache_queries_total", ())] == 10 and s[("rebar_prefix_cache_hits_total", ())] == 4
+    assert s[("rebar_preemptions_total", ())] == 1
+    assert s[("rebar_response_cache_total", (("result", "hit"),))] == 3
+    assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
+    assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0
+    assert s[("rebar_rate_limited_total", ())] == 3 and s[("rebar_store_errors_total", ())] == 2
+    assert s[("rebar_store_circuit_open", ())] == 1
+    assert s[("rebar_model_load_seconds", (("model", "tiny"),))] == 1.5
+    assert s[("rebar_model_info", (("architecture", "LlamaForCausalLM"), ("dtype", "float32"), ("model", "tiny")))] == 1
+
+
+def test_route_template_bounds_cardinality() -> None:
+    from fastapi import APIRouter, FastAPI
+
+    router = APIRouter()
+
+    @router.get("/v1/items/{item_id}")
+    async def item(item_id: str) -> dict:
+        return {}
+
+    app = FastAPI()
+    app.include_router(router)
+
+    def scope(path: str, method: str = "GET") -> dict:
+        return {"type": "http", "path": path, "method": method, "root_path": "", "headers": []}
+
+    assert route_template(app.routes, scope("/v1/items/42")) == "/v1/items/{item_id}"
+    assert route_template(app.routes, scope("/v1/items/42", "POST")) == "/v1/items/{item_id}"  # 405, still templated
+    assert route_template(app.routes, scope("/no/such/path")) == "other"
