@@ -71,6 +71,7 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         models=SimpleNamespace(engine=engine, chat_name="tiny", chat=chat, embedding_name=None, embedding=None),
         response_cache=SimpleNamespace(stats=SimpleNamespace(hits=2, stale_hits=1, misses=4)),
         embedding_cache=None, num_rate_limited=3, store=SimpleNamespace(num_errors=2, circuit_open=True),
+        admission=SimpleNamespace(num_rejected=4),
     )
     metrics = ServerMetrics()
     metrics.attach(state)
@@ -83,6 +84,7 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
     assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0
     assert s[("rebar_rate_limited_total", ())] == 3 and s[("rebar_store_errors_total", ())] == 2
+    assert s[("rebar_overload_rejected_total", ())] == 4
     assert s[("rebar_store_circuit_open", ())] == 1
     assert s[("rebar_model_load_seconds", (("model", "tiny"),))] == 1.5
     assert s[("rebar_model_info", (("architecture", "LlamaForCausalLM"), ("dtype", "float32"), ("model", "tiny")))] == 1

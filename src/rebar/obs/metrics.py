@@ -147,6 +147,8 @@ class StateCollector(Collector):
         yield _cache_family("rebar_response_cache", "Response cache lookups (stale hits count as hits).", s.response_cache)
         yield _cache_family("rebar_embedding_cache", "Embedding cache lookups, one per input text.", s.embedding_cache)
         yield _counter("rebar_rate_limited", "Requests rejected with 429.", s.num_rate_limited)
+        yield _counter("rebar_overload_rejected", "Requests rejected with 503 by the full waiting queue.",
+                       s.admission.num_rejected)
         yield _counter("rebar_store_errors", "Failed store calls (timeouts included).", getattr(s.store, "num_errors", 0))
         yield GaugeMetricFamily("rebar_store_circuit_open", "1 while the store's circuit breaker is open.",
                                 value=float(bool(getattr(s.store, "circuit_open", False))))
