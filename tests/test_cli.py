@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from markers import requires_smollm2
+from markers import requires_minilm, requires_smollm2
 
 
 def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -18,7 +18,8 @@ def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 def test_inspect_shows_architecture_types_tokenizer_and_template() -> None:
     result = rebar("inspect", "smollm2")
     assert result.returncode == 0, result.stderr
-    for expected in ("gguf:llama", "num_kv_heads: 3", "Q4_1 x210", "Q8_0 x1", "vocab 49152", "<|im_start|>"):
+    for expected in ("gguf:llama", "num_kv_heads: 3", "Q4_1 x210", "Q8_0 x1", "vocab 49152", "<|im_start|>",
+                     "general.name: Smollm2 135M"):
         assert expected in result.stdout
 
 
@@ -46,3 +47,10 @@ def test_invalid_sampling_value_is_a_clean_error() -> None:
     result = rebar("generate", "--top-p", "0", "hello")
     assert result.returncode == 2
     assert "top_p" in result.stderr and "Traceback" not in result.stderr
+
+
+@requires_minilm
+def test_bench_offline_refuses_an_embedding_model() -> None:
+    result = rebar("bench", "offline", "--model", "minilm", "--num-prompts", "1")
+    assert result.returncode == 2
+    assert "embedding model" in result.stderr and "Traceback" not in result.stderr

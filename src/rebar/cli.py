@@ -125,6 +125,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for key, value in vars(config).items():
         if key not in skipped:
             print(f"  {key}: {value}")
+    if checkpoint.metadata:
+        print("metadata:")
+        for key, value in checkpoint.metadata.items():
+            print(f"  {key}: {value}")
     infos = checkpoint.tensors.values()
     num_params = sum(_numel(t.shape) for t in infos)
     num_bytes = sum(t.num_bytes for t in infos)

@@ -210,3 +210,12 @@ def test_duplicate_request_id_is_refused(tmp_path) -> None:
 def test_kv_pool_smaller_than_one_sequence_is_a_config_error(tmp_path) -> None:
     with pytest.raises(InvalidRequestError, match="kv_cache_memory"):
         make_core(tmp_path, num_blocks=8)  # 32 slots < max_model_len 128
+
+
+def test_penalties_see_the_token_history(tmp_path) -> None:
+    """The core hands histories to the sampler when (and only when) a penalty needs them."""
+    plain = alone(tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    assert len(set(plain)) < len(plain), "the test needs a greedy run that repeats itself"
+    penalised = alone(tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, presence_penalty=2.0))
+    assert penalised != plain
+    assert len(set(penalised)) > len(set(plain))

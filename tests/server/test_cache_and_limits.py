@@ -10,12 +10,10 @@ import asyncio
 import hashlib
 import json
 import re
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -23,8 +21,7 @@ import pytest
 
 from live_server import live_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))  # the shared RedisServer helper
-from redis_server import SKIP_REASON, RedisServer  # noqa: E402
+from redis_server import running_redis_server
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -37,12 +34,7 @@ LLM_KEY = re.compile(r"^rebar:cache:llm:smollm2:[0-9a-f]{64}$")
 
 @pytest.fixture(scope="module")
 def redis_server():
-    if RedisServer.find_binary() is None:
-        pytest.skip(SKIP_REASON)
-    server = RedisServer()
-    server.start()
-    yield server
-    server.close()
+    yield from running_redis_server()
 
 
 @pytest.fixture(params=["memory", "redis"])

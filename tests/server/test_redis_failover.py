@@ -17,8 +17,7 @@ import pytest
 from live_server import free_port, live_server
 from markers import requires_smollm2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))  # the shared RedisServer helper
-from redis_server import SKIP_REASON, RedisServer  # noqa: E402
+from redis_server import running_redis_server
 
 CHAT = "/v1/chat/completions"
 
@@ -26,12 +25,7 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture
 def redis_server():
     """A redis-server of this test's own: the tests kill it."""
-    if RedisServer.find_binary() is None:
-        pytest.skip(SKIP_REASON)
-    server = RedisServer()
-    server.start()
-    yield server
-    server.close()
+    yield from running_redis_server()
 
 
 def start_serve(log_path: Path, env: dict) -> tuple[subprocess.Popen, str]:

@@ -11,33 +11,21 @@ from typing import TypeVar
 import pytest
 
 from rebar.store import MemoryStore, Store
-from redis_server import SKIP_REASON, RedisServer
+from redis_server import RedisServer, running_redis_server
 
 T = TypeVar("T")
-
-
-def _start_server() -> RedisServer:
-    if RedisServer.find_binary() is None:
-        pytest.skip(SKIP_REASON)
-    server = RedisServer()
-    server.start()
-    return server
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A redis-server shared by the session; tests must not stop it (use `own_redis_server`)."""
-    server = _start_server()
-    yield server
-    server.close()
+    yield from running_redis_server()
 
 
 @pytest.fixture
 def own_redis_server() -> Iterator[RedisServer]:
     """A redis-server for one test, which may kill and restart it."""
-    server = _start_server()
-    yield server
-    server.close()
+    yield from running_redis_server()
 
 
 @dataclass

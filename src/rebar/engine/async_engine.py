@@ -51,7 +51,6 @@ class AsyncEngine:
         self._streams_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
-        self.last_step_error: str | None = None
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -121,7 +120,6 @@ class AsyncEngine:
                     self._deliver(self.core.step())
                 except Exception as exc:  # a bug in the step itself: fail what is in flight, keep serving
                     logger.exception("engine step failed")
-                    self.last_step_error = str(exc)
                     self._fail_everything(f"engine step failed: {exc}")
 
     def _drain(self, block: bool) -> list:

@@ -39,7 +39,6 @@ class _RequestState:
     index: int
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None
-    first_token_time: float | None = None
     # Logprobs wait here, with the offset where their token's text starts, until that text is
     # released: a stream never reports a token whose text it has not shown (held-back stop-string
     # prefixes, EOS and stop tokens are never shown).
@@ -222,7 +221,12 @@ class EngineCore:
         return [self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False) for r in failed]
 
     def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
-        rows = [SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids) for r in requests]
+        # Token histories are only read by penalties; copying them every step would cost O(length).
+        rows = [
+            SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids)
+            if r.params.has_penalties else SampleRequest(r.params, r.state.generator, (), ())
+            for r in requests
+        ]
         try:
             sampled = sample_batch(logits, rows)
         except Exception:  # isolate the row that cannot be sampled
@@ -251,8 +255,6 @@ class EngineCore:
         state: _RequestState = request.state
         token_id = token.token_id
         request.append_output(token_id)
-        if state.first_token_time is None:
-            state.first_token_time = time.monotonic()
         params = request.params
         new = (token_id,)
         if token_id in self.tokenizer.special.eos_token_ids and not params.ignore_eos:

@@ -36,7 +36,6 @@ class _SamplingFields(_Strict):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    user: str | None = Field(default=None, max_length=256)
     # Extensions beyond OpenAI's API (as vLLM names them).
     top_k: int = 0
     min_p: float = 0.0
@@ -66,7 +65,6 @@ class EmbeddingRequest(_Strict):
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
-    user: str | None = Field(default=None, max_length=256)
 
 
 class TokenizeRequest(_Strict):

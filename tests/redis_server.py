@@ -122,3 +122,15 @@ class RedisServer:
         """Stop the server and remove its directory."""
         self.stop()
         self._dir.cleanup()
+
+
+def running_redis_server():
+    """Fixture body: a started RedisServer, closed afterwards; skips when no binary is installed."""
+    import pytest
+
+    if RedisServer.find_binary() is None:
+        pytest.skip(SKIP_REASON)
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
