@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rebar.engine.outputs import RequestTiming
 from rebar.obs.metrics import ServerMetrics
 from rebar.server.middleware import route_template
 
@@ -24,28 +25,32 @@ def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def output(index: int, tokens: int, finished: bool = False, reason: str | None = None) -> SimpleNamespace:
+def output(index: int, tokens: int, finished: bool = False, reason: str | None = None,
+           timing: RequestTiming | None = None) -> SimpleNamespace:
     return SimpleNamespace(index=index, new_token_ids=(1,) * tokens, finished=finished, finish_reason=reason,
-                           num_prompt_tokens=7)
+                           num_prompt_tokens=7, timing=timing)
 
 
 def test_request_timer_records_ttft_itl_e2e_tokens_and_reasons() -> None:
     clock = FakeClock()
     metrics = ServerMetrics(clock)
-    timer = metrics.request_timer(arrived_at=99.5, n=2)  # admitted at 100.0
+    timer = metrics.request_timer(arrived_at=99.5, n=2)
     clock.now = 100.25
     timer.on_output(output(0, 1))
     clock.now = 100.30
     timer.on_output(output(1, 1))
     clock.now = 100.35
-    timer.on_output(output(0, 2, True, "stop"))
+    # engine instants: arrived 10.0, scheduled 10.2, first token 10.5, finished 11.0
+    timer.on_output(output(0, 2, True, "stop", RequestTiming(10.0, 10.2, 10.5, 11.0)))
     clock.now = 101.0
     timer.close()
     timer.close()  # idempotent
     s = samples(metrics)
     assert s[("rebar_time_to_first_token_seconds_count", ())] == 1
     assert abs(s[("rebar_time_to_first_token_seconds_sum", ())] - 0.75) < 1e-9
-    assert abs(s[("rebar_request_queue_seconds_sum", ())] - 0.25) < 1e-9
+    assert abs(s[("rebar_request_queue_seconds_sum", ())] - 0.2) < 1e-9
+    assert abs(s[("rebar_request_prefill_seconds_sum", ())] - 0.3) < 1e-9
+    assert abs(s[("rebar_request_decode_seconds_sum", ())] - 0.5) < 1e-9
     assert s[("rebar_inter_token_latency_seconds_count", ())] == 1  # only choice 0 had a second output
     assert abs(s[("rebar_inter_token_latency_seconds_sum", ())] - 0.10) < 1e-9
     assert abs(s[("rebar_e2e_request_latency_seconds_sum", ())] - 1.5) < 1e-9
@@ -108,3 +113,14 @@ def test_route_template_bounds_cardinality() -> None:
     assert route_template(app.routes, scope("/v1/items/42")) == "/v1/items/{item_id}"
     assert route_template(app.routes, scope("/v1/items/42", "POST")) == "/v1/items/{item_id}"  # 405, still templated
     assert route_template(app.routes, scope("/no/such/path")) == "other"
+
+
+def test_request_timing_splits_and_combines_choices() -> None:
+    a = RequestTiming(arrival=1.0, scheduled=1.5, first_token=2.0, finished=4.0)
+    b = RequestTiming(arrival=1.1, scheduled=1.4, first_token=2.5, finished=5.0)
+    assert (a.queue_s, a.prefill_s, a.decode_s) == (0.5, 0.5, 2.0)
+    both = RequestTiming.combine([a, b])
+    assert (both.arrival, both.scheduled, both.first_token, both.finished) == (1.0, 1.4, 2.0, 5.0)
+    never_ran = RequestTiming(arrival=1.0, scheduled=None, first_token=None, finished=3.0)
+    assert (never_ran.queue_s, never_ran.prefill_s, never_ran.decode_s) == (2.0, 0.0, 0.0)
+    assert RequestTiming.combine([]) is None

@@ -83,7 +83,8 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     assert finished == 3
     assert delta(after, "rebar_generation_tokens_total") == sum(u["completion_tokens"] for u in usages)
     assert delta(after, "rebar_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
-    for histogram in ("rebar_time_to_first_token_seconds", "rebar_request_queue_seconds", "rebar_e2e_request_latency_seconds"):
+    for histogram in ("rebar_time_to_first_token_seconds", "rebar_request_queue_seconds", "rebar_request_prefill_seconds",
+                      "rebar_request_decode_seconds", "rebar_e2e_request_latency_seconds"):
         assert delta(after, histogram + "_count") == 3, histogram
         assert delta(after, histogram + "_bucket", le="+Inf") == 3, histogram
     assert delta(after, "rebar_inter_token_latency_seconds_count") == sum(u["completion_tokens"] - 1 for u in usages)

@@ -17,7 +17,7 @@ from torch import nn
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
 from rebar.engine.kv_cache_manager import KVCacheManager
-from rebar.engine.outputs import RequestOutput
+from rebar.engine.outputs import RequestOutput, RequestTiming
 from rebar.engine.request import Request, RequestStatus
 from rebar.engine.runner import ModelRunner
 from rebar.engine.sampler import SampleRequest, make_generator, sample_batch
@@ -177,6 +177,7 @@ class EngineCore:
         if status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
             delta += state.detokenizer.finish()
         request.error = error
+        request.finished_time = time.monotonic()
         return self._output(request, new_tokens, delta, finished=True)
 
     def _output(self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False) -> RequestOutput:
@@ -195,6 +196,8 @@ class EngineCore:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             error=request.error,
+            timing=RequestTiming(request.arrival_time, request.scheduled_time, request.first_token_time,
+                                 request.finished_time) if finished else None,
         )
 
     # ----- one step ------------------------------------------------------------------------------
@@ -207,6 +210,11 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return outputs
+        started = time.monotonic()
+        for item in plan.scheduled:
+            request = self.scheduler.requests[item.request_id]
+            if request.scheduled_time is None:
+                request.scheduled_time = started
         try:
             logits = self.runner.execute(plan.scheduled)
         except Exception as exc:  # the whole batch failed: fail its requests, keep serving others
@@ -254,6 +262,8 @@ class EngineCore:
     def _append_token(self, request: Request, token) -> RequestOutput:
         state: _RequestState = request.state
         token_id = token.token_id
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
         request.append_output(token_id)
         params = request.params
         new = (token_id,)

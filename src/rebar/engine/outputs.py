@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -44,12 +45,55 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
+class RequestTiming:
+    """Where one request's time went, as `time.monotonic()` instants.
+
+    queue: arrival in the engine -> first scheduled; prefill: first scheduled -> first token
+    (chunked prefill and any wait between chunks included); decode: first token -> finished.
+    A request that never ran (aborted while waiting) has no `scheduled`/`first_token`.
+    """
+
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    finished: float
+
+    @property
+    def queue_s(self) -> float:
+        return (self.scheduled if self.scheduled is not None else self.finished) - self.arrival
+
+    @property
+    def prefill_s(self) -> float:
+        if self.scheduled is None:
+            return 0.0
+        return (self.first_token if self.first_token is not None else self.finished) - self.scheduled
+
+    @property
+    def decode_s(self) -> float:
+        return 0.0 if self.first_token is None else self.finished - self.first_token
+
+    @classmethod
+    def combine(cls, timings: Iterable["RequestTiming"]) -> "RequestTiming | None":
+        """The span of several choices of one request: earliest start of each phase, latest finish."""
+        timings = list(timings)
+        if not timings:
+            return None
+
+        def earliest(values):
+            present = [v for v in values if v is not None]
+            return min(present) if present else None
+
+        return cls(min(t.arrival for t in timings), earliest(t.scheduled for t in timings),
+                   earliest(t.first_token for t in timings), max(t.finished for t in timings))
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What one engine step produced for one choice of one request (incremental).
 
     `request_id` is the caller's id; `index` tells the choices of an `n > 1` request apart. The last
     output of a choice has `finished=True` and a `finish_reason`: "stop", "length", "abort",
-    "timeout" or "error" (with `error` saying what went wrong).
+    "timeout" or "error" (with `error` saying what went wrong) and its `timing`.
     """
 
     request_id: str
@@ -64,3 +108,4 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    timing: RequestTiming | None = None  # on the last output of a choice

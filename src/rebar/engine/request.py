@@ -53,6 +53,9 @@ class Request:
     params: SamplingParams
     max_total_tokens: int  # prompt + outputs never exceed this (max_tokens or the context window)
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None  # first time the scheduler gave it compute
+    first_token_time: float | None = None
+    finished_time: float | None = None
     deadline: float | None = None  # time.monotonic() after which the request times out
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

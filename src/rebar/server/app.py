@@ -87,7 +87,7 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
         app.include_router(router)
     if settings.server.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-ID"])
+                           allow_headers=["*"], expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"])
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, check=checker.check)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from rebar.engine.outputs import RequestTiming
 from rebar.engine.sampler import TokenLogprobs
 from rebar.engine.sampling_params import SamplingParams
 from rebar.server.convert import ChoiceState
@@ -33,6 +34,7 @@ class Completion:
     num_prompt_tokens: int
     num_completion_tokens: int
     num_cached_tokens: int = 0
+    timing: RequestTiming | None = None  # the engine's; None for a cache hit (never stored)
 
     @classmethod
     def from_states(cls, choices: dict[int, ChoiceState], num_prompt_tokens: int) -> "Completion":
@@ -41,6 +43,7 @@ class Completion:
             num_prompt_tokens,
             sum(len(c.token_ids) for c in choices.values()),
             choices[0].num_cached_tokens if choices else 0,
+            RequestTiming.combine(c.timing for c in choices.values() if c.timing is not None),
         )
 
     @property

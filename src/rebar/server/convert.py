@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rebar.engine.outputs import RequestOutput
+from rebar.engine.outputs import RequestOutput, RequestTiming
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
@@ -59,6 +59,7 @@ class ChoiceState:
     finish_reason: str | None = None
     error: str | None = None
     num_cached_tokens: int = 0
+    timing: RequestTiming | None = None
 
 
 def openai_finish_reason(reason: str | None) -> str | None:
@@ -124,3 +125,17 @@ def accumulate(choices: dict[int, ChoiceState], output: RequestOutput) -> None:
     if output.finished:
         state.finish_reason = output.finish_reason
         state.error = output.error
+        state.timing = output.timing
+
+
+def timing_fields(timing: RequestTiming | None, num_cached: int) -> dict:
+    """The engine's time split of one answer, in milliseconds, and the prompt tokens the prefix cache served."""
+    if timing is None:
+        return {"queue_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0, "cached_prompt_tokens": num_cached}
+    return {"queue_ms": round(timing.queue_s * 1e3, 2), "prefill_ms": round(timing.prefill_s * 1e3, 2),
+            "decode_ms": round(timing.decode_s * 1e3, 2), "cached_prompt_tokens": num_cached}
+
+
+def timing_header(fields: dict) -> str:
+    """`x-rebar-timing: queue_ms=1.2, prefill_ms=30.5, decode_ms=410.0, cached_prompt_tokens=0`."""
+    return ", ".join(f"{key}={value}" for key, value in fields.items())

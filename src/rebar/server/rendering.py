@@ -17,7 +17,7 @@ from rebar.engine.sampling_params import SamplingParams
 from rebar.server import completion_flow as flow
 from rebar.server import generation
 from rebar.server.completion_flow import ChoiceResult, Completion
-from rebar.server.convert import ChoiceState, accumulate, now, usage
+from rebar.server.convert import ChoiceState, accumulate, now, timing_fields, timing_header, usage
 from rebar.server.response_cache import Lead
 from rebar.server.state import ServerState
 
@@ -50,7 +50,9 @@ class Renderer:
                                "model": self.model, "choices": choices, **extra})
 
     def _usage_chunk(self, completion: Completion, num_cached: int) -> str:
-        return self.chunk([], usage=usage(completion.num_prompt_tokens, completion.num_completion_tokens, num_cached))
+        # A stream's headers leave before its timing is known: the usage chunk carries it instead.
+        extra = {} if completion.timing is None else {"timing": timing_fields(completion.timing, num_cached)}
+        return self.chunk([], usage=usage(completion.num_prompt_tokens, completion.num_completion_tokens, num_cached), **extra)
 
     async def replay(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         """A cached answer as the same SSE sequence a fresh one produces."""
@@ -122,4 +124,5 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
     finally:
         await flow.finish_lead(lead, completion)
     await flow.charge_completion(state, request, completion.num_completion_tokens)
+    headers["x-rebar-timing"] = timing_header(timing_fields(completion.timing, completion.num_cached_tokens))
     return JSONResponse(render.json(completion), headers=headers)
