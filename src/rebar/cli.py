@@ -1,4 +1,4 @@
-"""The `rebar` command: generate, chat, inspect."""
+"""The `rebar` command: generate, chat, serve, inspect, bench, profile, config."""
 
 from __future__ import annotations
 
@@ -95,6 +95,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rebar.config import load_settings
+    from rebar.obs.logs import configure_logging
     from rebar.server.app import create_app
     from rebar.server.serve import run_server
 
@@ -103,9 +104,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
     }
     settings = load_settings(args.config, overrides)
-    level = settings.logging.level.upper()
-    logging.getLogger("rebar").setLevel(level)
-    run_server(create_app(settings), settings.server.host, settings.server.port, settings.server.drain_timeout_s, level.lower())
+    configure_logging(settings.logging.level, settings.logging.format)
+    run_server(create_app(settings), settings.server.host, settings.server.port, settings.server.drain_timeout_s,
+               settings.logging.level)
     return 0
 
 
@@ -198,6 +199,26 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    import json
+
+    from rebar.engine.engine_config import EngineConfig
+    from rebar.engine.llm import LLM
+    from rebar.obs.profiling import profile_engine
+
+    engine_config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len))
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config)
+    if llm.engine is None:
+        raise InvalidRequestError(f"{args.model} is an embedding model; profile needs a generator", "model")
+    result = profile_engine(llm.engine, args.steps, args.batch, args.input_len, args.warmup_steps, args.top)
+    with open(args.output, "w", encoding="utf-8") as out:
+        json.dump(result.trace, out)
+    print(result.table)
+    print(f"{result.num_steps} steps in {result.seconds:.3f}s; Chrome trace written to {args.output} "
+          "(open in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     import json
 
@@ -211,6 +232,13 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(to_toml(settings.masked_dict()), end="")
         print(f"# auth: on, {num_keys} distinct key(s)" if num_keys else "# auth: off (no api_keys or api_key_file)")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -279,6 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds before one request counts as failed")
     serve.add_argument("--json", default=None, help="also write the results (one object per level) to this file")
     serve.set_defaults(handler=cmd_bench_serve)
+    profile = commands.add_parser("profile", help="profile engine steps: Chrome trace with a range per layer, top operators")
+    _add_model_args(profile)
+    profile.add_argument("--steps", type=_positive_int, default=8, help="steps to profile (the first is the prefill)")
+    profile.add_argument("--batch", type=_positive_int, default=1, help="concurrent requests")
+    profile.add_argument("--input-len", type=_positive_int, default=128, help="prompt tokens per request")
+    profile.add_argument("--warmup-steps", type=int, default=0, help="steps run before profiling starts")
+    profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
+    profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
+    profile.set_defaults(handler=cmd_profile)
+
     config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the effective settings (defaults < --config file < REBAR_* env); keys masked")
     show.add_argument("--config", type=Path, default=None, help="TOML settings file")

@@ -4,7 +4,7 @@
 
 1. the defaults declared on the models below;
 2. the TOML file, if one is given (sections `[server]`, `[models]`, `[engine]`, `[limits]`,
-   `[logging]`);
+   `[logging]`, `[tracing]`, ...);
 3. `REBAR_<SECTION>__<KEY>` environment variables (case-insensitive; lists as JSON, e.g.
    `REBAR_SERVER__API_KEYS='["k1"]'`; a whole section as JSON in `REBAR_<SECTION>` also works);
 4. explicit overrides from the caller (the CLI), keyed `"section.key"`.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "REBAR_"
 ENV_NESTED_DELIMITER = "__"
-SECRET_KEYS = frozenset({"server.api_keys"})
+SECRET_KEYS = frozenset({"server.api_keys", "server.admin_api_keys"})
 
 
 def _blank_to_none(value: Any) -> Any:
@@ -87,13 +87,15 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(2**20, ge=1024)
     drain_timeout_s: float = Field(30.0, ge=0)
     cors_allow_origins: tuple[str, ...] = ()
+    # Keys for /admin/* (profiling). None configured: the admin endpoints answer 403.
+    admin_api_keys: tuple[SecretStr, ...] = ()
 
     @field_validator("api_key_file")
     @classmethod
     def _expand_user(cls, path: Path | None) -> Path | None:
         return path.expanduser() if path is not None else None
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "admin_api_keys")
     @classmethod
     def _keys_are_tokens(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
         for key in keys:
@@ -183,9 +185,21 @@ class RateLimitSettings(RateLimitEntry):
 
 
 class LoggingSettings(_Section):
-    """Log verbosity; names are case-insensitive ("INFO" reads as "info")."""
+    """Log verbosity (case-insensitive) and shape: one JSON object per line, or plain text for a terminal."""
 
     level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)] = "info"
+    format: Literal["json", "text"] = "json"
+    # Prompts and completions are user data: only in the access log when this is turned on.
+    log_prompts: bool = False
+
+
+class TracingSettings(_Section):
+    """OpenTelemetry traces. With exporter "none" spans still get ids (logs, X-Trace-ID) but go nowhere."""
+
+    exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = Field("http://127.0.0.1:4318/v1/traces", min_length=1)  # OTLP/HTTP (protobuf)
+    service_name: str = Field("rebar", min_length=1)
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # of new traces; an incoming traceparent's decision is kept
 
 
 class Settings(BaseSettings):
@@ -206,6 +220,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -233,6 +248,10 @@ class Settings(BaseSettings):
         if self.server.api_key_file is not None:
             keys.extend(read_api_key_file(self.server.api_key_file))
         return frozenset(hash_api_key(key) for key in keys)
+
+    def admin_key_hashes(self) -> frozenset[str]:
+        """SHA-256 hex digests of `server.admin_api_keys`; empty means the admin endpoints are closed."""
+        return frozenset(hash_api_key(key.get_secret_value()) for key in self.server.admin_api_keys)
 
 
 def read_api_key_file(path: Path) -> list[str]:

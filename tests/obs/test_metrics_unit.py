@@ -28,7 +28,7 @@ def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
 def output(index: int, tokens: int, finished: bool = False, reason: str | None = None,
            timing: RequestTiming | None = None) -> SimpleNamespace:
     return SimpleNamespace(index=index, new_token_ids=(1,) * tokens, finished=finished, finish_reason=reason,
-                           num_prompt_tokens=7, timing=timing)
+                           num_prompt_tokens=7, num_cached_tokens=0, timing=timing)
 
 
 def test_request_timer_records_ttft_itl_e2e_tokens_and_reasons() -> None:

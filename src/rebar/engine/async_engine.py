@@ -21,6 +21,7 @@ from rebar.engine.outputs import RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError, RebarError
+from rebar.obs.profiling import ProfileResult, ProfileSession
 
 logger = logging.getLogger("rebar.engine")
 
@@ -38,6 +39,18 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Profile:
+    """Profile the next `num_steps` steps, or the steps that run before `deadline` (monotonic)."""
+
+    num_steps: int
+    deadline: float
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    top: int
+    session: ProfileSession | None = None
+
+
 _STOP = object()
 
 
@@ -51,6 +64,7 @@ class AsyncEngine:
         self._streams_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
+        self._profile: _Profile | None = None  # owned by the core thread
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,13 +119,26 @@ class AsyncEngine:
         """Finish the request as aborted at the start of the next step (no-op if it already ended)."""
         self._inbox.put(_Abort(request_id))
 
+    async def profile(self, num_steps: int, timeout_s: float, top: int = 20) -> ProfileResult:
+        """Profile the next `num_steps` engine steps (fewer if `timeout_s` passes first) in the core thread.
+
+        Raises RebarError if a profile is already being taken.
+        """
+        self.start()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(_Profile(num_steps, time.monotonic() + timeout_s, loop, future, top))
+        return await future
+
     # ----- the core thread -------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            block = not self.core.has_unfinished_requests()
-            commands = self._drain(block)
+            idle = not self.core.has_unfinished_requests()
+            # Idle with a profile open: wake up now and then to honour its deadline.
+            commands = self._drain(block=idle, timeout=0.05 if self._profile is not None else None)
             if any(command is _STOP for command in commands):
                 self._fail_everything("engine shut down")
+                self._end_profile()
                 return
             for command in commands:
                 self._apply(command)
@@ -121,18 +148,48 @@ class AsyncEngine:
                 except Exception as exc:  # a bug in the step itself: fail what is in flight, keep serving
                     logger.exception("engine step failed")
                     self._fail_everything(f"engine step failed: {exc}")
+                if self._profile is not None and self._profile.session is not None:
+                    self._profile.session.step_done()
+            if self._profile is not None and (
+                self._profile.session.num_steps >= self._profile.num_steps or time.monotonic() >= self._profile.deadline
+            ):
+                self._end_profile()
 
-    def _drain(self, block: bool) -> list:
+    def _drain(self, block: bool, timeout: float | None = None) -> list:
         commands = []
         try:
-            commands.append(self._inbox.get(block=block))
+            commands.append(self._inbox.get(block=block, timeout=timeout if block else None))
             while True:
                 commands.append(self._inbox.get_nowait())
         except queue.Empty:
             pass
         return commands
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _start_profile(self, command: _Profile) -> None:
+        if self._profile is not None:
+            _call_soon(command.loop, _settle(command.future), RebarError("a profile is already being taken"))
+            return
+        try:
+            command.session = ProfileSession(self.core.runner.model, self.core.runner.device, command.top).start()
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            _call_soon(command.loop, _settle(command.future), RebarError(f"profiling failed to start: {exc}"))
+            return
+        self._profile = command
+
+    def _end_profile(self) -> None:
+        command, self._profile = self._profile, None
+        if command is None:
+            return
+        try:
+            result: ProfileResult | BaseException = command.session.finish()
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            result = RebarError(f"profiling failed: {exc}")
+        _call_soon(command.loop, _settle(command.future), result)
+
+    def _apply(self, command: _Add | _Abort | _Profile) -> None:
+        if isinstance(command, _Profile):
+            self._start_profile(command)
+            return
         if isinstance(command, _Abort):
             self._deliver(self.core.abort_request(command.request_id))
             return
@@ -163,3 +220,17 @@ def _call_soon(loop: asyncio.AbstractEventLoop, function: Callable, item: object
     except RuntimeError:  # the caller's event loop is closed
         pass
 
+
+
+def _settle(future: asyncio.Future) -> Callable[[object], None]:
+    """A callback for the future's loop: set a result or an exception, unless the waiter gave up."""
+
+    def settle(item: object) -> None:
+        if future.done():
+            return
+        if isinstance(item, BaseException):
+            future.set_exception(item)
+        else:
+            future.set_result(item)
+
+    return settle

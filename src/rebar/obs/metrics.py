@@ -91,6 +91,9 @@ class RequestTimer:
         self.metrics, self.n = metrics, n
         self.arrived_at = metrics.clock() if arrived_at is None else arrived_at
         self.timings: list[RequestTiming] = []
+        self.finish_reasons: dict[int, str] = {}
+        self.num_generated = 0
+        self.num_cached_tokens = 0
         self.first_at: float | None = None
         self.last_at: dict[int, float] = {}
         self.finished: set[int] = set()
@@ -108,12 +111,19 @@ class RequestTimer:
             m.itl.observe(now - previous)
         self.last_at[output.index] = now
         m.generation_tokens.inc(len(output.new_token_ids))
+        self.num_generated += len(output.new_token_ids)
         self.num_prompt_tokens = output.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = output.num_cached_tokens or self.num_cached_tokens
         if output.finished and output.index not in self.finished:
             self.finished.add(output.index)
+            self.finish_reasons[output.index] = output.finish_reason or "unknown"
             m.finished.labels(output.finish_reason or "unknown").inc()
             if output.timing is not None:
                 self.timings.append(output.timing)
+
+    @property
+    def timing(self) -> RequestTiming | None:
+        return RequestTiming.combine(self.timings)
 
     def close(self) -> None:
         if self.closed:
@@ -122,7 +132,7 @@ class RequestTimer:
         m = self.metrics
         m.e2e.observe(m.clock() - self.arrived_at)
         m.prompt_tokens.inc(self.num_prompt_tokens)
-        timing = RequestTiming.combine(self.timings)
+        timing = self.timing
         if timing is not None:
             m.queue.observe(timing.queue_s)
             m.prefill.observe(timing.prefill_s)

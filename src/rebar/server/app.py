@@ -24,9 +24,11 @@ from rebar.engine.sampling_params import SamplingParams
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
+from rebar.obs.tracing import Tracing
 from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, HTTPMetricsMiddleware, RequestIdMiddleware
-from rebar.server.routes import chat, completions, misc
+from rebar.server.routes import admin, chat, completions, misc
 from rebar.server.state import Admission, ServedModels, ServerState
+from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
 
 logger = logging.getLogger("rebar.server")
 
@@ -61,11 +63,17 @@ async def warm_up(models: ServedModels) -> None:
         await asyncio.to_thread(models.embedding.embed, ["warm-up"])
 
 
-def create_app(settings: Settings, models: ServedModels | None = None) -> FastAPI:
-    """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load in the background."""
+def create_app(settings: Settings, models: ServedModels | None = None, tracing: Tracing | None = None) -> FastAPI:
+    """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load in the background.
+
+    `tracing` replaces the one built from `settings.tracing` (tests pass an in-memory exporter).
+    """
     limits = settings.limits
     state = ServerState(Admission(limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s),
-                        request_timeout_s=limits.request_timeout_s)
+                        request_timeout_s=limits.request_timeout_s,
+                        tracing=tracing or Tracing.from_settings(settings.tracing),
+                        log_prompts=settings.logging.log_prompts,
+                        admin_key_hashes=settings.admin_key_hashes())
 
     install_store(state, settings)
     state.metrics.attach(state)
@@ -79,11 +87,12 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
         if state.models.engine is not None:
             state.models.engine.shutdown()
         await state.store.close()
+        state.tracing.shutdown()
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
     install_error_handlers(app)
-    for router in (chat.router, completions.router, misc.router):
+    for router in (chat.router, completions.router, misc.router, admin.router):
         app.include_router(router)
     if settings.server.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
@@ -92,6 +101,9 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, check=checker.check)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_body_bytes)
+    # Outermost last: metrics > request id > trace > access log > body limit > auth > CORS > routes.
+    app.add_middleware(AccessLogMiddleware, routes=lambda: app.routes, clock=state.metrics.clock)
+    app.add_middleware(TracingMiddleware, tracer=state.tracing.tracer, routes=lambda: app.routes)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics, routes=lambda: app.routes)
     return app
@@ -104,7 +116,7 @@ def install_store(state: ServerState, settings: Settings) -> None:
     s = settings.store
     url = "memory://" if s.backend == "memory" else s.url
     state.store = ResilientStore(open_store(url), call_timeout_s=s.call_timeout_s, failure_threshold=s.failure_threshold,
-                                 open_for_s=s.open_for_s, on_error=s.on_store_error)
+                                 open_for_s=s.open_for_s, on_error=s.on_store_error, tracer=state.tracing.tracer)
     c = settings.cache
     if c.enabled:
         state.response_cache = ResponseCache(state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s)

@@ -83,7 +83,11 @@ async def check_rate_limit(state: ServerState, request: Request, num_tokens: int
     """OpenAI-style x-ratelimit-* headers; raises 429 with Retry-After when over a limit."""
     if state.rate_limiter is None:
         return {}
-    result = await state.rate_limiter.check(client_id(request), num_tokens)
+    with state.tracing.tracer.start_as_current_span("rate limit", attributes={"rebar.cost_tokens": num_tokens}) as span:
+        result = await state.rate_limiter.check(client_id(request), num_tokens)
+        span.set_attribute("rebar.rate_limit.allowed", result.allowed)
+        if result.limited_by:
+            span.set_attribute("rebar.rate_limit.limited_by", result.limited_by)
     if not result.allowed:
         state.num_rate_limited += 1
         raise APIError(429, f"rate limit reached for {result.limited_by}; retry after {result.retry_after_s}s",
@@ -115,9 +119,12 @@ async def cache_lookup(state: ServerState, request: Request, model: str, canonic
     if cache is None or not is_deterministic(params):
         return None, None, None
     key = cache.key(model, canonical)
-    if "no-cache" in request.headers.get("cache-control", "").lower():
-        return None, Lead(cache, key, locked=False, future=None), "MISS"
-    value, lead = await cache.lookup(key)
+    with state.tracing.tracer.start_as_current_span("cache lookup") as span:
+        if "no-cache" in request.headers.get("cache-control", "").lower():
+            span.set_attribute("rebar.cache.result", "bypass")
+            return None, Lead(cache, key, locked=False, future=None), "MISS"
+        value, lead = await cache.lookup(key)
+        span.set_attribute("rebar.cache.result", "hit" if value is not None else "miss")
     return value, lead, "HIT" if value is not None else "MISS"
 
 

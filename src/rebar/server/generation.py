@@ -11,6 +11,7 @@ from starlette.requests import Request
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.outputs import RequestOutput
 from rebar.engine.sampling_params import SamplingParams
+from rebar.obs.tracing import end_generate_span
 from rebar.server.convert import ChoiceState, accumulate
 from rebar.server.errors import APIError
 from rebar.server.state import ServerState
@@ -33,6 +34,8 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
     engine.core.check_request(prompt_ids, params)
     ticket = state.admission.admit(len(prompt_ids))
     timer = state.metrics.request_timer(arrived_at, params.n)
+    tracer = state.tracing.tracer
+    span = tracer.start_span("generate", attributes={"rebar.n": params.n, "rebar.max_tokens": params.max_tokens or 0})
 
     async def outputs() -> AsyncIterator[RequestOutput]:
         try:
@@ -43,6 +46,7 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
         finally:
             ticket.release()
             timer.close()
+            end_generate_span(tracer, span, timer)
 
     return outputs()
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from starlette.routing import BaseRoute, Match
 
+from rebar.obs.logs import bind_request_id, unbind_request_id
 from rebar.server.errors import error_body
 
 Scope = dict
@@ -34,7 +35,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestIdMiddleware:
-    """Every response carries X-Request-ID: the client's (when well-formed) or a new one."""
+    """Every response carries X-Request-ID: the client's (when well-formed) or a new one; logs carry it too."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -51,7 +52,11 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = bind_request_id(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            unbind_request_id(token)
 
 
 class BodySizeLimitMiddleware:
@@ -107,7 +112,9 @@ class ApiKeyMiddleware:
         self.app, self.check, self.open_paths = app, check, open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["path"] == "/" or scope["path"].startswith("/static"):
+        path = scope.get("path", "")
+        # /admin/* checks its own, separate keys.
+        if scope["type"] != "http" or path in self.open_paths or path == "/" or path.startswith(("/static", "/admin/")):
             return await self.app(scope, receive, send)
         if not self.check(_header(scope, b"authorization")):
             return await send_error(send, 401, "invalid or missing API key (Authorization: Bearer <key>)",

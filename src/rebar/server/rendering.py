@@ -66,7 +66,7 @@ class Renderer:
         yield generation.sse("[DONE]")
 
     async def stream(self, outputs: AsyncIterator[RequestOutput], n: int, include_usage: bool, ping_interval_s: float,
-                     lead: Lead | None, charge: Callable[[int], Awaitable[None]]) -> AsyncIterator[str]:
+                     lead: Lead | None, on_done: Callable[[Completion], Awaitable[None]]) -> AsyncIterator[str]:
         choices: dict[int, ChoiceState] = {}
         completion, last = None, None
         try:
@@ -87,7 +87,7 @@ class Renderer:
         finally:
             await flow.finish_lead(lead, completion if completion and len(choices) == n else None)
             if completion is not None:
-                await charge(completion.num_completion_tokens)
+                await on_done(completion)
 
 
 async def respond(state: ServerState, request: Request, engine: AsyncEngine, render: Renderer, endpoint: str,
@@ -101,6 +101,7 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
         headers["X-Cache"] = cache_header
     if cached is not None:
         completion = Completion.from_json(cached, len(prompt_ids))
+        note_for_access_log(state, request, engine, prompt_ids, completion)
         if stream:
             return StreamingResponse(render.replay(completion, include_usage), media_type="text/event-stream",
                                      headers={**generation.SSE_HEADERS, **headers})
@@ -112,9 +113,13 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
     except BaseException:
         await flow.finish_lead(lead, None)
         raise
+
+    async def on_done(completion: Completion) -> None:
+        note_for_access_log(state, request, engine, prompt_ids, completion)
+        await flow.charge_completion(state, request, completion.num_completion_tokens)
+
     if stream:
-        events = render.stream(outputs, params.n, include_usage, state.ping_interval_s, lead,
-                               lambda tokens: flow.charge_completion(state, request, tokens))
+        events = render.stream(outputs, params.n, include_usage, state.ping_interval_s, lead, on_done)
         return StreamingResponse(events, media_type="text/event-stream", headers={**generation.SSE_HEADERS, **headers})
     completion = None
     try:
@@ -123,6 +128,19 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
         completion = Completion.from_states(choices, len(prompt_ids))
     finally:
         await flow.finish_lead(lead, completion)
-    await flow.charge_completion(state, request, completion.num_completion_tokens)
+    await on_done(completion)
     headers["x-rebar-timing"] = timing_header(timing_fields(completion.timing, completion.num_cached_tokens))
     return JSONResponse(render.json(completion), headers=headers)
+
+
+def note_for_access_log(state: ServerState, request: Request, engine: AsyncEngine, prompt_ids: list[int],
+                        completion: Completion) -> None:
+    """Token counts (and, only when `log_prompts` is on, the texts) for this request's access-log line."""
+    fields = {"prompt_tokens": completion.num_prompt_tokens, "completion_tokens": completion.num_completion_tokens,
+              "cached_tokens": completion.num_cached_tokens}
+    if completion.timing is not None:
+        fields.update(timing_fields(completion.timing, completion.num_cached_tokens))
+    if state.log_prompts:
+        fields["prompt"] = engine.core.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        fields["completions"] = [choice.text for choice in completion.choices]
+    request.scope.setdefault("state", {}).setdefault("log", {}).update(fields)

@@ -34,5 +34,7 @@ class _Server(uvicorn.Server):
 def run_server(app: FastAPI, host: str, port: int, drain_timeout_s: float, log_level: str) -> None:
     """Serve until SIGTERM/SIGINT; then stop accepting, let in-flight requests finish for up to
     `drain_timeout_s`, stop the engine, and return."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(drain_timeout_s))
+    # log_config=None: logging is configured by `rebar.obs.logs` (JSON lines); rebar.access replaces uvicorn's access log.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=int(drain_timeout_s))
     _Server(config).run()

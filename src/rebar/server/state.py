@@ -8,6 +8,7 @@ from typing import Any
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
 from rebar.obs.metrics import ServerMetrics
+from rebar.obs.tracing import Tracing
 from rebar.server.errors import APIError
 
 
@@ -74,6 +75,9 @@ class ServerState:
     rate_limiter: Any = None  # RateLimiter, or None when no limit is configured
     num_rate_limited: int = 0
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
+    tracing: Tracing = field(default_factory=Tracing)  # this app's own tracer provider
+    log_prompts: bool = False  # prompt and completion text in the access log
+    admin_key_hashes: frozenset[str] = frozenset()  # SHA-256 of the keys /admin/* accepts; empty: 403
 
     def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
         self._require_ready()

@@ -13,6 +13,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
 from rebar.store.base import RateDecision, Store, check_rate_args, check_ttl, check_value
 
 T = TypeVar("T")
@@ -51,6 +54,7 @@ class ResilientStore:
         open_for_s: float = 5.0,
         on_error: Literal["allow", "deny"] = "allow",
         clock: Callable[[], float] = time.monotonic,
+        tracer: Tracer | None = None,
     ) -> None:
         if on_error not in ("allow", "deny"):
             raise ValueError(f"on_error must be 'allow' or 'deny', got {on_error!r}")
@@ -62,6 +66,8 @@ class ResilientStore:
         self.open_for_s = open_for_s
         self.on_error = on_error
         self._clock = clock
+        self._tracer = tracer or trace.NoOpTracer()
+        self._backend = type(inner).__name__.removesuffix("Store").lower() or "store"
         self.num_errors = 0
         self.num_short_circuited = 0
         self._num_consecutive_failures = 0
@@ -112,23 +118,30 @@ class ResilientStore:
             logger.info("store backend recovered after %d errors; circuit closed", self.num_errors)
 
     async def _guarded(self, op: str, call: Callable[[], Awaitable[T]], fallback: Callable[[], T]) -> T:
-        admitted, is_trial = self._admit()
-        if not admitted:
-            self.num_short_circuited += 1
-            return fallback()
-        try:
-            async with asyncio.timeout(self.call_timeout_s):
-                result = await call()
-        except (ValueError, TypeError):
-            raise
-        except Exception as exc:  # any backend failure, StoreError and timeouts included
-            self._on_failure(op, exc)
-            return fallback()
-        finally:
-            if is_trial:
-                self._trial_in_flight = False
-        self._on_success()
-        return result
+        # One client span per call: its outcome says whether the backend answered or a fallback did.
+        with self._tracer.start_as_current_span(f"store {op}", kind=SpanKind.CLIENT,
+                                                attributes={"db.system.name": self._backend}) as span:
+            admitted, is_trial = self._admit()
+            if not admitted:
+                self.num_short_circuited += 1
+                span.set_attribute("rebar.store.outcome", "short_circuit")
+                return fallback()
+            try:
+                async with asyncio.timeout(self.call_timeout_s):
+                    result = await call()
+            except (ValueError, TypeError):
+                raise
+            except Exception as exc:  # any backend failure, StoreError and timeouts included
+                self._on_failure(op, exc)
+                span.set_attribute("rebar.store.outcome", "timeout" if isinstance(exc, TimeoutError) else "error")
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                return fallback()
+            finally:
+                if is_trial:
+                    self._trial_in_flight = False
+            self._on_success()
+            span.set_attribute("rebar.store.outcome", "ok")
+            return result
 
     def _deny_reset_ms(self) -> int:
         if self._open_until is not None:
