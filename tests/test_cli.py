@@ -54,3 +54,21 @@ def test_bench_offline_refuses_an_embedding_model() -> None:
     result = rebar("bench", "offline", "--model", "minilm", "--num-prompts", "1")
     assert result.returncode == 2
     assert "embedding model" in result.stderr and "Traceback" not in result.stderr
+
+
+@requires_smollm2
+def test_profile_writes_a_chrome_trace_and_prints_top_operators(tmp_path) -> None:
+    import json
+
+    out = tmp_path / "trace.json"
+    result = rebar("profile", "--model", "smollm2", "--steps", "2", "--batch", "2", "--input-len", "16", "--top", "5",
+                   "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Self CPU" in result.stdout and "2 steps in" in result.stdout and str(out) in result.stdout
+    names = {event.get("name") for event in json.loads(out.read_text())["traceEvents"]}
+    assert {"layers.0", "layers.29.attn", "layers.29.mlp", "embed_tokens"} <= names
+
+
+def test_profile_refuses_zero_steps() -> None:
+    result = rebar("profile", "--steps", "0")
+    assert result.returncode == 2 and "must be >= 1" in result.stderr

@@ -1,7 +1,7 @@
 """Profiling engine steps with the torch profiler: a Chrome trace with a named range per layer.
 
 `ProfileSession` wraps a number of `EngineCore.step()` calls. While it is open, forward hooks put
-every layer (`layers.3`, `layers.3.self_attn`, `layers.3.mlp`, norms, embeddings, head) in a
+every layer (`layers.3`, `layers.3.attn`, `layers.3.mlp`, norms, embeddings, head) in a
 `record_function` range — and an NVTX range on CUDA, for Nsight — so the trace reads like the
 model. The hooks exist only while profiling: the serving path pays nothing otherwise.
 """
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-MAX_NAME_DEPTH = 2  # "layers.3.self_attn" has two dots; deeper modules (projections) show as operators
+MAX_NAME_DEPTH = 2  # "layers.3.attn" has two dots; deeper modules (projections) show as operators
 
 
 class LayerRanges:
