@@ -18,7 +18,8 @@ from rebar.obs.tracing import current_trace_id
 _request_id: ContextVar[str | None] = ContextVar("rebar_request_id", default=None)
 
 # Attributes every LogRecord has; anything else set through `extra=` is a field of ours.
-_STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# uvicorn's `color_message` is its terminal rendering of the message: noise in a JSON line.
+_STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "color_message"}
 
 
 def bind_request_id(request_id: str) -> Token:

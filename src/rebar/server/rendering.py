@@ -137,9 +137,7 @@ def note_for_access_log(state: ServerState, request: Request, engine: AsyncEngin
                         completion: Completion) -> None:
     """Token counts (and, only when `log_prompts` is on, the texts) for this request's access-log line."""
     fields = {"prompt_tokens": completion.num_prompt_tokens, "completion_tokens": completion.num_completion_tokens,
-              "cached_tokens": completion.num_cached_tokens}
-    if completion.timing is not None:
-        fields.update(timing_fields(completion.timing, completion.num_cached_tokens))
+              **timing_fields(completion.timing, completion.num_cached_tokens)}
     if state.log_prompts:
         fields["prompt"] = engine.core.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         fields["completions"] = [choice.text for choice in completion.choices]

@@ -108,5 +108,6 @@ class AccessLogMiddleware:
             if cache:
                 fields["cache"] = cache
             fields.update(scope.get("state", {}).get("log", {}))
-            level = logging.ERROR if status >= 500 else logging.INFO
+            # 500: a fault of ours. 503/504 (loading, overloaded, timed out) are expected under load.
+            level = logging.ERROR if status == 500 else logging.WARNING if status >= 500 else logging.INFO
             access_logger.log(level, "%s %s %d", scope["method"], fields["route"], status, extra={"fields": fields})
