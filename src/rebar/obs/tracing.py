@@ -21,6 +21,7 @@ are recorded after the fact with explicit start and end times.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 
@@ -54,7 +55,7 @@ class Tracing:
         if span_exporter is not None:
             self.provider.add_span_processor(SimpleSpanProcessor(span_exporter))
         elif exporter == "console":
-            self.provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            self.provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
         elif exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
