@@ -25,7 +25,7 @@ from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, HTTPMetricsMiddleware, RequestIdMiddleware
-from rebar.server.routes import chat, completions, misc
+from rebar.server.routes import chat, completions, misc, web
 from rebar.server.state import Admission, ServedModels, ServerState
 
 logger = logging.getLogger("rebar.server")
@@ -85,6 +85,7 @@ def create_app(settings: Settings, models: ServedModels | None = None) -> FastAP
     install_error_handlers(app)
     for router in (chat.router, completions.router, misc.router):
         app.include_router(router)
+    web.install(app)
     if settings.server.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-ID"])
