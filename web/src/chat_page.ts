@@ -4,7 +4,14 @@
  */
 
 import { answerStats, formatStats } from "./answer_stats";
-import { streamChat, type Answer, type ChatMessage, type RetryNotice, type StreamDeps } from "./chat_stream";
+import {
+  streamChat,
+  type Answer,
+  type ChatMessage,
+  type RetryNotice,
+  type StreamDeps,
+  type StreamObserver,
+} from "./chat_stream";
 import { RequestError } from "./http";
 import { listModels, pickModel } from "./models";
 import { newRequestId } from "./request_id";
@@ -102,6 +109,7 @@ export class ChatPage {
     }
     this.addTurn({ role: "user", content: text, note: "", error: null });
     this.el.prompt.value = "";
+    this.el.prompt.focus(); // Send is about to be disabled: keep the keyboard where the next message goes
     const view = this.conversation.append("assistant");
     const flight: InFlight = { view, controller: new AbortController(), shownText: "" };
     this.inFlight = flight;
@@ -135,7 +143,7 @@ export class ChatPage {
     this.el.prompt.focus();
   }
 
-  private observerFor(flight: InFlight) {
+  private observerFor(flight: InFlight): StreamObserver {
     return {
       onAttempt: (attempt: number) => {
         if (attempt > 1) {

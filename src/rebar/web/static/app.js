@@ -651,6 +651,7 @@ var ChatPage = class {
     }
     this.addTurn({ role: "user", content: text, note: "", error: null });
     this.el.prompt.value = "";
+    this.el.prompt.focus();
     const view = this.conversation.append("assistant");
     const flight = { view, controller: new AbortController(), shownText: "" };
     this.inFlight = flight;
