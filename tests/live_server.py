@@ -42,3 +42,23 @@ def live_server(app, wait_ready: bool = True, timeout: float = 120.0):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def server_settings(**overrides):
+    """Settings for a test server (dotted keys override): a context and KV cache sized for tests."""
+    from rebar.config import load_settings
+
+    base = {"engine.max_model_len": 2048, "engine.kv_cache_memory": 256 * 2**20}
+    return load_settings(None, {**base, **overrides})
+
+
+@contextmanager
+def serving_models(served_models, settings):
+    """(base URL, app) of a live server on already-loaded models; the app's lifespan stops its engine thread."""
+    from rebar.engine.async_engine import AsyncEngine
+    from rebar.server.app import create_app
+
+    served_models.engine = AsyncEngine(served_models.chat.engine)
+    app = create_app(settings, served_models)
+    with live_server(app) as url:
+        yield url, app
