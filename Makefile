@@ -10,7 +10,7 @@ NPM    ?= npm
 WEB_DEPS := web/node_modules/.package-lock.json
 HAVE_NPM := $(shell command -v $(NPM) 2>/dev/null)
 
-.PHONY: install run test web clean
+.PHONY: install run test perf-gate web clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ run: $(STAMP)
 # Without npm the chat page's Node tests skip (and fail under CI=true); the Python ones still run.
 test: $(STAMP) $(if $(HAVE_NPM),$(WEB_DEPS))
 	$(PY) -m pytest -q tests
+
+# Cold start, p95 latency and peak RSS against perf/baseline.json, normalised by a calibration run.
+perf-gate: $(STAMP)
+	$(VENV)/bin/rebar bench gate --baseline perf/baseline.json
 
 $(WEB_DEPS): web/package.json web/package-lock.json
 	$(NPM) --prefix web ci

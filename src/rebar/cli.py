@@ -199,6 +199,24 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from rebar.bench.compare import run_compare
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    report = run_compare(args.model, args.threads, args.output_len, args.repeats, http=not args.no_http, seed=args.seed)
+    print(report.table())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(report.to_json())
+    return 0
+
+
+def cmd_bench_gate(args: argparse.Namespace) -> int:
+    from rebar.bench.gate import run_gate
+
+    return run_gate(args.model, Path(args.baseline), update=args.update_baseline)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
@@ -316,6 +334,22 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
     profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
     profile.set_defaults(handler=cmd_profile)
+
+    compare = bench.add_parser("compare", help="rebar vs llama.cpp on the same GGUF, threads and prompts; ratios")
+    compare.add_argument("--model", default="smollm2", help="a GGUF model (alias or path)")
+    compare.add_argument("--threads", type=_positive_int, default=2)
+    compare.add_argument("--output-len", type=_positive_int, default=128, help="tokens per decode run")
+    compare.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure (the median is reported)")
+    compare.add_argument("--no-http", action="store_true", help="skip the 16-stream HTTP figure")
+    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    compare.set_defaults(handler=cmd_bench_compare)
+
+    gate = bench.add_parser("gate", help="CI performance gate: cold start, p95 latency, peak RSS against a baseline")
+    gate.add_argument("--model", default="smollm2")
+    gate.add_argument("--baseline", default="perf/baseline.json", help="committed baseline (normalised figures)")
+    gate.add_argument("--update-baseline", action="store_true", help="measure and write the baseline instead of judging")
+    gate.set_defaults(handler=cmd_bench_gate)
 
     config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the effective settings (defaults < --config file < REBAR_* env); keys masked")

@@ -33,6 +33,7 @@ class OfflineResult:
     output_tokens_per_s: float
     ttft_ms: dict[str, float]
     itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]  # request added -> its last token
     decode_tokens_per_s_per_stream: float  # mean over requests of (tokens after the first) / decode time
     peak_kv_usage: float
     num_preemptions: int
@@ -47,6 +48,7 @@ class OfflineResult:
             ("decode per stream", f"{self.decode_tokens_per_s_per_stream:.1f} tok/s"),
             ("TTFT p50 / p90 / p99", _percentiles(self.ttft_ms)),
             ("ITL p50 / p90 / p99", _percentiles(self.itl_ms)),
+            ("end-to-end p50 / p90 / p99", _percentiles(self.e2e_ms)),
             ("peak KV usage", f"{100 * self.peak_kv_usage:.1f}%"),
             ("preemptions / prefix hits", f"{self.num_preemptions} / {self.num_prefix_hits}"),
         ]
@@ -63,13 +65,13 @@ def _percentiles(values: dict[str, float]) -> str:
 
 def summarize(samples: list[float]) -> dict[str, float]:
     if not samples:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+        return {"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
     ordered = sorted(samples)
 
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
+    return {"p50": pick(0.5), "p90": pick(0.9), "p95": pick(0.95), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
 
 
 def random_prompts(num_prompts: int, input_len: int, vocab_size: int, special_ids: set[int], seed: int) -> list[list[int]]:
@@ -108,6 +110,7 @@ def run_offline(core: EngineCore, num_prompts: int, input_len: int, output_len: 
 def _result(core, timings, stats_before, num_prompts, input_len, output_len, concurrency, duration, peak_usage) -> OfflineResult:
     ttft = [(t.token_times[0] - t.start) * 1000 for t in timings.values()]
     itl = [(b - a) * 1000 for t in timings.values() for a, b in zip(t.token_times, t.token_times[1:])]
+    e2e = [(t.token_times[-1] - t.start) * 1000 for t in timings.values()]
     decode_rates = [
         (len(t.token_times) - 1) / (t.token_times[-1] - t.token_times[0])
         for t in timings.values()
@@ -124,6 +127,7 @@ def _result(core, timings, stats_before, num_prompts, input_len, output_len, con
         output_tokens_per_s=sum(len(t.token_times) for t in timings.values()) / duration,
         ttft_ms=summarize(ttft),
         itl_ms=summarize(itl),
+        e2e_ms=summarize(e2e),
         decode_tokens_per_s_per_stream=statistics.fmean(decode_rates) if decode_rates else 0.0,
         peak_kv_usage=peak_usage,
         num_preemptions=stats.num_preemptions - stats_before.num_preemptions,
