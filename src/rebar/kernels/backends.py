@@ -8,13 +8,17 @@ is imported only when that backend is asked for, so optional fast kernels cost n
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 from typing import Protocol
 
 import torch
 
 from rebar.errors import InvalidRequestError
 from rebar.kernels.attention import AttentionMetadata
+
+logger = logging.getLogger("rebar.kernels")
 
 
 class AttentionBackend(Protocol):
@@ -35,6 +39,7 @@ class AttentionBackend(Protocol):
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "rebar.kernels.attention:paged_attention",
     "batched": "rebar.kernels.attention_batched:batched_paged_attention",
+    "triton": "rebar.kernels.triton_attention:triton_paged_attention",
 }
 
 
@@ -53,6 +58,27 @@ def get_attention_backend(name: str) -> AttentionBackend:
 
 
 def default_attention_backend(device: torch.device) -> str:
-    """The backend used when none is named: "batched" on every device (it needs no CUDA)."""
-    del device  # every registered backend runs everywhere; kept so a device-specific kernel can slot in
-    return "batched"
+    """The backend used when none is named.
+
+    "batched" on CPU. On a CUDA device "triton" when CUDA is usable and Triton imports; otherwise
+    "batched", with the reason logged once per process.
+    """
+    if device.type == "cpu":
+        return "batched"
+    reason = _triton_unavailable_reason(device.type)
+    return "batched" if reason else "triton"
+
+
+@functools.cache  # so the fallback warning is logged once, not once per model built
+def _triton_unavailable_reason(device_type: str) -> str | None:
+    reason = None
+    if device_type != "cuda" or not torch.cuda.is_available():
+        reason = f"no CUDA (device {device_type!r})"
+    else:
+        try:
+            import triton  # noqa: F401
+        except ImportError as error:
+            reason = f"Triton is not installed ({error}); pip install triton"
+    if reason:
+        logger.warning("attention backend: using 'batched' instead of 'triton': %s", reason)
+    return reason
