@@ -12,8 +12,8 @@ take the raw layout and pack on every call: for tests and one-off use.
 
 The C++ extension is compiled on first use (about a minute, once per machine: cached in torch's
 extension directory, `TORCH_EXTENSIONS_DIR` when set). `available()` says whether it can be used;
-it is False on CPUs without AVX2/FMA, without a C++ compiler or ninja, when the build fails, or
-when the environment sets `REBAR_DISABLE_CPU_KERNELS=1`. The linear functions then raise
+it is False on CPUs without AVX2/FMA/F16C, without a C++ compiler or ninja, when the build fails,
+or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear functions then raise
 `CpuKernelsUnavailable`, so callers should check `available()` and keep a torch fallback.
 Threads: as many as `torch.get_num_threads()`.
 """
@@ -60,26 +60,20 @@ def _extension():
     return result.module
 
 
-def _as_rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"x must be a float32 CPU tensor, got {x.dtype} on {x.device}")
-    if x.dim() < 1 or x.shape[-1] != in_features:
-        raise ValueError(f"x must be [..., {in_features}], got {list(x.shape)}")
-    return x.reshape(-1, in_features).contiguous()
-
-
 def int4_linear_packed(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int4`."""
-    rows = _as_rows(x, packed.in_features)
-    y = _extension().int4_linear_packed(rows, packed.codes, packed.scales, packed.offsets, packed.out_features)
-    return y.reshape(*x.shape[:-1], packed.out_features)
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int4`.
+
+    Raises ValueError for a wrong dtype, device or width of x.
+    """
+    return _extension().int4_linear_packed(x, packed.codes, packed.scales, packed.offsets, packed.out_features)
 
 
 def int8_linear_packed(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int8`."""
-    rows = _as_rows(x, packed.in_features)
-    y = _extension().int8_linear_packed(rows, packed.codes, packed.scales, packed.out_features)
-    return y.reshape(*x.shape[:-1], packed.out_features)
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int8`.
+
+    Raises ValueError for a wrong dtype, device or width of x.
+    """
+    return _extension().int8_linear_packed(x, packed.codes, packed.scales, packed.out_features, packed.in_features)
 
 
 def int4_linear(
@@ -108,6 +102,5 @@ def quantize_activations(
     """The activations exactly as the kernels see them: x [rows, in] float32 ->
     (q int8 [rows, blocks * 32] zero-padded, d float32 [rows, blocks], group sums float32
     [rows, in // group_size] or None), with x ~= q * d per block of 32."""
-    rows = _as_rows(x, x.shape[-1])
     blocks_per_group = 0 if group_size is None else group_size // 32
-    return _extension().quantize_activations(rows, blocks_per_group)
+    return _extension().quantize_activations(x, blocks_per_group)

@@ -3,7 +3,8 @@
 The extension is compiled by `torch.utils.cpp_extension.load` (ninja + the system C++ compiler)
 into torch's extension directory (`TORCH_EXTENSIONS_DIR` when set), so later processes only load
 it. Nothing here raises: a CPU without AVX2/FMA, a missing compiler or ninja, a failed build, or
-`REBAR_DISABLE_CPU_KERNELS=1` make `load_extension()` return None, and the reason is logged once.
+`REBAR_DISABLE_CPU_KERNELS=1` (read once, on first use) make `load_extension()` return no module,
+and the reason is logged once.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def extension_name() -> str:
 
 @functools.cache
 def _build_once() -> BuildResult:
+    # Cached outside the lock so a loaded extension costs one dictionary lookup per call; callers
+    # racing on the first call queue on the lock and share _build_locked's single result.
+    with _build_lock:
+        return _build_locked()
+
+
+@functools.cache
+def _build_locked() -> BuildResult:
+    if disabled_by_env():
+        logger.info("rebar CPU quantized kernels disabled by %s", DISABLE_ENV)
+        return BuildResult(None, f"disabled by {DISABLE_ENV}=1")
     reason = missing_requirement()
     if reason:
         logger.warning("rebar CPU quantized kernels unavailable: %s", reason)
@@ -98,8 +110,6 @@ def _build_once() -> BuildResult:
 
 
 def load_extension() -> BuildResult:
-    """The loaded extension, built on the first call in this process (thread-safe)."""
-    if disabled_by_env():
-        return BuildResult(None, f"disabled by {DISABLE_ENV}")
-    with _build_lock:
-        return _build_once()
+    """The extension, built or loaded on the first call in this process (thread-safe); later calls
+    return the same result."""
+    return _build_once()

@@ -15,13 +15,17 @@ import torch.nn.functional as F
 
 BLOCK = 32  # columns per activation-quantization block
 TILE_ROWS = 8  # output rows per tile
+# int4 tiles store their rows in this order, so one 32-byte load holds rows p and p + 4 (see
+# csrc/quant_linear.cpp); the kernel's reduction puts row k back in lane k.
+INT4_ROW_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PackedInt4:
     """4-bit weights with a scale and an offset per group: w = scale * q + offset, q in 0..15."""
 
-    codes: torch.Tensor  # [num_tiles, num_blocks, 8, 16] uint8: low nibble col j, high nibble col j + 16
+    codes: torch.Tensor  # [num_tiles, num_blocks, 8, 16] uint8: low nibble col j, high nibble col j + 16;
+    # the 8 rows of a tile in INT4_ROW_ORDER
     scales: torch.Tensor  # [num_tiles, num_groups, 8] float16 or float32
     offsets: torch.Tensor  # [num_tiles, num_groups, 8], same dtype as scales
     out_features: int
@@ -29,7 +33,7 @@ class PackedInt4:
     group_size: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PackedInt8:
     """8-bit symmetric weights with a scale per group: w = scale * q, q in -128..127."""
 
@@ -95,7 +99,7 @@ def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
     # kernel expands a block with one shift and one mask.
     columns = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(out_features, in_features)
     blocks = _tile_blocks(columns, in_features // BLOCK)  # [tiles, blocks, 8, 32]
-    codes = blocks[..., :16] | (blocks[..., 16:] << 4)
+    codes = blocks[:, :, INT4_ROW_ORDER, :16] | (blocks[:, :, INT4_ROW_ORDER, 16:] << 4)
     dtype = _scale_dtype(scales, offsets)
     return PackedInt4(
         codes=codes.contiguous(),

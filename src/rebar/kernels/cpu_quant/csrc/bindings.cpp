@@ -3,38 +3,52 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "kernels.h"
 
 namespace rebar_cpu_quant {
 namespace {
 
-struct QuantizedBuffers {
-  at::Tensor q, d, group_sums;
-
-  QuantizedRows view() const {
-    return {q.data_ptr<int8_t>(), d.data_ptr<float>(),
-            group_sums.defined() ? group_sums.data_ptr<float>() : nullptr, q.size(0), d.size(1)};
-  }
+// The quantized activations of one call. Thread-local scratch (a call runs on one caller thread
+// and finishes before returning), so a decode step does not allocate for them.
+struct QuantizedScratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, group_sums;
 };
 
 // blocks_per_group == 0: no group sums (the int8 kernel has no offset term).
-QuantizedBuffers quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_group) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "x must be a contiguous float32 CPU tensor [rows, in]");
-  TORCH_CHECK(x.size(1) <= num_blocks * kBlock, "x has more columns than the weight");
-  const int64_t rows = x.size(0);
-  QuantizedBuffers out;
-  out.q = at::empty({rows, num_blocks * kBlock}, x.options().dtype(at::kChar));
-  out.d = at::empty({rows, num_blocks}, x.options());
+QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_group) {
+  thread_local QuantizedScratch scratch;
+  const int64_t in = x.size(-1), rows = x.numel() / std::max<int64_t>(in, 1);
+  scratch.q.resize(rows * num_blocks * kBlock);
+  scratch.d.resize(rows * num_blocks);
+  float* group_sums = nullptr;
   if (blocks_per_group > 0) {
-    TORCH_CHECK(num_blocks % blocks_per_group == 0, "groups must tile the row");
-    out.group_sums = at::empty({rows, num_blocks / blocks_per_group}, x.options());
+    scratch.group_sums.resize(rows * (num_blocks / blocks_per_group));
+    group_sums = scratch.group_sums.data();
   }
-  quantize_rows(x.data_ptr<float>(), rows, x.size(1), num_blocks, blocks_per_group, out.q.data_ptr<int8_t>(),
-                out.d.data_ptr<float>(), out.group_sums.defined() ? out.group_sums.data_ptr<float>() : nullptr);
-  return out;
+  quantize_rows(x.data_ptr<float>(), rows, in, num_blocks, blocks_per_group, scratch.q.data(), scratch.d.data(),
+                group_sums);
+  return {scratch.q.data(), scratch.d.data(), group_sums, rows, num_blocks};
+}
+
+// x [..., in] float32 on the CPU, as a contiguous tensor.
+at::Tensor checked_input(const at::Tensor& x, int64_t in_features) {
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be a float32 CPU tensor, got ",
+                    x.scalar_type(), " on ", x.device());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == in_features, "x must be [..., ", in_features, "], got ",
+                    x.sizes());
+  return x.contiguous();
+}
+
+at::Tensor output_like(const at::Tensor& x, int64_t out_features) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  return at::empty(shape, x.options());
 }
 
 PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor* offsets,
@@ -58,32 +72,41 @@ PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, con
           codes.size(1) / scales.size(1), out_features};
 }
 
-at::Tensor int4_linear_packed(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+at::Tensor int4_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
                               const at::Tensor& offsets, int64_t out_features) {
   const PackedWeights w = packed_view(codes, scales, &offsets, 16, out_features);
-  TORCH_CHECK(x.size(1) == w.num_blocks * kBlock, "x must have ", w.num_blocks * kBlock, " columns");
-  const QuantizedBuffers xq = quantize(x, w.num_blocks, w.blocks_per_group);
-  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
-  int4_linear(xq.view(), w, y.data_ptr<float>(), at::get_num_threads());
+  const at::Tensor x = checked_input(x_in, w.num_blocks * kBlock);
+  at::Tensor y = output_like(x, out_features);
+  if (y.numel() > 0) int4_linear(quantize(x, w.num_blocks, w.blocks_per_group), w, y.data_ptr<float>(), at::get_num_threads());
   return y;
 }
 
-at::Tensor int8_linear_packed(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                              int64_t out_features) {
+at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
+                              int64_t out_features, int64_t in_features) {
   const PackedWeights w = packed_view(codes, scales, nullptr, 32, out_features);
   // Per-channel int8 weights may have a ragged last block: x keeps its real width.
-  TORCH_CHECK(x.size(1) > (w.num_blocks - 1) * kBlock, "x has too few columns for the weight");
-  const QuantizedBuffers xq = quantize(x, w.num_blocks, 0);
-  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
-  int8_linear(xq.view(), w, y.data_ptr<float>(), at::get_num_threads());
+  TORCH_CHECK(in_features > (w.num_blocks - 1) * kBlock && in_features <= w.num_blocks * kBlock,
+              "in_features does not match the packed codes");
+  const at::Tensor x = checked_input(x_in, in_features);
+  at::Tensor y = output_like(x, out_features);
+  if (y.numel() > 0) int8_linear(quantize(x, w.num_blocks, 0), w, y.data_ptr<float>(), at::get_num_threads());
   return y;
 }
 
-// For tests: the exact int8 activations and block scales the kernels compute with.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t blocks_per_group) {
+// For tests: the exact int8 activations and block scales the kernels compute with, as
+// (q [rows, blocks * 32], d [rows, blocks], group sums [rows, groups] or None).
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> quantize_activations(const at::Tensor& x_in,
+                                                                                 int64_t blocks_per_group) {
+  const at::Tensor x = checked_input(x_in, x_in.size(-1)).reshape({-1, x_in.size(-1)});
   const int64_t num_blocks = (x.size(1) + kBlock - 1) / kBlock;
-  QuantizedBuffers out = quantize(x, num_blocks, blocks_per_group);
-  return {out.q, out.d, out.group_sums};
+  TORCH_CHECK_VALUE(blocks_per_group == 0 || num_blocks % blocks_per_group == 0, "groups must tile the row");
+  const QuantizedRows q = quantize(x, num_blocks, blocks_per_group);
+  const auto copy = [](const auto* data, std::vector<int64_t> shape, at::ScalarType type) {
+    return at::from_blob(const_cast<void*>(static_cast<const void*>(data)), shape, at::TensorOptions(type)).clone();
+  };
+  std::optional<at::Tensor> sums;
+  if (q.group_sums) sums = copy(q.group_sums, {q.rows, num_blocks / blocks_per_group}, at::kFloat);
+  return {copy(q.q, {q.rows, num_blocks * kBlock}, at::kChar), copy(q.d, {q.rows, num_blocks}, at::kFloat), sums};
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 // is needed per output. Within a tile, the blocks of all 8 rows are interleaved so a tile's weights are
 // one sequential stream:
 //   int4 codes   [num_tiles, num_blocks, 8, 16] uint8: byte j = code of column j (low nibble) |
-//                                                        code of column j + 16 (high nibble)
+//                                                        code of column j + 16 (high nibble);
+//                                                 rows of a tile stored in the order 0,4,1,5,2,6,3,7
 //   int8 codes   [num_tiles, num_blocks, 8, 32] int8
 //   scales/offs  [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
 // Rows past the real output size are zero-filled and never stored.
