@@ -70,6 +70,18 @@ def _tile_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return padded.reshape(-1, TILE_ROWS, num_blocks, BLOCK).transpose(1, 2).contiguous()
 
 
+def _pair_columns_16_apart(qweight: torch.Tensor) -> torch.Tensor:
+    """[out, in // 2] bytes holding columns (2k, 2k+1) -> [out, in // 32, 16] bytes holding columns
+    (j, j + 16) of each block of 32, so the kernel expands a block with one mask and one shift."""
+    out_features = qweight.shape[0]
+    halves = qweight.reshape(out_features, -1, 2, 8)  # [out, blocks, columns 0-15 | 16-31, 8 bytes]
+    low_half, high_half = halves[:, :, 0], halves[:, :, 1]
+    paired = torch.empty(*low_half.shape, 2, dtype=torch.uint8)  # [out, blocks, 8, 2]
+    paired[..., 0] = (low_half & 0x0F) | (high_half << 4)  # columns 2k and 2k + 16
+    paired[..., 1] = (low_half >> 4) | (high_half & 0xF0)  # columns 2k + 1 and 2k + 17
+    return paired.reshape(out_features, -1, 16)
+
+
 def _check_group_size(in_features: int, group_size: int) -> None:
     if group_size <= 0 or group_size % BLOCK or in_features % group_size:
         raise ValueError(
@@ -95,14 +107,13 @@ def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
     num_groups = in_features // group_size
     _check_scales("scales", scales, out_features, num_groups)
     _check_scales("offsets", offsets, out_features, num_groups)
-    # Unpack to one code per column, then re-pair columns j and j + 16 of each block of 32, so the
-    # kernel expands a block with one shift and one mask.
-    columns = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(out_features, in_features)
-    blocks = _tile_blocks(columns, in_features // BLOCK)  # [tiles, blocks, 8, 32]
-    codes = blocks[:, :, INT4_ROW_ORDER, :16] | (blocks[:, :, INT4_ROW_ORDER, 16:] << 4)
+    num_blocks = in_features // BLOCK
+    padded = F.pad(_pair_columns_16_apart(qweight), (0, 0, 0, 0, 0, _num_tiles(out_features) * TILE_ROWS - out_features))
+    tiles = padded.reshape(-1, TILE_ROWS, num_blocks, 16).transpose(1, 2)  # [tiles, blocks, 8, 16] view
+    codes = tiles.index_select(2, torch.tensor(INT4_ROW_ORDER))  # one contiguous copy
     dtype = _scale_dtype(scales, offsets)
     return PackedInt4(
-        codes=codes.contiguous(),
+        codes=codes,
         scales=_tile_scales(scales, dtype),
         offsets=_tile_scales(offsets, dtype),
         out_features=out_features,
