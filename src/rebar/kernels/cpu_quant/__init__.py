@@ -13,8 +13,8 @@ take the raw layout and pack on every call: for tests and one-off use.
 The C++ extension is compiled on first use (about a minute, once per machine: cached in torch's
 extension directory, `TORCH_EXTENSIONS_DIR` when set). `available()` says whether it can be used;
 it is False on CPUs without AVX2/FMA/F16C, without a C++ compiler or ninja, when the build fails,
-or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear functions then raise
-`CpuKernelsUnavailable`, so callers should check `available()` and keep a torch fallback.
+or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear
+functions then raise `CpuKernelsUnavailable`, so callers check `available()` and keep a torch path.
 Threads: as many as `torch.get_num_threads()`.
 """
 

@@ -127,8 +127,8 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
 
     `group_size` is `in` (one scale per output channel; any `in`) or a multiple of 32 dividing `in`.
     """
-    if qweight.dim() != 2 or qweight.dtype != torch.int8:
-        raise ValueError(f"qweight must be int8 [out, in], got {qweight.dtype} {list(qweight.shape)}")
+    if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.shape[1] == 0:
+        raise ValueError(f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}")
     out_features, in_features = qweight.shape
     if group_size != in_features:
         _check_group_size(in_features, group_size)
