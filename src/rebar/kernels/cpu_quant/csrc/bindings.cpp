@@ -1,7 +1,9 @@
 // Python bindings: shape checks and tensor <-> pointer plumbing around kernels.h.
-// Kept apart from the kernels so only this file pays for the heavy torch headers.
+// Kept apart from the kernels so only this file pays for the heavy torch headers (and only for
+// ATen and the pybind glue: torch/extension.h would add the whole C++ frontend to the compile).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include <algorithm>
 #include <optional>
