@@ -10,12 +10,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels.h"
 #include "simd.h"
 
 namespace rebar_cpu_quant {
 namespace {
+
+// How far ahead of the current block to prefetch a thread's weight stream. One core's hardware
+// prefetcher alone leaves DRAM latency exposed (~12 GB/s per core here); requesting the lines
+// 2 KiB ahead was 10-20% faster for SmolLM2's layers and lm_head.
+constexpr int64_t kPrefetchBytes = 2048;
 
 // 4-bit codes: 16 bytes per row and block (low nibbles = columns 0..15, high = 16..31). The tile's
 // rows are stored in the order 0,4,1,5,2,6,3,7, so one 32-byte load holds rows p and p+4 and the
@@ -101,6 +107,12 @@ void tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t tile, int
   for (int64_t g = 0, b = 0; g < num_groups; ++g) {
     const __m256 scale = load_scales(w.scales, scale_base + g * kTileRows, kHalfScales);
     for (const int64_t group_end = b + w.blocks_per_group; b < group_end; ++b) {
+      // Near the end this points past the weights: harmless, a prefetch never faults (integer
+      // arithmetic, as such a pointer may not be formed).
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(codes) + b * block_stride + kPrefetchBytes;
+      for (int64_t line = 0; line < block_stride; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+      }
       const int8_t* x_block[R];
       for (int r = 0; r < R; ++r) x_block[r] = xq[r] + b * kBlock;
       __m256i dots[R];
