@@ -10,7 +10,7 @@ Weights are rearranged once with `pack_int4` / `pack_int8` (cheap, pure torch) a
 `int4_linear_packed` / `int8_linear_packed`, the decode-time path. `int4_linear` / `int8_linear`
 take the raw layout and pack on every call: for tests and one-off use.
 
-The C++ extension is compiled on first use (about a minute, once per machine: cached in torch's
+The C++ extension is compiled on first use (~35 s on 2 cores, once per machine: cached in torch's
 extension directory, `TORCH_EXTENSIONS_DIR` when set). `available()` says whether it can be used;
 it is False on CPUs without AVX2/FMA/F16C, without a C++ compiler or ninja, when the build fails,
 or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear

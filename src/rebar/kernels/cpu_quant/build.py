@@ -93,7 +93,7 @@ def _build_locked() -> BuildResult:
         return BuildResult(None, reason)
     from torch.utils import cpp_extension
 
-    logger.info("loading rebar CPU quantized kernels (the first build on a machine takes about a minute)")
+    logger.info("loading rebar CPU quantized kernels (the first build on a machine takes half a minute or more)")
     try:
         module = cpp_extension.load(
             name=extension_name(),
