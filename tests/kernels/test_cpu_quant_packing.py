@@ -86,3 +86,14 @@ def test_disable_switch_makes_kernels_unavailable() -> None:
     env = {**os.environ, cpu_quant.DISABLE_ENV: "1"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from rebar.kernels.cpu_quant import build
+
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"sse2"})
+    assert "AVX2" in build.missing_requirement()
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler, no ninja
+    monkeypatch.delenv("CXX", raising=False)
+    assert "compiler" in build.missing_requirement()

@@ -58,7 +58,8 @@ def missing_requirement() -> str:
     flags = cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
         return "the CPU lacks AVX2/FMA/F16C (or /proc/cpuinfo is unreadable)"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    compiler = (os.environ.get("CXX") or "c++").split()[0]  # torch's choice; CXX may carry a wrapper's args
+    if shutil.which(compiler) is None:
         return "no C++ compiler on PATH (install g++)"
     if shutil.which("ninja") is None:
         return "ninja is not on PATH (apt-get install ninja-build, or pip install ninja)"
