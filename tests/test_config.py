@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rebar.config import EngineSettings, Settings, load_settings, to_toml
+from rebar.config import PROCESS_ENV_SWITCHES, EngineSettings, Settings, load_settings, to_toml
 from rebar.errors import ConfigError
 
 EXAMPLE_TOML = Path(__file__).resolve().parents[1] / "rebar.toml"
@@ -197,6 +197,15 @@ def test_unknown_env_var_is_an_error(name: str, clean_env: pytest.MonkeyPatch) -
     clean_env.setenv(name, "1")
     with pytest.raises(ConfigError, match=f"unknown setting.*{name}"):
         load_settings()
+
+
+def test_process_switches_are_not_settings(clean_env: pytest.MonkeyPatch) -> None:
+    """REBAR_DISABLE_CPU_KERNELS is read by the CPU kernels, never rejected as an unknown setting."""
+    from rebar.kernels.cpu_quant.build import DISABLE_ENV
+
+    assert DISABLE_ENV in PROCESS_ENV_SWITCHES
+    clean_env.setenv(DISABLE_ENV, "1")
+    assert load_settings() == Settings()
 
 
 def test_unknown_key_inside_env_json_is_an_error(clean_env: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,8 @@
 2. the TOML file, if one is given (sections `[server]`, `[models]`, `[engine]`, `[limits]`,
    `[logging]`, `[tracing]`, ...);
 3. `REBAR_<SECTION>__<KEY>` environment variables (case-insensitive; lists as JSON, e.g.
-   `REBAR_SERVER__API_KEYS='["k1"]'`; a whole section as JSON in `REBAR_<SECTION>` also works);
+   `REBAR_SERVER__API_KEYS='["k1"]'`; a whole section as JSON in `REBAR_<SECTION>` also works;
+   the process switches in `PROCESS_ENV_SWITCHES` are not settings and are skipped);
 4. explicit overrides from the caller (the CLI), keyed `"section.key"`.
 
 What callers may rely on: an unknown key in any layer and every invalid value raise
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 ENV_PREFIX = "REBAR_"
 ENV_NESTED_DELIMITER = "__"
 SECRET_KEYS = frozenset({"server.api_keys", "server.admin_api_keys"})
+# Process-wide switches read where they act, not settings; the settings loader skips them.
+# REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant.
+PROCESS_ENV_SWITCHES = frozenset({"REBAR_DISABLE_CPU_KERNELS"})
 
 
 def _blank_to_none(value: Any) -> Any:
@@ -365,7 +369,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _read_env() -> dict[str, Any]:
     for name, raw in os.environ.items():
-        if not name.upper().startswith(ENV_PREFIX):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in PROCESS_ENV_SWITCHES:
             continue
         path = tuple(name[len(ENV_PREFIX):].lower().split(ENV_NESTED_DELIMITER))
         _check_known(path, f"from environment variable {name}")

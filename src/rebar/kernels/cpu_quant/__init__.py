@@ -1,0 +1,106 @@
+"""Quantized-weight linear layers for x86 CPUs with AVX2 + FMA: y = x @ w.T with int4 or int8 w.
+
+Each activation row is quantized to int8 per block of 32 values (one float scale per block), and
+each weight block's dot product with it is computed exactly in integers with AVX2 byte
+multiply-adds, in the manner of llama.cpp's Q4_1 x Q8 kernels; per-block sums are then scaled in
+float32. Compared with float math on the dequantized weights, the result therefore carries the
+activation rounding error: at most sum_c |w[o, c]| * d_x(c) / 2 per output, d_x = max|x_block| / 127.
+
+Weights are rearranged once with `pack_int4` / `pack_int8` (cheap, pure torch) and multiplied with
+`int4_linear_packed` / `int8_linear_packed`, the decode-time path. `int4_linear` / `int8_linear`
+take the raw layout and pack on every call: for tests and one-off use.
+
+The C++ extension is compiled on first use (~35 s on 2 cores, once per machine: cached in torch's
+extension directory, `TORCH_EXTENSIONS_DIR` when set). `available()` says whether it can be used;
+it is False on CPUs without AVX2/FMA/F16C, without a C++ compiler or ninja, when the build fails,
+or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear
+functions then raise `CpuKernelsUnavailable`, so callers check `available()` and keep a torch path.
+Threads: as many as `torch.get_num_threads()`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rebar.kernels.cpu_quant.build import DISABLE_ENV, load_extension
+from rebar.kernels.cpu_quant.packing import PackedInt4, PackedInt8, pack_int4, pack_int8
+
+__all__ = [
+    "DISABLE_ENV",
+    "CpuKernelsUnavailable",
+    "PackedInt4",
+    "PackedInt8",
+    "available",
+    "int4_linear",
+    "int4_linear_packed",
+    "int8_linear",
+    "int8_linear_packed",
+    "pack_int4",
+    "pack_int8",
+    "quantize_activations",
+]
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The compiled kernels cannot run in this process; the message says why."""
+
+
+def available() -> bool:
+    """True when the extension is built (building it now if needed) and loaded. Never raises."""
+    try:
+        return load_extension().module is not None
+    except Exception:  # noqa: BLE001 - availability must never take the caller down
+        return False
+
+
+def _extension():
+    result = load_extension()
+    if result.module is None:
+        raise CpuKernelsUnavailable(f"rebar CPU quantized kernels are unavailable: {result.reason}")
+    return result.module
+
+
+def int4_linear_packed(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int4`.
+
+    Raises ValueError for a wrong dtype, device or width of x.
+    """
+    return _extension().int4_linear_packed(x, packed.codes, packed.scales, packed.offsets, packed.out_features)
+
+
+def int8_linear_packed(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int8`.
+
+    Raises ValueError for a wrong dtype, device or width of x.
+    """
+    return _extension().int8_linear_packed(x, packed.codes, packed.scales, packed.out_features, packed.in_features)
+
+
+def int4_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g] (layout: `pack_int4`).
+
+    Packs the weights on every call; pack once and use `int4_linear_packed` on a hot path.
+    """
+    _extension()  # fail on an unusable extension before spending time packing
+    return int4_linear_packed(x, pack_int4(qweight, scales, offsets, group_size))
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] (layout: `pack_int8`).
+
+    Packs the weights on every call; pack once and use `int8_linear_packed` on a hot path.
+    """
+    _extension()
+    return int8_linear_packed(x, pack_int8(qweight, scales, group_size))
+
+
+def quantize_activations(
+    x: torch.Tensor, group_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The activations exactly as the kernels see them: x [rows, in] float32 ->
+    (q int8 [rows, blocks * 32] zero-padded, d float32 [rows, blocks], group sums float32
+    [rows, in // group_size] or None), with x ~= q * d per block of 32."""
+    blocks_per_group = 0 if group_size is None else group_size // 32
+    return _extension().quantize_activations(x, blocks_per_group)

@@ -1,0 +1,42 @@
+// Small AVX2 helpers shared by the kernels.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace rebar_cpu_quant {
+
+// Eight scales of a tile, from float32 or float16 storage.
+inline __m256 load_scales(const void* base, int64_t index, bool half) {
+  if (half) {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + index;
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(base) + index);
+}
+
+// Lane k of the result is the sum of the eight int32 lanes of v[k]: turns eight per-row partial
+// sums into one register holding one total per output row of the tile.
+inline __m256i sum_lanes_of_8(const __m256i v[8]) {
+  // hadd works within 128-bit halves: after two rounds, the low half of ab holds the low-half sums
+  // of v0..v3 and its high half the high-half sums of v0..v3; cd likewise for v4..v7.
+  const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  const __m256i low_halves = _mm256_permute2x128_si256(ab, cd, 0x20);
+  const __m256i high_halves = _mm256_permute2x128_si256(ab, cd, 0x31);
+  return _mm256_add_epi32(low_halves, high_halves);
+}
+
+// Stores the first `count` lanes (a partial last tile writes only real output rows).
+inline void store_lanes(float* dst, __m256 v, int64_t count) {
+  if (count == 8) {
+    _mm256_storeu_ps(dst, v);
+    return;
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (int64_t i = 0; i < count; ++i) dst[i] = lanes[i];
+}
+
+}  // namespace rebar_cpu_quant

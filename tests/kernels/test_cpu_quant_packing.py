@@ -1,0 +1,99 @@
+"""Packing into the kernels' tile layout (pure torch), input validation, and the availability switch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rebar.kernels import cpu_quant
+from rebar.kernels.cpu_quant.packing import INT4_ROW_ORDER
+
+
+def unpack_int4_tiles(packed: cpu_quant.PackedInt4) -> torch.Tensor:
+    """The layout documented in csrc/kernels.h, read back into codes [out, in]."""
+    low, high = packed.codes & 0x0F, packed.codes >> 4
+    blocks = torch.cat((low, high), dim=-1)  # [tiles, blocks, 8 (stored order), 32]
+    natural = torch.empty_like(blocks)
+    natural[:, :, list(INT4_ROW_ORDER)] = blocks
+    return natural.transpose(1, 2).reshape(-1, packed.in_features)[: packed.out_features]
+
+
+def test_int4_layout_round_trips() -> None:
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (13, 96), generator=gen, dtype=torch.uint8)
+    qweight = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scales = torch.rand(13, 3, generator=gen).half()
+    offsets = torch.rand(13, 3, generator=gen).half()
+    packed = cpu_quant.pack_int4(qweight, scales, offsets, 32)
+    assert packed.codes.shape == (2, 3, 8, 16) and packed.scales.shape == (2, 3, 8)
+    assert torch.equal(unpack_int4_tiles(packed), codes)
+    assert torch.equal(packed.scales.transpose(1, 2).reshape(16, 3)[:13], scales)
+    assert torch.equal(packed.offsets.transpose(1, 2).reshape(16, 3)[:13], offsets)
+    assert not packed.scales.transpose(1, 2).reshape(16, 3)[13:].any()  # padding rows contribute 0
+
+
+def test_int8_layout_pads_rows_and_columns() -> None:
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(-128, 128, (10, 40), generator=gen, dtype=torch.int8)
+    packed = cpu_quant.pack_int8(codes, torch.rand(10, 1, generator=gen), 40)
+    assert packed.codes.shape == (2, 2, 8, 32)
+    dense = packed.codes.transpose(1, 2).reshape(16, 64)
+    assert torch.equal(dense[:10, :40], codes) and not dense[10:].any() and not dense[:, 40:].any()
+
+
+def test_mixed_scale_dtypes_become_float32() -> None:
+    packed = cpu_quant.pack_int4(torch.zeros(8, 16, dtype=torch.uint8), torch.ones(8, 1).half(), torch.ones(8, 1), 32)
+    assert packed.scales.dtype == packed.offsets.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: cpu_quant.pack_int4(torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1), 48), "multiple of 32"),
+        (lambda: cpu_quant.pack_int4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 2), torch.ones(8, 1), 32), "offsets must have shape"),
+        (lambda: cpu_quant.pack_int4(torch.zeros(8, 16, dtype=torch.int8), torch.ones(8, 1), torch.ones(8, 1), 32), "uint8"),
+        (lambda: cpu_quant.pack_int8(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 1, dtype=torch.bfloat16), 64), "float16 or float32"),
+        (lambda: cpu_quant.pack_int8(torch.zeros(8, 80, dtype=torch.int8), torch.ones(8, 2), 40), "multiple of 32"),
+    ],
+)
+def test_packing_rejects_bad_layouts(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_disable_switch_makes_kernels_unavailable() -> None:
+    """REBAR_DISABLE_CPU_KERNELS=1: available() is False and the linear functions say why."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from rebar.kernels import cpu_quant
+        assert cpu_quant.available() is False
+        try:
+            cpu_quant.int4_linear(torch.zeros(1, 32), torch.zeros(8, 16, dtype=torch.uint8),
+                                  torch.ones(8, 1), torch.zeros(8, 1), 32)
+        except cpu_quant.CpuKernelsUnavailable as exc:
+            assert "REBAR_DISABLE_CPU_KERNELS" in str(exc), exc
+        else:
+            raise AssertionError("no error")
+        print("ok")
+        """
+    )
+    env = {**os.environ, cpu_quant.DISABLE_ENV: "1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from rebar.kernels.cpu_quant import build
+
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"sse2"})
+    assert "AVX2" in build.missing_requirement()
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler, no ninja
+    monkeypatch.delenv("CXX", raising=False)
+    assert "compiler" in build.missing_requirement()
