@@ -102,6 +102,8 @@ class JsonlDataset:
             raise InvalidRequestError(f"cannot write the line index {self.index_path}: {exc}", "data") from exc
 
     def _line_starts(self, scan_chunk_bytes: int) -> Iterator[np.ndarray]:
+        if self._size == 0:
+            return  # no lines at all
         yield np.zeros(1, dtype=np.int64)
         for begin in range(0, self._size, scan_chunk_bytes):
             length = min(scan_chunk_bytes, self._size - begin)
