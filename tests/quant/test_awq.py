@@ -17,6 +17,7 @@ from rebar.quant.awq import (
     _expand_kv,
     _reduce_kv,
     apply_awq,
+    record_activations,
     run_sequence,
     scale_groups,
     search_clip,
@@ -106,7 +107,8 @@ def test_folding_scales_leaves_the_float_model_unchanged(tiny_float_model) -> No
     before = run_sequence(model, IDS)
     q_before = model.layers[0].attn.q_proj.weight.clone()
     sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
-    result = apply_awq(model, sequences, group_size=32, num_sample_rows=32)
+    recorder = record_activations(model, sequences, num_sample_rows=32)
+    result = apply_awq(model, recorder, group_size=32)
     assert not torch.equal(model.layers[0].attn.q_proj.weight, q_before)  # scales were folded in...
     torch.testing.assert_close(run_sequence(model, IDS), before, atol=1e-4, rtol=1e-4)  # ...without changing the function
     assert set(result.searches) == {g.linears[0] for g in scale_groups(model)}

@@ -26,9 +26,13 @@ def add_eval_parser(commands: Any, add_model_args: Any) -> None:
 
 def cmd_eval_ppl(args: argparse.Namespace) -> int:
     from rebar.engine.llm import LLM
+    from rebar.errors import InvalidRequestError
     from rebar.eval.perplexity import evaluation_tokens, perplexity, sliding_windows
 
-    sliding_windows(2, args.context, args.stride)  # check the window settings before the (slow) load
+    # Check what can be checked before the (slow) load.
+    sliding_windows(2, args.context, args.stride)
+    if not args.data.is_file():
+        raise InvalidRequestError(f"data file {args.data} does not exist", "data")
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize, max_model_len=args.context)
     ids = evaluation_tokens(llm.tokenizer, args.data, args.text_field, args.max_tokens)
     result = perplexity(llm.logits, ids, args.context, args.stride)

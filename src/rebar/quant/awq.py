@@ -214,20 +214,15 @@ class AwqResult:
 
 
 @torch.inference_mode()
-def apply_awq(
+def record_activations(
     model: LlamaModel,
     sequences: Sequence[Sequence[int]],
-    group_size: int,
     num_sample_rows: int = 512,
     seed: int = 0,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
-) -> AwqResult:
-    """Scale (in place) and pick clip ratios for every linear of `model`'s decoder layers.
-
-    `progress(label, total)` returns a callback called once per finished unit (optional).
-    """
-    groups = scale_groups(model)
-    recorded = {path: model.get_submodule(path) for group in groups for path in (group.linears[0],)}
+) -> ActivationRecorder:
+    """Run the calibration sequences through `model`, recording the input of each scale group."""
+    recorded = {group.linears[0]: model.get_submodule(group.linears[0]) for group in scale_groups(model)}
     rows_per_call = max(1, -(-num_sample_rows // len(sequences)))
     recorder = ActivationRecorder(recorded, rows_per_call, seed)
     tick = progress("calibrating", len(sequences)) if progress else lambda: None
@@ -235,7 +230,22 @@ def apply_awq(
         for ids in sequences:
             run_sequence(model, ids)
             tick()
+    return recorder
 
+
+@torch.inference_mode()
+def apply_awq(
+    model: LlamaModel,
+    recorder: ActivationRecorder,
+    group_size: int,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+) -> AwqResult:
+    """Search and fold scales (in place), then pick clip ratios, for every decoder-layer linear.
+
+    `recorder` holds what `record_activations` saw on this model before any scaling.
+    `progress(label, total)` returns a callback called once per finished unit (optional).
+    """
+    groups = scale_groups(model)
     head_dim = model.config.head_dim
     searches: dict[str, ScaleSearch] = {}
     scaled_inputs: dict[str, torch.Tensor] = {}

@@ -27,7 +27,7 @@ from rebar.model.build import build_model
 from rebar.model.llama import LlamaModel
 from rebar.model.loader import Checkpoint, open_checkpoint
 from rebar.model.tokenizer import Tokenizer
-from rebar.quant.awq import AwqResult, apply_awq
+from rebar.quant.awq import AwqResult, apply_awq, record_activations
 from rebar.quant.calib_data import JsonlDataset
 from rebar.quant.checkpoint import write_checkpoint
 from rebar.quant.int_formats import QuantizedWeight, check_group_size, quantize_int4, quantize_int8
@@ -189,7 +189,8 @@ def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = 
                 "sequences": spec.calib_sequences, "seq_len": spec.calib_seq_len, "seed": spec.seed,
                 "bad_lines_skipped": len(dataset.bad_lines),
             }
-        awq_result = apply_awq(float_model, sequences, spec.effective_group_size, seed=spec.seed, progress=bar)
+        recorder = record_activations(float_model, sequences, seed=spec.seed, progress=bar)
+        awq_result = apply_awq(float_model, recorder, spec.effective_group_size, progress=bar)
 
     tensors = _quantize_tensors(float_model, spec, awq_result.clip_ratios if awq_result else {}, bar)
     if "rope_freq_factors" in checkpoint.tensors:
