@@ -66,11 +66,21 @@ class QuantizedWeight:
     def dequantize_rows(self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding lookup."""
         pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
-        scales = pick(self.scales).float().repeat_interleave(self.group_size, dim=1)
+        codes = pick(self.qweight)
+        num_rows = codes.shape[0]
+        # Codes as [rows, groups, group_size] so scales and offsets broadcast instead of being repeated.
         if self.bits == 8:
-            return (pick(self.qweight).float() * scales).to(dtype)
-        offsets = pick(self.offsets).float().repeat_interleave(self.group_size, dim=1)
-        return (unpack_int4(pick(self.qweight)).float() * scales + offsets).to(dtype)
+            values = codes.float().view(num_rows, self.num_groups, self.group_size)
+            values = values * pick(self.scales).float().unsqueeze(-1)
+        else:
+            values = unpack_int4(codes).float().view(num_rows, self.num_groups, self.group_size)
+            values = torch.addcmul(pick(self.offsets).float().unsqueeze(-1), values, pick(self.scales).float().unsqueeze(-1))
+        return values.view(num_rows, self.in_features).to(dtype)
+
+    def row_slice(self, start: int, end: int) -> QuantizedWeight:
+        """Output channels [start, end) as views (no copy)."""
+        offsets = None if self.offsets is None else self.offsets[start:end]
+        return QuantizedWeight(self.bits, self.group_size, self.qweight[start:end], self.scales[start:end], offsets)
 
     def to(self, device: torch.device) -> QuantizedWeight:
         offsets = None if self.offsets is None else self.offsets.to(device)

@@ -26,6 +26,8 @@ from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 # (measured on SmolLM2's shapes; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 32
 INT4_PACKED_MAX_ROWS = 32
+# Weights expanded at a time by the dequantize path (4 MiB in float32).
+DEQUANT_SLICE_ELEMENTS = 1 << 20
 # torch's CPU int4 kernel needs output channels in multiples of 16 and one of these group sizes.
 _INT4_CPU_GROUP_SIZES = (32, 64, 128, 256)
 _INT4_CPU_OUT_MULTIPLE = 16
@@ -38,15 +40,28 @@ class LinearKernel(Protocol):
 
 
 class DequantizedMatmul:
-    """Reference and fallback: expand the weight to the activation dtype, then a dense matmul."""
+    """Reference and fallback: expand the weight to the activation dtype, then a dense matmul.
+
+    Large weights are expanded a slice of output channels at a time: a few MiB of scratch that the
+    allocator reuses, where a whole vocabulary-sized float copy would be fresh memory on every call
+    (page faults cost more than the arithmetic).
+    """
 
     name = "dequant"
 
     def __init__(self, weight: QuantizedWeight) -> None:
         self.weight = weight
+        self.rows_per_slice = max(16, DEQUANT_SLICE_ELEMENTS // weight.in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.dequantize(x.dtype))
+        weight = self.weight
+        if weight.out_features <= self.rows_per_slice:
+            return F.linear(x, weight.dequantize(x.dtype))
+        out = torch.empty(x.shape[0], weight.out_features, dtype=x.dtype, device=x.device)
+        for start in range(0, weight.out_features, self.rows_per_slice):
+            end = min(start + self.rows_per_slice, weight.out_features)
+            out[:, start:end] = F.linear(x, weight.row_slice(start, end).dequantize(x.dtype))
+        return out
 
 
 class Int8PackedMatmul:
