@@ -135,3 +135,11 @@ def test_quant_embedding_looks_up_dequantized_rows(name: str) -> None:
     assert out.shape == (2, 2, 256)
     assert torch.equal(out, weight.dequantize()[ids])
     assert QuantEmbedding(weight, torch.bfloat16)(ids).dtype == torch.bfloat16
+
+
+def test_dequantize_path_expands_large_weights_a_slice_at_a_time() -> None:
+    weight = quantize_int4(torch.randn(20_000, 64, generator=GENERATOR), 32)  # more rows than one slice holds
+    kernel = DequantizedMatmul(weight)
+    assert kernel.rows_per_slice < weight.out_features
+    x = torch.randn(3, 64, generator=GENERATOR)
+    torch.testing.assert_close(kernel(x), x @ weight.dequantize().T, rtol=0, atol=1e-5)

@@ -68,13 +68,12 @@ class QuantizedWeight:
         pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
         codes = pick(self.qweight)
         num_rows = codes.shape[0]
-        # Codes as [rows, groups, group_size] so scales and offsets broadcast instead of being repeated.
-        if self.bits == 8:
-            values = codes.float().view(num_rows, self.num_groups, self.group_size)
-            values = values * pick(self.scales).float().unsqueeze(-1)
-        else:
-            values = unpack_int4(codes).float().view(num_rows, self.num_groups, self.group_size)
-            values = torch.addcmul(pick(self.offsets).float().unsqueeze(-1), values, pick(self.scales).float().unsqueeze(-1))
+        codes = codes if self.bits == 8 else unpack_int4(codes)
+        # [rows, groups, group_size], scaled in place: scales and offsets broadcast, no temporaries.
+        values = codes.float().view(num_rows, self.num_groups, self.group_size)
+        values.mul_(pick(self.scales).float().unsqueeze(-1))
+        if self.offsets is not None:
+            values.add_(pick(self.offsets).float().unsqueeze(-1))
         return values.view(num_rows, self.in_features).to(dtype)
 
     def row_slice(self, start: int, end: int) -> QuantizedWeight:
