@@ -23,8 +23,8 @@ from torch import nn
 from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 
 # Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
-# (measured on SmolLM2's shapes; see docs/quantization.md).
-INT8_PACKED_MAX_ROWS = 32
+# (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
+INT8_PACKED_MAX_ROWS = 8
 INT4_PACKED_MAX_ROWS = 32
 # Weights expanded at a time by the dequantize path (4 MiB in float32).
 DEQUANT_SLICE_ELEMENTS = 1 << 20
