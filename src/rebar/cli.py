@@ -1,4 +1,4 @@
-"""The `rebar` command: generate, chat, serve, inspect, bench, profile, config."""
+"""The `rebar` command: generate, chat, serve, inspect, quantize, eval, bench, profile, config."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rebar.errors import InvalidRequestError, RebarError
+from rebar.eval.cli import add_eval_parser
+from rebar.quant.cli import add_quantize_parser
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--dequantize", action="store_true", help="expand quantized weights to --dtype at load (the float reference)")
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -45,7 +48,7 @@ def _sampling_params(args: argparse.Namespace):
 def _load(args: argparse.Namespace):
     from rebar.engine.llm import LLM
 
-    return LLM(model=args.model, dtype=args.dtype, device=args.device)
+    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize)
 
 
 def _stream_to_stdout(llm, prompt: str, params) -> str:
@@ -165,7 +168,7 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
     from rebar.engine.llm import LLM
 
     engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize)
     core = llm.engine
     if core is None:
         raise InvalidRequestError(f"{args.model} is an embedding model; bench offline needs a generator", "model")
@@ -297,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tensors", action="store_true", help="list every tensor")
     inspect.add_argument("--full-template", action="store_true")
     inspect.set_defaults(handler=cmd_inspect)
+
+    add_quantize_parser(commands)
+    add_eval_parser(commands, _add_model_args)
 
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     offline = bench.add_parser("offline", help="engine throughput and latency at a fixed concurrency")

@@ -55,6 +55,8 @@ class _Collected:
 class LLM:
     """A loaded model. Decoder models generate; encoder (BERT) models embed.
 
+    Quantized weights (rebar's quantized checkpoints; GGUF Q4_0/Q4_1/Q8_0 where a packed kernel
+    exists) stay quantized in memory; `dequantize=True` expands them to `dtype` instead.
     Everything is synchronous and runs in the calling thread.
     """
 
@@ -65,6 +67,7 @@ class LLM:
         device: str = "auto",
         max_model_len: int | None = None,
         engine_config: EngineConfig | None = None,
+        dequantize: bool = False,
     ) -> None:
         started = time.perf_counter()
         self.checkpoint = open_checkpoint(model)
@@ -75,7 +78,9 @@ class LLM:
         engine_config = engine_config or EngineConfig()
         if max_model_len is not None:
             engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
-        self.model = build_model(self.checkpoint, self.dtype, self.device, attention_backend=engine_config.attention_backend)
+        self.model = build_model(
+            self.checkpoint, self.dtype, self.device, attention_backend=engine_config.attention_backend, dequantize=dequantize
+        )
         self.engine: EngineCore | None = None
         if self.config.is_decoder:
             self.engine = EngineCore(self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device)

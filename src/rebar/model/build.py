@@ -10,6 +10,8 @@ from rebar.kernels.backends import default_attention_backend
 from rebar.model.bert import BertModel
 from rebar.model.llama import LlamaModel
 from rebar.model.loader.base import Checkpoint
+from rebar.quant.handler import keep_quantized, swap_in_quantized
+from rebar.quant.int_formats import QuantizedWeight
 
 _NON_PARAMETER_TENSORS = ("rope_freq_factors",)
 
@@ -19,8 +21,14 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     attention_backend: str | None = None,
+    dequantize: bool = False,
 ) -> nn.Module:
     """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
+
+    Weights the checkpoint holds as integer codes stay quantized (QuantLinear / QuantEmbedding,
+    swapped in by `rebar.quant.handler`): always for rebar's quantized checkpoints, and for GGUF
+    tensors where a packed kernel exists for `device`. `dequantize=True` expands everything to
+    `dtype` instead (the float reference).
 
     Decoders run attention through the backend named `attention_backend` (None: the default for
     `device`); encoders ignore it. Raises ModelFormatError naming the tensor when one is missing,
@@ -54,7 +62,22 @@ def build_model(
                 f"expected {list(shape)} from the model config"
             )
 
-    state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected}
-    model.load_state_dict(state, strict=True, assign=True)
+    device = torch.device(device)
+    quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device)
+    state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected if name not in quantized}
+    missing, _ = model.load_state_dict(state, strict=False, assign=True)
+    assert set(missing) == set(quantized), f"unloaded tensors {sorted(set(missing) - set(quantized))[:5]}"
+    swap_in_quantized(model, quantized, dtype)
     # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
     return model.to(device).eval().requires_grad_(False)
+
+
+def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]], device: torch.device) -> dict[str, QuantizedWeight]:
+    kept = {}
+    for name, shape in names.items():
+        if len(shape) != 2:
+            continue
+        weight = checkpoint.load_quantized(name)
+        if weight is not None and keep_quantized(weight, device, checkpoint.format):
+            kept[name] = weight.to(device)
+    return kept

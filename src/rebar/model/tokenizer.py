@@ -122,6 +122,20 @@ class Tokenizer:
         """Truncate encodings (post-processor tokens included) to `max_length`; used by encoders."""
         self._backend.enable_truncation(max_length)
 
+    def save_hf_files(self, folder: Path, chat_template: str | None = None) -> None:
+        """Write `tokenizer.json` and `tokenizer_config.json` so that `from_hf_folder(folder,
+        eos_token_ids=self.special.eos_token_ids)` rebuilds this tokenizer; the chat template (if
+        any) goes into the config, where HF folders keep it."""
+        self._backend.save(str(folder / "tokenizer.json"))
+        config: dict[str, object] = {
+            "bos_token": self.special.bos_token or None,
+            "eos_token": self.special.eos_token or None,
+            "add_bos_token": self.special.add_bos,
+        }
+        if chat_template is not None:
+            config["chat_template"] = chat_template
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+
     @property
     def kind(self) -> str:
         return type(self._backend.model).__name__

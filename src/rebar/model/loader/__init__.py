@@ -1,4 +1,5 @@
-"""Open a checkpoint by alias or path: GGUF files and Hugging Face safetensors folders."""
+"""Open a checkpoint by alias or path: GGUF files, Hugging Face safetensors folders and rebar's
+quantized checkpoints (folders with a `rebar-quant.json` manifest)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from rebar.model.resolve import resolve_model_path
 def open_checkpoint(model: str | Path) -> Checkpoint:
     """Read metadata, tokenizer and the tensor index; weights stay on disk until loaded."""
     path = resolve_model_path(model)
+    # Imported here, not at the top: rebar.quant.checkpoint itself imports this package.
+    from rebar.quant.checkpoint import is_quantized_checkpoint, load_quantized_checkpoint
+
+    if is_quantized_checkpoint(path):
+        return load_quantized_checkpoint(path)
     if path.is_dir():
         return load_hf_folder(path)
     return load_gguf(path)

