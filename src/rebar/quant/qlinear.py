@@ -1,13 +1,16 @@
 """Quantized drop-ins for nn.Linear and nn.Embedding, and the choice of matmul kernel.
 
 A QuantLinear holds a QuantizedWeight and a short list of kernels, each good up to some number of
-rows (tokens in the step). On CPU, torch's packed int8 / int4 weight-only kernels win at small batch
-(decode) and a dequantize-then-matmul in the activation dtype wins once the matmul is compute-bound
-(prefill); `scripts/bench_quant_kernels.py` measured the switch points (docs/quantization.md).
+rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
+int8 activations times int4/int8 weights, exact integer dot products) serve decode-sized steps;
+elsewhere torch's packed int8 / int4 weight-only kernels do; and a dequantize-then-matmul in the
+activation dtype wins once the matmul is compute-bound (prefill). `scripts/bench_quant_kernels.py`
+and `scripts/bench_cpu_quant.py` measured the switch points (docs/quantization.md, docs/kernels.md).
 Every kernel agrees with `DequantizedMatmul`, the reference that runs on any device.
 
-Both packed kernels compute in bfloat16 (fp32 activations are rounded on the way in); they give
-every row the same bits whatever the batch size, so decode outputs do not depend on batching.
+The small-batch kernels give every row the same bits whatever the batch size (rebar's round each
+row's activations on their own; torch's compute in bfloat16), so decode outputs do not depend on
+batching.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from torch import nn
 
 from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 
+# Largest number of rows for which rebar's AVX2 kernels beat dequantize-then-matmul (docs/kernels.md).
+NATIVE_MAX_ROWS = 32
 # Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 8
@@ -101,6 +106,49 @@ class Int4PackedMatmul:
         return out.to(x.dtype)
 
 
+class NativeInt4Matmul:
+    """rebar's AVX2 int4 kernel: weights repacked once into 8-row tiles, activations rounded to int8 per block of 32."""
+
+    name = "avx2-int4"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        from rebar.kernels import cpu_quant
+
+        self._linear = cpu_quant.int4_linear_packed
+        self.packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x.float(), self.packed).to(x.dtype)
+
+
+class NativeInt8Matmul:
+    """rebar's AVX2 int8 kernel (per-channel or grouped scales)."""
+
+    name = "avx2-int8"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        from rebar.kernels import cpu_quant
+
+        self._linear = cpu_quant.int8_linear_packed
+        self.packed = cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x.float(), self.packed).to(x.dtype)
+
+
+def has_native_kernel(weight: QuantizedWeight, device: torch.device) -> bool:
+    """Whether rebar's AVX2 kernels take `weight` on `device` (builds the extension on first call)."""
+    if device.type != "cpu":
+        return False
+    per_channel = weight.bits == 8 and weight.group_size == weight.in_features
+    grouped = weight.group_size % 32 == 0 and weight.in_features % weight.group_size == 0
+    if not (per_channel or grouped):
+        return False
+    from rebar.kernels import cpu_quant
+
+    return cpu_quant.available()
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     max_rows: float  # this kernel serves steps of up to this many rows
@@ -108,18 +156,24 @@ class KernelChoice:
 
 
 def has_packed_kernel(weight: QuantizedWeight, device: torch.device) -> bool:
-    """Whether `weight` can run through a packed kernel on `device` (nothing is built)."""
+    """Whether `weight` can run through a small-batch kernel (rebar's or torch's packed) on `device`."""
     if device.type != "cpu":
         return False
+    if has_native_kernel(weight, device):
+        return True
     if weight.bits == 8:
         return weight.group_size == weight.in_features
     return weight.group_size in _INT4_CPU_GROUP_SIZES and weight.out_features % _INT4_CPU_OUT_MULTIPLE == 0
 
 
 def packed_kernel(weight: QuantizedWeight, device: torch.device) -> KernelChoice | None:
-    """The packed kernel for `weight` on `device`, with the most rows it should serve, if one exists."""
+    """The small-batch kernel for `weight` on `device`, with the most rows it should serve, if one exists:
+    rebar's AVX2 kernel where it runs, else torch's packed kernel."""
     if not has_packed_kernel(weight, device):
         return None
+    if has_native_kernel(weight, device):
+        native = NativeInt4Matmul(weight) if weight.bits == 4 else NativeInt8Matmul(weight)
+        return KernelChoice(NATIVE_MAX_ROWS, native)
     if weight.bits == 8:
         return KernelChoice(INT8_PACKED_MAX_ROWS, Int8PackedMatmul(weight))
     return KernelChoice(INT4_PACKED_MAX_ROWS, Int4PackedMatmul(weight))

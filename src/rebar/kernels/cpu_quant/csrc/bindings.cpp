@@ -74,12 +74,23 @@ PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, con
           codes.size(1) / scales.size(1), out_features};
 }
 
+// Threads for one call: every OpenMP region ends in a barrier, and on a busy machine a barrier can wait
+// a whole scheduler time slice (milliseconds) for a descheduled thread. A decode step makes ~200 small
+// calls, so only calls with enough work to amortise that risk are split; the rest run on one thread.
+constexpr int64_t kMinMacsPerThread = int64_t{4} << 20;
+
+int threads_for(const PackedWeights& w, int64_t rows) {
+  const int64_t macs = w.num_tiles * 8 * w.num_blocks * kBlock * rows;
+  const int64_t wanted = std::max<int64_t>(1, macs / kMinMacsPerThread);
+  return static_cast<int>(std::min<int64_t>(at::get_num_threads(), wanted));
+}
+
 at::Tensor int4_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
                               const at::Tensor& offsets, int64_t out_features) {
   const PackedWeights w = packed_view(codes, scales, &offsets, 16, out_features);
   const at::Tensor x = checked_input(x_in, w.num_blocks * kBlock);
   at::Tensor y = output_like(x, out_features);
-  if (y.numel() > 0) int4_linear(quantize(x, w.num_blocks, w.blocks_per_group), w, y.data_ptr<float>(), at::get_num_threads());
+  if (y.numel() > 0) int4_linear(quantize(x, w.num_blocks, w.blocks_per_group), w, y.data_ptr<float>(), threads_for(w, x.size(0)));
   return y;
 }
 
@@ -91,7 +102,7 @@ at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, c
               "in_features does not match the packed codes");
   const at::Tensor x = checked_input(x_in, in_features);
   at::Tensor y = output_like(x, out_features);
-  if (y.numel() > 0) int8_linear(quantize(x, w.num_blocks, 0), w, y.data_ptr<float>(), at::get_num_threads());
+  if (y.numel() > 0) int8_linear(quantize(x, w.num_blocks, 0), w, y.data_ptr<float>(), threads_for(w, x.size(0)));
   return y;
 }
 
