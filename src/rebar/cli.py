@@ -19,6 +19,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--dequantize", action="store_true", help="expand quantized weights to --dtype at load (the float reference)")
+    parser.add_argument("--quantized-gguf", action="store_true",
+                        help="run GGUF Q4_0/Q4_1/Q8_0 weights quantized (int4/int8 kernels) instead of as float")
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -48,7 +50,8 @@ def _sampling_params(args: argparse.Namespace):
 def _load(args: argparse.Namespace):
     from rebar.engine.llm import LLM
 
-    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize)
+    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize,
+               quantized_gguf=args.quantized_gguf)
 
 
 def _stream_to_stdout(llm, prompt: str, params) -> str:
@@ -105,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "server.host": args.host, "server.port": args.port, "models.chat": args.model,
         "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
+        "models.quantized_gguf": True if args.quantized_gguf else None,
     }
     settings = load_settings(args.config, overrides)
     configure_logging(settings.logging.level, settings.logging.format)
@@ -168,7 +172,8 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
     from rebar.engine.llm import LLM
 
     engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize,
+              quantized_gguf=args.quantized_gguf)
     core = llm.engine
     if core is None:
         raise InvalidRequestError(f"{args.model} is an embedding model; bench offline needs a generator", "model")
@@ -228,7 +233,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rebar.obs.profiling import profile_engine
 
     engine_config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len))
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config,
+              dequantize=args.dequantize, quantized_gguf=args.quantized_gguf)
     if llm.engine is None:
         raise InvalidRequestError(f"{args.model} is an embedding model; profile needs a generator", "model")
     result = profile_engine(llm.engine, args.steps, args.batch, args.input_len, args.warmup_steps, args.top)
@@ -293,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None)
+    serve.add_argument("--quantized-gguf", action="store_true", help="run GGUF weights on the int4/int8 kernels")
     serve.set_defaults(handler=cmd_serve)
 
     inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")

@@ -113,6 +113,8 @@ class ModelsSettings(_Section):
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Run GGUF Q4_0/Q4_1/Q8_0 weights quantized (faster, less memory; activations rounded) instead of as float.
+    quantized_gguf: bool = False
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", json_schema_extra={"allowed": "auto, cpu, mps, cuda or cuda:N"})
 
     @model_validator(mode="after")

@@ -55,12 +55,16 @@ def test_loaded_checkpoint_computes_the_dequantized_model(made: dict, key: str, 
 
 def test_short_prompts_take_the_packed_kernels_and_stay_close(made: dict) -> None:
     llm = LLM(model=made["int4"], device="cpu")
-    assert llm.model.layers[0].attn.q_proj.kernel_for(len(IDS[:8])).name == "int4pack"
+    assert llm.model.layers[0].attn.q_proj.kernel_for(len(IDS[:8])).name in ("avx2-int4", "int4pack")
     expected = hf_logits(made["cfg"], quantized_state(made["state"], "int4-rtn", 32), IDS[:8])
     got = llm.logits(IDS[:8])
-    # bf16 activations: a few percent on this random model's large logits, same predictions
-    assert (got - expected).abs().max() < 0.06 * expected.abs().max()
-    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    # Activations rounded to int8 per block of 32 (rebar's kernel) or to bf16 (torch's): this random
+    # model's nearly flat logits move by up to ~10% of their range, so near-ties may flip; every
+    # prediction stays among the reference's top three.
+    assert (got - expected).abs().max() < 0.15 * expected.abs().max()
+    top3 = expected.topk(3, dim=-1).indices
+    assert all(int(g) in top3[i].tolist() for i, g in enumerate(got.argmax(-1)))
+    assert (got.argmax(-1) == expected.argmax(-1)).sum() >= 6
     out = llm.generate([IDS[:5]], __import__("rebar").SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
 

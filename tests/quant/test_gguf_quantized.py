@@ -1,4 +1,5 @@
-"""GGUF Q4_0 / Q4_1 weights stay quantized where a packed kernel exists; Q8_0 (no grouped int8 kernel) stays float."""
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights stay quantized where a small-batch kernel exists for them: rebar's AVX2
+kernels take every shape (grouped int8 included); torch's packed kernels need int4 with 16-row multiples."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from tiny_quant import IDS, tiny_gguf
 
 from rebar import LLM
 from rebar.model.loader import open_checkpoint
+from rebar.kernels import cpu_quant
 from rebar.quant.qlinear import QuantLinear
+
+NATIVE = cpu_quant.available()
 
 LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -19,7 +23,7 @@ LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate
 @pytest.mark.parametrize("storage", [QT.Q4_0, QT.Q4_1], ids=lambda q: q.name)
 def test_q4_weights_are_kept_quantized_and_exact(tmp_path: Path, storage: QT) -> None:
     path, _, _ = tiny_gguf(tmp_path, storage=storage)
-    llm = LLM(model=path, device="cpu")
+    llm = LLM(model=path, device="cpu", quantized_gguf=True)
     checkpoint = open_checkpoint(path)
     for layer in range(2):
         for linear in LINEARS:
@@ -28,18 +32,32 @@ def test_q4_weights_are_kept_quantized_and_exact(tmp_path: Path, storage: QT) ->
             # the codes decode to exactly what the float loader produces (Q/K row order included)
             expected = checkpoint.load_tensor(f"layers.{layer}.{linear}.weight", torch.float32)
             assert torch.equal(module.weight_q.dequantize(), expected)
-    # 268-token vocabulary: not a multiple of 16, so the int4 kernel cannot take the head, which stays float
-    assert type(llm.model.lm_head) is torch.nn.Linear
+    # 268-token vocabulary: not a multiple of 16, so only rebar's kernel takes the head; else it stays float
+    assert type(llm.model.lm_head) is (QuantLinear if NATIVE else torch.nn.Linear)
 
     reference = LLM(model=path, device="cpu", dequantize=True)
     assert type(reference.model.layers[0].attn.q_proj) is torch.nn.Linear
     torch.testing.assert_close(llm.logits(IDS), reference.logits(IDS), atol=1e-4, rtol=0)  # dequantize path
-    short, short_reference = llm.logits(IDS[:6]), reference.logits(IDS[:6])  # packed bf16 kernel path
-    assert (short - short_reference).abs().max() < 0.06 * short_reference.abs().max()
+    short, short_reference = llm.logits(IDS[:6]), reference.logits(IDS[:6])  # the small-batch kernel path
+    # activations rounded to int8 (rebar's kernel) or bf16 (torch's): this random model's nearly flat
+    # logits move by up to ~10% of their range; every prediction stays in the reference's top three
+    assert (short - short_reference).abs().max() < 0.15 * short_reference.abs().max()
+    top3 = short_reference.topk(3, dim=-1).indices
+    assert all(int(p) in top3[i].tolist() for i, p in enumerate(short.argmax(-1)))
 
 
-def test_q8_0_stays_float(tmp_path: Path) -> None:
+def test_q8_0_stays_quantized_only_with_rebars_kernel(tmp_path: Path) -> None:
     path, _, _ = tiny_gguf(tmp_path, storage=QT.Q8_0)
+    llm = LLM(model=path, device="cpu", quantized_gguf=True)
+    quantized = [m for m in llm.model.modules() if isinstance(m, QuantLinear)]
+    if NATIVE:  # grouped int8: rebar's kernel takes it
+        assert len(quantized) >= 14 and all(m.kernel_for(1).name == "avx2-int8" for m in quantized)
+    else:  # torch has no grouped int8 kernel
+        assert not quantized
+    assert open_checkpoint(path).load_quantized("layers.0.attn.q_proj.weight").describe() == "int8 g32"
+
+
+def test_gguf_weights_are_float_unless_asked(tmp_path: Path) -> None:
+    path, _, _ = tiny_gguf(tmp_path, storage=QT.Q4_1)
     llm = LLM(model=path, device="cpu")
     assert not any(isinstance(m, QuantLinear) for m in llm.model.modules())
-    assert open_checkpoint(path).load_quantized("layers.0.attn.q_proj.weight").describe() == "int8 g32"

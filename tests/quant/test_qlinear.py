@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rebar.kernels import cpu_quant
+from rebar.quant import qlinear
 from rebar.quant.int_formats import QuantizedWeight, quantize_int4, quantize_int8, unpack_int4
 from rebar.quant.qlinear import (
     INT4_PACKED_MAX_ROWS,
@@ -76,7 +78,13 @@ def test_packed_kernels_give_a_row_the_same_bits_at_any_batch_size(name: str) ->
         assert torch.equal(kernel(X[:rows])[:1], alone)
 
 
-def test_plan_uses_the_packed_kernel_for_small_batches_only() -> None:
+@pytest.fixture()
+def torch_packed_only(monkeypatch):
+    """Plans as on a CPU where rebar's AVX2 kernels do not run."""
+    monkeypatch.setattr(qlinear, "has_native_kernel", lambda weight, device: False)
+
+
+def test_plan_uses_the_packed_kernel_for_small_batches_only(torch_packed_only) -> None:
     for weight, max_rows, packed in ((WEIGHTS["int8"], INT8_PACKED_MAX_ROWS, "int8pack"), (WEIGHTS["int4-g64"], INT4_PACKED_MAX_ROWS, "int4pack")):
         layer = QuantLinear(weight)
         assert layer.kernel_for(1).name == packed
@@ -93,7 +101,7 @@ def test_plan_uses_the_packed_kernel_for_small_batches_only() -> None:
     ],
     ids=["int8-grouped", "int4-odd-out", "int4-g48"],
 )
-def test_weights_without_a_kernel_fall_back_to_dequantize(weight: QuantizedWeight) -> None:
+def test_weights_without_a_kernel_fall_back_to_dequantize(weight: QuantizedWeight, torch_packed_only) -> None:
     assert not has_packed_kernel(weight, CPU)
     assert [c.kernel.name for c in plan_kernels(weight, CPU)] == ["dequant"]
     x = torch.randn(3, weight.in_features)
@@ -116,7 +124,7 @@ def test_quant_linear_keeps_shape_dtype_and_bias() -> None:
     big = torch.randn(4, 20, 256)  # 80 rows: the dequantize path, float32 throughout
     torch.testing.assert_close(layer(big), big @ weight.dequantize().T + bias, rtol=0, atol=1e-5)
     assert QuantLinear(weight)(x.to(torch.bfloat16)).dtype == torch.bfloat16
-    assert "int4 g64" in repr(layer) and "int4pack<=" in repr(layer)
+    assert "int4 g64" in repr(layer) and f"{layer.kernel_for(1).name}<=" in repr(layer)
 
 
 def test_pinned_kernels_are_used() -> None:
@@ -143,3 +151,19 @@ def test_dequantize_path_expands_large_weights_a_slice_at_a_time() -> None:
     assert kernel.rows_per_slice < weight.out_features
     x = torch.randn(3, 64, generator=GENERATOR)
     torch.testing.assert_close(kernel(x), x @ weight.dequantize().T, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="rebar's AVX2 kernels do not run on this machine")
+@pytest.mark.parametrize("name", ["int8", "int4-g32", "int4-g64"])
+def test_plan_prefers_rebars_avx2_kernels_for_small_batches(name: str) -> None:
+    weight = WEIGHTS[name]
+    layer = QuantLinear(weight)
+    expected = "avx2-int8" if weight.bits == 8 else "avx2-int4"
+    assert layer.kernel_for(1).name == expected and layer.kernel_for(qlinear.NATIVE_MAX_ROWS).name == expected
+    assert layer.kernel_for(qlinear.NATIVE_MAX_ROWS + 1).name == "dequant"
+    x = X[:5]
+    reference = x.double() @ weight.dequantize(torch.float64).T
+    # int8 activations per block of 32: about 1% of each output's scale
+    assert (layer(x).double() - reference).abs().max() < 0.02 * reference.abs().max()
+    assert torch.equal(layer(X[:1]), layer(X[:17])[:1])  # a row's bits do not depend on the batch
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16

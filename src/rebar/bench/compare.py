@@ -168,7 +168,8 @@ def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: i
     from rebar.bench.serve import ServeBenchConfig, run_serve_bench
 
     port = _free_port()
-    env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(threads), "REBAR_LOGGING__LEVEL": "warning"}
+    env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(threads), "REBAR_LOGGING__LEVEL": "warning",
+           "REBAR_MODELS__QUANTIZED_GGUF": "true"}
     server = subprocess.Popen(
         [sys.executable, "-m", "rebar.cli", "serve", "--model", model, "--embedding-model", "none", "--port", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -227,7 +228,8 @@ def run_compare(model: str, threads: int, output_len: int = 128, repeats: int = 
     from rebar.engine.llm import LLM
 
     torch.set_num_threads(threads)
-    llm = LLM(model, engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048))
+    # The fast path: GGUF weights stay 4-bit and run on rebar's int4/int8 kernels, as llama.cpp's do.
+    llm = LLM(model, engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048), quantized_gguf=True)
     if llm.engine is None:
         raise ValueError(f"{model} is an embedding model; compare needs a generator")
     tokenizer = llm.tokenizer

@@ -8,7 +8,7 @@ gathered back from those blocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,9 @@ class AttentionMetadata:
     context_lens: tuple[int, ...]
     slot_mapping: torch.Tensor  # [num_tokens] int64
     block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
+    # Derived per-step tensors every layer would otherwise rebuild (backends fill it on first use;
+    # the metadata, and so this, lives for one step).
+    step_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

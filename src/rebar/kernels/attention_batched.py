@@ -129,12 +129,32 @@ def _decode(
     sliding_window: int | None,
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
     """One SDPA call over every decode row, keys padded to the longest (windowed) context."""
-    device = q.device
+    slots, valid = _decode_slots(meta, seqs, key_cache.shape[1], sliding_window, q.device)
+    keys, values = _gather_kv(key_cache, value_cache, slots)  # [n, width, kv_heads, head_dim]
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [n, kv_heads, width, head_dim]
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    # Fold each GQA group into the query axis: [n, kv_heads, group, head_dim].
+    grouped = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    mask = None if valid is None else valid[:, None, None, :]
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _decode_slots(
+    meta: AttentionMetadata, seqs: list[int], block_size: int, sliding_window: int | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # slots [n, width] int64, valid [n, width] bool
+    """The decode rows' cache slots, computed by the first layer of a step and reused by the others.
+
+    `valid` is None when no row is padded (every row has `width` keys): SDPA then needs no mask.
+    """
+    key = ("decode_slots", tuple(seqs), block_size, sliding_window)
+    cached = meta.step_cache.get(key)
+    if cached is not None:
+        return cached
     context_lens = [meta.context_lens[i] for i in seqs]
     key_starts = [_window_start(c - 1, sliding_window) for c in context_lens]
     key_counts = [c - s for c, s in zip(context_lens, key_starts)]
-    width = max(key_counts)
-    block_size = key_cache.shape[1]
     num_blocks = -(-(max(context_lens)) // block_size)
     tables = meta.block_tables[:, :num_blocks]
     if len(seqs) != tables.shape[0]:
@@ -144,16 +164,11 @@ def _decode(
         block_size,
         torch.tensor(key_starts, dtype=torch.long, device=device),
         torch.tensor(key_counts, dtype=torch.long, device=device),
-        width,
+        max(key_counts),
     )
-    keys, values = _gather_kv(key_cache, value_cache, slots)  # [n, width, kv_heads, head_dim]
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [n, kv_heads, width, head_dim]
-    num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = keys.shape[1]
-    # Fold each GQA group into the query axis: [n, kv_heads, group, head_dim].
-    grouped = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale)
-    return out.reshape(num_seqs, num_heads, head_dim)
+    result = (slots, None if min(key_counts) == max(key_counts) else valid)
+    meta.step_cache[key] = result
+    return result
 
 
 def _fresh_prefill(

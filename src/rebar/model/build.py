@@ -22,6 +22,7 @@ def build_model(
     device: torch.device | str = "cpu",
     attention_backend: str | None = None,
     dequantize: bool = False,
+    quantized_gguf: bool = False,
 ) -> nn.Module:
     """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
 
@@ -63,7 +64,7 @@ def build_model(
             )
 
     device = torch.device(device)
-    quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device)
+    quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device, quantized_gguf)
     state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected if name not in quantized}
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     assert set(missing) == set(quantized), f"unloaded tensors {sorted(set(missing) - set(quantized))[:5]}"
@@ -72,12 +73,13 @@ def build_model(
     return model.to(device).eval().requires_grad_(False)
 
 
-def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]], device: torch.device) -> dict[str, QuantizedWeight]:
+def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]], device: torch.device,
+                       quantized_gguf: bool) -> dict[str, QuantizedWeight]:
     kept = {}
     for name, shape in names.items():
         if len(shape) != 2:
             continue
         weight = checkpoint.load_quantized(name)
-        if weight is not None and keep_quantized(weight, device, checkpoint.format):
+        if weight is not None and keep_quantized(weight, device, checkpoint.format, quantized_gguf):
             kept[name] = weight.to(device)
     return kept

@@ -21,10 +21,18 @@ TIED_EMBEDDING = "embed_tokens"
 QUANT_CHECKPOINT_FORMAT = "rebar-quant"  # Checkpoint.format of rebar's own quantized checkpoints
 
 
-def keep_quantized(weight: QuantizedWeight, device: torch.device, checkpoint_format: str) -> bool:
+def keep_quantized(weight: QuantizedWeight, device: torch.device, checkpoint_format: str, quantized_gguf: bool = False) -> bool:
     """Whether to run `weight` quantized: always for rebar's own quantized checkpoints, and for
-    weights that merely arrive quantized (GGUF) only where a packed kernel exists for `device`."""
-    return checkpoint_format == QUANT_CHECKPOINT_FORMAT or has_packed_kernel(weight, device)
+    weights that merely arrive quantized (GGUF) when `quantized_gguf` asks for it and a small-batch
+    kernel exists for `device`.
+
+    GGUF weights are expanded to float by default: the quantized kernels round activations (to int8
+    or bf16), which moves greedy answers of a small model at near-ties; float keeps the numbers
+    checked against transformers and llama.cpp. `quantized_gguf` trades that for speed and memory.
+    """
+    if checkpoint_format == QUANT_CHECKPOINT_FORMAT:
+        return True
+    return quantized_gguf and has_packed_kernel(weight, device)
 
 
 def swap_in_quantized(model: nn.Module, weights: Mapping[str, QuantizedWeight], dtype: torch.dtype) -> None:
