@@ -57,18 +57,23 @@ def import_interpreted(module_name: str) -> ModuleType | None:
     return importlib.import_module(module_name)
 
 
+_CHILD_FLAG = "REBAR_TEST_INTERPRETER_CHILD"
+
+
 @functools.cache  # one run per test file, however many of its tests ask
 def subprocess_outcomes(test_file: Path) -> dict[str, tuple[str, str]]:
     """Run `test_file` under the interpreter in a fresh process: test name -> (outcome, message).
 
     Outcomes are "passed", "failed" or "skipped"; a test missing from the result is absent.
     """
+    if os.environ.get(_CHILD_FLAG):  # already the subprocess: never spawn another
+        return {"": ("failed", "Triton could not interpret even in a fresh process")}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         command = [
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(test_file)
         ]  # fmt: skip
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        env = {**os.environ, "TRITON_INTERPRET": "1", _CHILD_FLAG: "1"}
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         if not report.exists():
             return {"": ("failed", f"the subprocess wrote no report:\n{(done.stdout + done.stderr)[-4000:]}")}

@@ -26,7 +26,7 @@ ROUND_OFF = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernels() -> None:
+def cpu_kernels() -> None:
     require_kernels()
 
 
