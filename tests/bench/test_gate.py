@@ -43,3 +43,8 @@ def test_run_gate_writes_a_baseline_then_fails_on_a_regression(tmp_path, monkeyp
     assert "performance gate FAILED: p95_latency is 60.0% above its baseline (limit 35%)" in out
     with pytest.raises(ValueError, match="measured on 'smollm2'"):
         gate.run_gate("other-model", path)
+
+
+def test_missing_baseline_is_a_clear_refusal(tmp_path, capsys) -> None:
+    assert gate.run_gate("smollm2", tmp_path / "none.json") == 2
+    assert "no baseline at" in capsys.readouterr().out

@@ -161,6 +161,10 @@ def judge(measured: dict[str, float], baseline: dict[str, float], tolerances: di
 
 
 def run_gate(model: str, baseline_path: Path, update: bool = False) -> int:
+    if not update and not baseline_path.exists():
+        print(f"no baseline at {baseline_path}: measure one on a quiet machine with --update-baseline "
+              "(and check that the gate then passes twice) before the gate can judge anything")
+        return 2
     figures = measure(model)
     print(f"calibration {figures.calibration_s * 1e3:.1f} ms; cold start {figures.cold_start_s:.2f} s; "
           f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {torch.get_num_threads()})")
