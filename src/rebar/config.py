@@ -135,6 +135,7 @@ class EngineSettings(_Section):
     kv_cache_fraction: float = Field(0.2, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
+    fused_decode: bool = True
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None  # None: torch's default
 
     def to_engine_config(self) -> EngineConfig:

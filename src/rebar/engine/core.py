@@ -90,7 +90,7 @@ class EngineCore:
             num_blocks, config.block_size, num_blocks * config.block_size, kv_cache.num_bytes / 2**20,
             dtype, kv_bytes_per_token(model_config, dtype),
         )
-        self.runner = ModelRunner(model, model_config, kv_cache, device)
+        self.runner = ModelRunner(model, model_config, kv_cache, device, fused_decode=config.fused_decode)
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests

@@ -32,6 +32,9 @@ class EngineConfig:
     kv_cache_fraction: float = 0.2
     enable_prefix_caching: bool = True
     attention_backend: str | None = None  # None: the best one for the device
+    # Run pure-decode steps of a quantized Llama-family model on the CPU through rebar's fused C++
+    # decode step (rebar.kernels.cpu_decode) when it applies; off: always the model's own forward.
+    fused_decode: bool = True
 
     def __post_init__(self) -> None:
         checks = {

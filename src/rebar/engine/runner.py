@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -11,16 +12,31 @@ from rebar.engine.scheduler import ScheduledRequest
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.config import ModelConfig
 
+logger = logging.getLogger("rebar.engine")
+
 
 class ModelRunner:
     """Owns the model and its KV cache tensors; knows nothing about requests beyond a step's plan."""
 
-    def __init__(self, model: nn.Module, config: ModelConfig, kv_cache: KVCache, device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, config: ModelConfig, kv_cache: KVCache, device: torch.device, fused_decode: bool = True
+    ) -> None:
         self.model = model
         self.config = config
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
+        self.fused_decoder = self._build_fused_decoder() if fused_decode and device.type == "cpu" else None
+
+    def _build_fused_decoder(self):
+        from rebar.kernels.cpu_decode import FusedDecoder
+
+        outcome = FusedDecoder.build(self.model, self.kv_cache)
+        if outcome.decoder is None:
+            logger.info("fused CPU decode step off: %s", outcome.reason)
+        else:
+            logger.info("fused CPU decode step on: decode steps of up to %d sequences run in one C++ call", outcome.decoder.max_rows)
+        return outcome.decoder
 
     def _metadata(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         ids: list[int] = []
@@ -45,7 +61,10 @@ class ModelRunner:
     def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
         """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order."""
         input_ids, positions, meta = self._metadata(items)
-        hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
+        if self.fused_decoder is not None and self.fused_decoder.takes(meta):
+            hidden = self.fused_decoder(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
         ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
         rows = ends[torch.tensor([item.sample for item in items], device=self.device)]
         return self.model.compute_logits(hidden[rows]).cpu()

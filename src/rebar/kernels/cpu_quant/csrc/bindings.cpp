@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "decoder.h"
 #include "kernels.h"
 
 namespace rebar_cpu_quant {
@@ -122,6 +123,135 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> quantize_activatio
   return {copy(q.q, {q.rows, num_blocks * kBlock}, at::kChar), copy(q.d, {q.rows, num_blocks}, at::kFloat), sums};
 }
 
+
+// ---- The fused decode step (decoder.h) ---------------------------------------------------------
+
+// (bits, codes, scales, offsets (int4) or None, bias or None, out_features, in_features)
+using LinearArgs = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>,
+                              int64_t, int64_t>;
+
+void check_float_vector(const at::Tensor& t, int64_t size, const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 1 && t.size(0) == size &&
+                        t.is_contiguous(),
+                    name, " must be a contiguous float32 CPU vector of ", size, ", got ", t.scalar_type(), " ",
+                    t.sizes());
+}
+
+// Holds (references to) every layer's weights and KV cache; `step` runs one decode step over them.
+class FusedDecoder {
+ public:
+  FusedDecoder(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
+               double norm_eps, double attn_scale, int64_t sliding_window) {
+    TORCH_CHECK_VALUE(hidden > 0 && head_dim > 0 && head_dim % 2 == 0 && intermediate > 0 && num_kv_heads > 0 &&
+                          num_heads % num_kv_heads == 0 && sliding_window >= 0,
+                      "invalid decoder shape");
+    shape_ = {hidden, num_heads, num_kv_heads, head_dim, intermediate, 0, 0,
+              static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window};
+  }
+
+  void add_layer(const at::Tensor& input_norm, const at::Tensor& post_attn_norm, const at::Tensor& key_cache,
+                 const at::Tensor& value_cache, const std::vector<LinearArgs>& linears) {
+    const DecoderShape& s = shape_;
+    check_float_vector(input_norm, s.hidden, "input_norm");
+    check_float_vector(post_attn_norm, s.hidden, "post_attn_norm");
+    for (const at::Tensor* cache : {&key_cache, &value_cache}) {
+      TORCH_CHECK_VALUE(cache->scalar_type() == at::kFloat && cache->device().is_cpu() && cache->dim() == 4 &&
+                            cache->is_contiguous() && cache->size(2) == s.num_kv_heads && cache->size(3) == s.head_dim,
+                        "KV caches must be contiguous float32 [blocks, block_size, ", s.num_kv_heads, ", ",
+                        s.head_dim, "], got ", cache->scalar_type(), " ", cache->sizes());
+    }
+    TORCH_CHECK_VALUE(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+    if (layers_.empty()) {
+      shape_.num_blocks = key_cache.size(0);
+      shape_.block_size = key_cache.size(1);
+    }
+    TORCH_CHECK_VALUE(key_cache.size(0) == s.num_blocks && key_cache.size(1) == s.block_size,
+                      "every layer's KV cache must have the same blocks");
+    TORCH_CHECK_VALUE(linears.size() == 7, "expected the 7 linears q, k, v, o, gate, up, down");
+    const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;
+    const int64_t shapes[7][2] = {{q_size, s.hidden}, {kv_size, s.hidden}, {kv_size, s.hidden}, {s.hidden, q_size},
+                                  {s.intermediate, s.hidden}, {s.intermediate, s.hidden}, {s.hidden, s.intermediate}};
+    QuantLinearRef refs[7];
+    for (int i = 0; i < 7; ++i) refs[i] = linear_ref(linears[i], shapes[i][0], shapes[i][1]);
+    layers_.push_back({input_norm.data_ptr<float>(), post_attn_norm.data_ptr<float>(), refs[0], refs[1], refs[2],
+                       refs[3], refs[4], refs[5], refs[6], key_cache.data_ptr<float>(), value_cache.data_ptr<float>()});
+    for (const at::Tensor& t : {input_norm, post_attn_norm, key_cache, value_cache}) keep_alive_.push_back(t);
+  }
+
+  // x [rows, hidden] float32 is updated in place from the embeddings to the last layer's output.
+  void step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+            const at::Tensor& block_tables, const std::vector<int64_t>& context_lens) {
+    const DecoderShape& s = shape_;
+    TORCH_CHECK_VALUE(!layers_.empty(), "the decoder has no layers");
+    const int64_t rows = x.dim() == 2 ? x.size(0) : -1;
+    TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.is_contiguous() && rows >= 0 &&
+                          x.size(1) == s.hidden,
+                      "x must be a contiguous float32 CPU tensor [rows, ", s.hidden, "], got ", x.sizes());
+    for (const at::Tensor* t : {&cos, &sin}) {
+      TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
+                            t->size(1) == s.head_dim,
+                        "cos and sin must be contiguous float32 [", rows, ", ", s.head_dim, "]");
+    }
+    TORCH_CHECK_VALUE(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1 &&
+                          slots.size(0) == rows,
+                      "slots must be int64 [", rows, "]");
+    TORCH_CHECK_VALUE(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() &&
+                          block_tables.dim() == 2 && block_tables.size(0) == rows,
+                      "block_tables must be contiguous int64 [", rows, ", width]");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(context_lens.size()) == rows, "one context length per row");
+    const int64_t width = block_tables.size(1);
+    const int64_t* tables = block_tables.data_ptr<int64_t>();
+    const int64_t* slot_data = slots.data_ptr<int64_t>();
+    // Every cache address the step touches is checked here: a bad table must fail, never read or
+    // write outside the cache.
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t context = context_lens[r];
+      TORCH_CHECK_VALUE(context >= 1 && context <= width * s.block_size, "row ", r, ": context length ", context,
+                        " outside 1..", width * s.block_size);
+      TORCH_CHECK_VALUE(slot_data[r] >= 0 && slot_data[r] < s.num_blocks * s.block_size, "row ", r, ": slot ",
+                        slot_data[r], " outside the cache");
+      for (int64_t b = 0; b * s.block_size < context; ++b) {
+        const int64_t block = tables[r * width + b];
+        TORCH_CHECK_VALUE(block >= 0 && block < s.num_blocks, "row ", r, ": block ", block, " outside the cache");
+      }
+    }
+    const DecodeBatch batch{x.data_ptr<float>(), rows, cos.data_ptr<float>(), sin.data_ptr<float>(), slot_data,
+                            tables, width, context_lens.data()};
+    const int num_threads = at::get_num_threads();
+    pybind11::gil_scoped_release no_gil;  // the engine thread computes while the server thread serves
+    decode_layers(s, layers_, batch, num_threads);
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  QuantLinearRef linear_ref(const LinearArgs& args, int64_t out_features, int64_t in_features) {
+    const auto& [bits, codes, scales, offsets, bias, out, in] = args;
+    TORCH_CHECK_VALUE(out == out_features && in == in_features, "linear is [", out, ", ", in, "], expected [",
+                      out_features, ", ", in_features, "]");
+    TORCH_CHECK_VALUE(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
+    TORCH_CHECK_VALUE((bits == 4) == offsets.has_value(), "int4 linears need offsets, int8 ones have none");
+    const PackedWeights w = packed_view(codes, scales, offsets ? &*offsets : nullptr, bits == 4 ? 16 : 32, out);
+    TORCH_CHECK_VALUE(in > (w.num_blocks - 1) * kBlock && in <= w.num_blocks * kBlock &&
+                          (bits == 8 || in == w.num_blocks * kBlock),
+                      "in_features does not match the packed codes");
+    const float* bias_data = nullptr;
+    if (bias) {
+      check_float_vector(*bias, out, "bias");
+      bias_data = bias->data_ptr<float>();
+      keep_alive_.push_back(*bias);
+    }
+    keep_alive_.push_back(codes);
+    keep_alive_.push_back(scales);
+    if (offsets) keep_alive_.push_back(*offsets);
+    return {w, static_cast<int>(bits), in, bias_data};
+  }
+
+  DecoderShape shape_{};
+  std::vector<DecoderLayerRef> layers_;
+  std::vector<at::Tensor> keep_alive_;  // the tensors layers_ points into
+};
+
 }  // namespace
 }  // namespace rebar_cpu_quant
 
@@ -130,4 +260,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_packed", &rebar_cpu_quant::int8_linear_packed, "y = x @ w.T for packed int8 weights");
   m.def("quantize_activations", &rebar_cpu_quant::quantize_activations,
         "x -> (int8 codes, per-block scales, per-group sums)");
+  pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>())
+      .def("add_layer", &rebar_cpu_quant::FusedDecoder::add_layer)
+      .def("step", &rebar_cpu_quant::FusedDecoder::step)
+      .def_property_readonly("num_layers", &rebar_cpu_quant::FusedDecoder::num_layers);
 }

@@ -17,6 +17,7 @@
 // Rows past the real output size are zero-filled and never stored.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace rebar_cpu_quant {
@@ -51,5 +52,20 @@ struct PackedWeights {
 // y [rows, out_features] = x @ w.T, parallel over tiles with `num_threads` OpenMP threads.
 void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
 void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
+
+// Tiles [tile_begin, tile_end) of y = x @ w.T (bits 4 or 8) on the calling thread, for callers that
+// schedule several linears inside one parallel region.
+void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int64_t tile_begin,
+                       int64_t tile_end);
+
+// The contiguous share [begin, end) of `count` items that thread `thread` of `num_threads` takes.
+struct TileRange {
+  int64_t begin, end;
+};
+inline TileRange thread_share(int64_t count, int thread, int num_threads) {
+  const int64_t base = count / num_threads, extra = count % num_threads;
+  const int64_t begin = thread * base + std::min<int64_t>(thread, extra);
+  return {begin, begin + base + (thread < extra ? 1 : 0)};
+}
 
 }  // namespace rebar_cpu_quant

@@ -8,6 +8,7 @@
 // Up to Format::kMaxRows activation rows are computed together, so each weight block is loaded
 // and unpacked once for all of them (batched decode, short prefill chunks).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -137,14 +138,12 @@ void tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t tile, int
   for (int r = 0; r < R; ++r) store_lanes(y + (row + r) * w.out_features + first_out, acc[r], count);
 }
 
+// Tiles [tile_begin, tile_end) on the calling thread. The activation rows are looped inside, so a
+// tile's weights are read from memory once and then reused from L1 for every chunk of rows.
 template <typename Format, bool kHalfScales>
-void linear_tiles(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
+void tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end) {
   constexpr int kMax = Format::kMaxRows;
-  // Each thread takes a contiguous range of tiles: one sequential weight stream per core. The
-  // activation rows are looped inside, so a tile's weights are read from memory once and then
-  // reused from L1 for every chunk of rows.
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t tile = 0; tile < w.num_tiles; ++tile) {
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     int64_t row = 0;
     for (; row + kMax <= x.rows; row += kMax) tile_rows<Format, kMax, kHalfScales>(x, w, tile, row, y);
     switch (x.rows - row) {
@@ -156,22 +155,41 @@ void linear_tiles(const QuantizedRows& x, const PackedWeights& w, float* y, int 
   }
 }
 
-}  // namespace
-
-void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
+template <typename Format>
+void tile_range_any_scales(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t begin, int64_t end) {
   if (w.half_scales) {
-    linear_tiles<Int4Format, true>(x, w, y, num_threads);
+    tile_range<Format, true>(x, w, y, begin, end);
   } else {
-    linear_tiles<Int4Format, false>(x, w, y, num_threads);
+    tile_range<Format, false>(x, w, y, begin, end);
   }
 }
 
-void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
-  if (w.half_scales) {
-    linear_tiles<Int8Format, true>(x, w, y, num_threads);
+}  // namespace
+
+void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int64_t tile_begin,
+                       int64_t tile_end) {
+  if (bits == 4) {
+    tile_range_any_scales<Int4Format>(x, w, y, tile_begin, tile_end);
   } else {
-    linear_tiles<Int8Format, false>(x, w, y, num_threads);
+    tile_range_any_scales<Int8Format>(x, w, y, tile_begin, tile_end);
   }
+}
+
+// Each thread takes a contiguous range of tiles: one sequential weight stream per core.
+void quant_linear(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int num_threads) {
+#pragma omp parallel num_threads(num_threads)
+  {
+    const TileRange range = thread_share(w.num_tiles, omp_get_thread_num(), omp_get_num_threads());
+    linear_tile_range(x, w, bits, y, range.begin, range.end);
+  }
+}
+
+void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
+  quant_linear(x, w, 4, y, num_threads);
+}
+
+void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
+  quant_linear(x, w, 8, y, num_threads);
 }
 
 }  // namespace rebar_cpu_quant

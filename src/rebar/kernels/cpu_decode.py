@@ -1,0 +1,109 @@
+"""The fused CPU decode step: every decoder layer of a quantized Llama-family model in one C++ call.
+
+A decode step of a small model is thousands of tiny operations around seven matmuls per layer; from
+Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
+whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
+(`csrc/decoder.cpp`): the same int8-activation int4/int8 matmuls QuantLinear runs, with norms,
+RoPE, the KV-cache write and paged attention in between, in one OpenMP region. The embedding
+lookup, the final norm and the logits stay in the model's own Python code.
+
+It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
+CPU whose every layer linear runs on rebar's AVX2 kernels; `FusedDecoder.build` returns the reason
+otherwise, and the runner keeps the plain model path. Outputs agree with the unfused model to
+float32 round-off (tests/kernels/test_cpu_decode.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rebar.kernels.attention import AttentionMetadata, KVCache
+
+# Rows (sequences) per step the fused path takes: QuantLinear's AVX2 kernels serve up to this many
+# rows, beyond it the model's own path dequantizes (rebar.quant.qlinear.NATIVE_MAX_ROWS).
+MAX_ROWS = 32
+_LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    decoder: FusedDecoder | None
+    reason: str  # why decoder is None; "" when built
+
+
+class FusedDecoder:
+    """Runs a pure-decode step of `model` over `kv_cache` in one call; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, extension) -> None:
+        config = model.config
+        self.model = model
+        self._decoder = extension.FusedDecoder(
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
+            float(config.norm_eps), float(config.head_dim**-0.5), int(config.sliding_window or 0),
+        )
+        for index, layer in enumerate(model.layers):
+            linears = [_linear_args(layer.get_submodule(path)) for path in _LINEARS]
+            self._decoder.add_layer(
+                layer.input_norm.weight.detach(), layer.post_attn_norm.weight.detach(),
+                kv_cache.keys[index], kv_cache.values[index], linears,
+            )
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, kv_cache: KVCache) -> BuildOutcome:
+        """A decoder for `model`, or None and the reason it cannot compute the same function."""
+        reason = unsupported_reason(model, kv_cache)
+        if reason:
+            return BuildOutcome(None, reason)
+        from rebar.kernels.cpu_quant.build import load_extension
+
+        return BuildOutcome(cls(model, kv_cache, load_extension().module), "")
+
+    max_rows = MAX_ROWS
+
+    @staticmethod
+    def takes(meta: AttentionMetadata) -> bool:
+        """Whether a step is for the fused path: every sequence adds one token, at most MAX_ROWS of them."""
+        return 0 < len(meta.query_lens) <= MAX_ROWS and all(n == 1 for n in meta.query_lens)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V."""
+        from rebar.model.rope import rope_cos_sin
+
+        model = self.model
+        x = model.embed_tokens(input_ids).float().contiguous()
+        cos, sin = rope_cos_sin(model.inv_freq, positions, torch.float32)
+        self._decoder.step(x, cos.contiguous(), sin.contiguous(), meta.slot_mapping, meta.block_tables.contiguous(), list(meta.context_lens))
+        return model.norm(x)
+
+
+def _linear_args(module: torch.nn.Module) -> tuple:
+    kernel = module.kernels[0].kernel
+    packed = kernel.packed
+    bits = 4 if kernel.name == "avx2-int4" else 8
+    offsets = packed.offsets if bits == 4 else None
+    bias = None if module.bias is None else module.bias.detach().float().contiguous()
+    return (bits, packed.codes, packed.scales, offsets, bias, packed.out_features, packed.in_features)
+
+
+def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
+    """Why the fused step cannot stand in for `model`'s decode steps, or "" when it can."""
+    from rebar.model.llama import LlamaModel
+    from rebar.quant.qlinear import QuantLinear
+
+    if type(model) is not LlamaModel:
+        return f"{type(model).__name__} is not a Llama-family decoder"
+    if kv_cache.keys[0].dtype != torch.float32 or kv_cache.keys[0].device.type != "cpu":
+        return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 on the CPU"
+    if model.layers[0].input_norm.weight.dtype != torch.float32:
+        return f"the model runs in {model.layers[0].input_norm.weight.dtype}, not float32"
+    for index, layer in enumerate(model.layers):
+        for path in _LINEARS:
+            module = layer.get_submodule(path)
+            name = f"layers.{index}.{path}"
+            if not isinstance(module, QuantLinear):
+                return f"{name} is not quantized"
+            if module.kernels[0].kernel.name not in ("avx2-int4", "avx2-int8"):
+                return f"{name} does not run on rebar's AVX2 kernels ({module.kernels[0].kernel.name})"
+    return ""

@@ -1,0 +1,283 @@
+// The fused decode step of decoder.h: every layer for a few rows inside one OpenMP parallel region.
+#include "decoder.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace rebar_cpu_quant {
+namespace {
+
+// e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (the Cephes
+// coefficients), 2^n built in the exponent bits. Relative error ~2e-7; inputs below -87 give 0-ish
+// (softmax and SiLU never need more).
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n ln2, with ln2 split in two so n * ln2_high is exact.
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+// Applies `f` (8 floats -> 8 floats) to x[0..n) in place; the ragged end goes through a padded copy.
+template <typename F>
+void map8(float* x, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, f(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, x + i, sizeof(float) * (n - i));
+    _mm256_store_ps(tail, f(_mm256_load_ps(tail)));
+    std::memcpy(x + i, tail, sizeof(float) * (n - i));
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float sum = 0.0f;
+  for (float lane : lanes) sum += lane;
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y += a * x
+inline void axpy(float* y, const float* x, float a, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void rms_norm(const float* x, const float* weight, float* out, int64_t n, float eps) {
+  double sum_squares = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
+  const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_squares / n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv_rms);
+}
+
+// Rotates each head of x (the half-split layout: element i pairs with i + head_dim / 2).
+void rope(float* x, int64_t num_heads, int64_t head_dim, const float* cos, const float* sin) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+  }
+}
+
+// One linear's input, quantized as its kernel reads it (int4 needs per-group sums for the offsets).
+struct QuantizedInput {
+  std::vector<int8_t> q;
+  std::vector<float> d, group_sums;
+  QuantizedRows rows{};
+
+  void quantize(const float* x, int64_t num_rows, const QuantLinearRef& linear) {
+    const PackedWeights& w = linear.weights;
+    const int64_t blocks_per_group = linear.bits == 4 ? w.blocks_per_group : 0;
+    q.resize(num_rows * w.num_blocks * kBlock);
+    d.resize(num_rows * w.num_blocks);
+    float* sums = nullptr;
+    if (blocks_per_group > 0) {
+      group_sums.resize(num_rows * (w.num_blocks / blocks_per_group));
+      sums = group_sums.data();
+    }
+    quantize_rows(x, num_rows, linear.in_features, w.num_blocks, blocks_per_group, q.data(), d.data(), sums);
+    rows = {q.data(), d.data(), sums, num_rows, w.num_blocks};
+  }
+};
+
+struct LinearJob {
+  const QuantLinearRef* linear;
+  const QuantizedInput* input;
+  float* y;  // [rows, out_features]
+};
+
+// Called by every thread of the region: the jobs' tiles, laid end to end, are split into one
+// contiguous range per thread; returns after a barrier, with every output complete.
+template <size_t N>
+void run_linears(const LinearJob (&jobs)[N]) {
+  int64_t total = 0;
+  for (const LinearJob& job : jobs) total += job.linear->weights.num_tiles;
+  const TileRange mine = thread_share(total, omp_get_thread_num(), omp_get_num_threads());
+  int64_t first = 0;
+  for (const LinearJob& job : jobs) {
+    const int64_t tiles = job.linear->weights.num_tiles;
+    const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
+    if (begin < end) {
+      linear_tile_range(job.input->rows, job.linear->weights, job.linear->bits, job.y, begin - first, end - first);
+    }
+    first += tiles;
+  }
+#pragma omp barrier
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
+  if (!bias) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += bias[i];
+  }
+}
+
+// Buffers for one step, shared by the threads (each writes its own part).
+struct Scratch {
+  std::vector<float> normed, q, k, v, attn, proj, gate, up;
+  QuantizedInput qkv_in[3], o_in, gate_up_in[2], down_in;
+  std::vector<std::vector<float>> scores;  // per thread: one head's attention weights
+
+  Scratch(const DecoderShape& s, int64_t rows, int64_t max_context, int num_threads)
+      : normed(rows * s.hidden),
+        q(rows * s.num_heads * s.head_dim),
+        k(rows * s.num_kv_heads * s.head_dim),
+        v(rows * s.num_kv_heads * s.head_dim),
+        attn(rows * s.num_heads * s.head_dim),
+        proj(rows * s.hidden),
+        gate(rows * s.intermediate),
+        up(rows * s.intermediate),
+        scores(num_threads, std::vector<float>(max_context)) {}
+};
+
+// Softmax attention of one query head of one row over the row's (windowed) context.
+void attend(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row, int64_t head,
+            const float* query, float* out, float* scores) {
+  const int64_t context = batch.context_lens[row];
+  const int64_t start = s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
+  const int64_t count = context - start;
+  const int64_t kv_head = head / (s.num_heads / s.num_kv_heads);
+  const int64_t slot_stride = s.num_kv_heads * s.head_dim;
+  const int64_t* table = batch.block_tables + row * batch.table_width;
+  const auto slot_of = [&](int64_t position) {
+    return table[position / s.block_size] * s.block_size + position % s.block_size;
+  };
+
+  float max_score = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < count; ++t) {
+    const float* key = layer.key_cache + slot_of(start + t) * slot_stride + kv_head * s.head_dim;
+    scores[t] = dot(query, key, s.head_dim) * s.attn_scale;
+    max_score = std::max(max_score, scores[t]);
+  }
+  const __m256 shift = _mm256_set1_ps(max_score);
+  map8(scores, count, [&](__m256 z) { return exp256(_mm256_sub_ps(z, shift)); });
+  float total = 0.0f;
+  for (int64_t t = 0; t < count; ++t) total += scores[t];
+
+  std::fill(out, out + s.head_dim, 0.0f);
+  for (int64_t t = 0; t < count; ++t) {
+    const float* value = layer.value_cache + slot_of(start + t) * slot_stride + kv_head * s.head_dim;
+    axpy(out, value, scores[t], s.head_dim);
+  }
+  const float inv_total = 1.0f / total;
+  for (int64_t i = 0; i < s.head_dim; ++i) out[i] *= inv_total;
+}
+
+// One layer, called by every thread of the region.
+void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, Scratch& m) {
+  const int64_t rows = batch.rows, hidden = s.hidden, inner = s.intermediate;
+  const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;
+
+#pragma omp single
+  {
+    for (int64_t r = 0; r < rows; ++r) {
+      rms_norm(batch.x + r * hidden, layer.input_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
+    }
+    m.qkv_in[0].quantize(m.normed.data(), rows, layer.q);
+    m.qkv_in[1].quantize(m.normed.data(), rows, layer.k);
+    m.qkv_in[2].quantize(m.normed.data(), rows, layer.v);
+  }
+  run_linears({LinearJob{&layer.q, &m.qkv_in[0], m.q.data()}, LinearJob{&layer.k, &m.qkv_in[1], m.k.data()},
+               LinearJob{&layer.v, &m.qkv_in[2], m.v.data()}});
+
+#pragma omp single
+  {
+    add_bias(m.q.data(), layer.q.bias, rows, q_size);
+    add_bias(m.k.data(), layer.k.bias, rows, kv_size);
+    add_bias(m.v.data(), layer.v.bias, rows, kv_size);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* cos = batch.cos + r * s.head_dim;
+      const float* sin = batch.sin + r * s.head_dim;
+      rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
+      rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
+      std::memcpy(layer.key_cache + batch.slots[r] * kv_size, m.k.data() + r * kv_size, sizeof(float) * kv_size);
+      std::memcpy(layer.value_cache + batch.slots[r] * kv_size, m.v.data() + r * kv_size, sizeof(float) * kv_size);
+    }
+  }
+
+  float* scores = m.scores[omp_get_thread_num()].data();
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < rows * s.num_heads; ++item) {
+    const int64_t offset = item * s.head_dim;  // == (row * num_heads + head) * head_dim
+    attend(s, layer, batch, item / s.num_heads, item % s.num_heads, m.q.data() + offset, m.attn.data() + offset, scores);
+  }
+
+#pragma omp single
+  m.o_in.quantize(m.attn.data(), rows, layer.o);
+  run_linears({LinearJob{&layer.o, &m.o_in, m.proj.data()}});
+
+#pragma omp single
+  {
+    add_bias(m.proj.data(), layer.o.bias, rows, hidden);
+    for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
+    for (int64_t r = 0; r < rows; ++r) {
+      rms_norm(batch.x + r * hidden, layer.post_attn_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
+    }
+    m.gate_up_in[0].quantize(m.normed.data(), rows, layer.gate);
+    m.gate_up_in[1].quantize(m.normed.data(), rows, layer.up);
+  }
+  run_linears({LinearJob{&layer.gate, &m.gate_up_in[0], m.gate.data()},
+               LinearJob{&layer.up, &m.gate_up_in[1], m.up.data()}});
+
+#pragma omp single
+  {
+    add_bias(m.gate.data(), layer.gate.bias, rows, inner);
+    add_bias(m.up.data(), layer.up.bias, rows, inner);
+    // silu(g) * u = g * u / (1 + e^-g), written over gate.
+    map8(m.gate.data(), rows * inner, [](__m256 g) {
+      const __m256 one = _mm256_set1_ps(1.0f);
+      return _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    });
+    for (int64_t i = 0; i < rows * inner; ++i) m.gate[i] *= m.up[i];
+    m.down_in.quantize(m.gate.data(), rows, layer.down);
+  }
+  run_linears({LinearJob{&layer.down, &m.down_in, m.proj.data()}});
+
+#pragma omp single
+  {
+    add_bias(m.proj.data(), layer.down.bias, rows, hidden);
+    for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
+  }
+}
+
+}  // namespace
+
+void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>& layers, const DecodeBatch& batch,
+                   int num_threads) {
+  if (batch.rows == 0) return;
+  const int64_t max_context = *std::max_element(batch.context_lens, batch.context_lens + batch.rows);
+  Scratch scratch(shape, batch.rows, max_context, num_threads);
+#pragma omp parallel num_threads(num_threads)
+  {
+    for (const DecoderLayerRef& layer : layers) run_layer(shape, layer, batch, scratch);
+  }
+}
+
+}  // namespace rebar_cpu_quant

@@ -1,0 +1,62 @@
+// Every decoder layer of a Llama-family model for one decode step, in one call.
+//
+// A decode step of a small model is thousands of tiny operations (norms, RoPE, cache writes,
+// attention over a few hundred keys, residual adds) around seven matmuls per layer; dispatched one
+// by one from Python, their overhead costs several times the matmuls themselves. Here the whole
+// stack runs inside one OpenMP parallel region: the matmuls split their output tiles across the
+// threads, attention splits (row, head) pairs, and the small element-wise steps run on one thread
+// between barriers.
+//
+// Per layer, for every row (one new token of one sequence):
+//   h = rms_norm(x) * input_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);  RoPE on q, k
+//   K/V written at the row's cache slot;  a = softmax(q K^T * scale) V over the row's context
+//   x += a Wo^T (+ bias);  h = rms_norm(x) * post_attn_norm;  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+// with the same int8 activation rounding and the same kernels as the unfused quantized linears.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+
+namespace rebar_cpu_quant {
+
+struct QuantLinearRef {
+  PackedWeights weights;
+  int bits;             // 4 or 8
+  int64_t in_features;  // columns of x the layer reads (int8 per-channel rows may be ragged)
+  const float* bias;    // [out_features] or null
+};
+
+struct DecoderLayerRef {
+  const float* input_norm;      // [hidden]
+  const float* post_attn_norm;  // [hidden]
+  QuantLinearRef q, k, v, o, gate, up, down;
+  float* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim]
+  float* value_cache;  // same shape
+};
+
+struct DecoderShape {
+  int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
+  int64_t num_blocks, block_size;
+  float norm_eps, attn_scale;
+  int64_t sliding_window;  // keys with position > query position - window; 0: no window
+};
+
+// One decode step's rows, already checked by the caller: slots and the blocks the contexts use are
+// inside the cache, 1 <= context_lens[r] <= table_width * block_size.
+struct DecodeBatch {
+  float* x;  // [rows, hidden]: the embeddings in, the last layer's output out
+  int64_t rows;
+  const float* cos;               // [rows, head_dim], the half-split ("rotate_half") layout
+  const float* sin;               // [rows, head_dim]
+  const int64_t* slots;           // [rows]: where each row's new K/V go
+  const int64_t* block_tables;    // [rows, table_width]
+  int64_t table_width;
+  const int64_t* context_lens;    // [rows]: keys each row attends over, its own included
+};
+
+void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>& layers, const DecodeBatch& batch,
+                   int num_threads);
+
+}  // namespace rebar_cpu_quant

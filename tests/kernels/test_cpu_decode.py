@@ -1,0 +1,225 @@
+"""The fused CPU decode step against the model's own forward (an independent, op-by-op Python path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
+from rebar.kernels.cpu_decode import FusedDecoder, unsupported_reason
+from rebar.quant.handler import swap_in_quantized
+from rebar.quant.int_formats import quantize_int4, quantize_int8
+from tests.kernels.cpu_quant_helpers import require_kernels
+from tests.tiny_engine import tiny_config, tiny_model
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 40
+# Linears stored int8 (per output channel) in the mixed model; the rest int4, group 32.
+INT8_LINEARS = ("attn.v_proj", "mlp.down_proj")
+
+
+@pytest.fixture(autouse=True)
+def _kernels() -> None:
+    require_kernels()
+
+
+def quantized_model(mixed_bits: bool = True, **config_overrides) -> torch.nn.Module:
+    config = tiny_config(**config_overrides)
+    model = tiny_model(config, seed=3)
+    weights = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+            int8 = mixed_bits and name.endswith(INT8_LINEARS)
+            weights[f"{name}.weight"] = quantize_int8(module.weight) if int8 else quantize_int4(module.weight, 32)
+    swap_in_quantized(model, weights, torch.float32)
+    return model
+
+
+def new_cache(model: torch.nn.Module) -> KVCache:
+    c = model.config
+    cache = KVCache(c.num_layers, NUM_BLOCKS, BLOCK_SIZE, c.num_kv_heads, c.head_dim, torch.float32)
+    for t in cache.keys + cache.values:  # allocated uninitialised; zeros make "untouched" checkable
+        t.zero_()
+    return cache
+
+
+def metadata(query_lens: list[int], context_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, AttentionMetadata]:
+    positions, slots = [], []
+    for q, c, table in zip(query_lens, context_lens, tables):
+        for p in range(c - q, c):
+            positions.append(p)
+            slots.append(table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE)
+    meta = AttentionMetadata(tuple(query_lens), tuple(context_lens), torch.tensor(slots), pad_block_tables(tables))
+    return torch.tensor(positions), meta
+
+
+# Each sequence's blocks, deliberately out of order and interleaved with the others'.
+TABLES = [[7, 2, 30, 11, 5], [1, 25, 9], [33, 3, 18, 22, 0, 14]]
+
+
+def decode_both(model: torch.nn.Module, prompt_lens: list[int], seed: int = 0, fused: bool = True):
+    """Prefill every sequence, then one decode step through the model and through the fused decoder
+    (each on its own copy of the cache). Returns (model hidden, fused hidden, model cache, fused cache, slots);
+    with `fused=False` only the model runs (fused hidden is None)."""
+    gen = torch.Generator().manual_seed(seed)
+    tables = TABLES[: len(prompt_lens)]
+    cache = new_cache(model)
+    with torch.inference_mode():
+        ids = torch.randint(0, model.config.vocab_size, (sum(prompt_lens),), generator=gen)
+        positions, meta = metadata(prompt_lens, prompt_lens, tables)
+        model(ids, positions, meta, cache)
+        fused_cache = new_cache(model)
+        for i in range(model.config.num_layers):
+            fused_cache.keys[i].copy_(cache.keys[i])
+            fused_cache.values[i].copy_(cache.values[i])
+        decoder = FusedDecoder.build(model, fused_cache).decoder if fused else None
+        assert decoder is not None or not fused
+
+        ids = torch.randint(0, model.config.vocab_size, (len(prompt_lens),), generator=gen)
+        positions, meta = metadata([1] * len(prompt_lens), [n + 1 for n in prompt_lens], tables)
+        expected = model(ids, positions, meta, cache)
+        positions, meta = metadata([1] * len(prompt_lens), [n + 1 for n in prompt_lens], tables)
+        got = None
+        if decoder is not None:
+            assert decoder.takes(meta)
+            got = decoder(ids, positions, meta)
+    return expected, got, cache, fused_cache, meta.slot_mapping
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).norm() / expected.norm()).item()
+
+
+def silence(model: torch.nn.Module, path: str) -> None:
+    """Make `path` (a quantized linear of layer 0) output zeros, in both paths (they share the codes)."""
+    packed = model.layers[0].get_submodule(path).kernels[0].kernel.packed
+    packed.scales.zero_()
+    if hasattr(packed, "offsets"):
+        packed.offsets.zero_()
+
+
+# Both paths round activations to int8 per block of 32 with the same kernels, but their norms and
+# attention differ in float32 round-off; a difference that lands on a rounding boundary flips one
+# activation code, and a tiny random model (two blocks per row) amplifies flips from layer to
+# layer. So exactness is checked one half-layer at a time, where nothing compounds, and the whole
+# stack by its accuracy against float math.
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("prompt_lens", [[5], [5, 11, 18], [3, 1, 21]])
+@pytest.mark.parametrize("half", ["attention", "mlp"])
+def test_each_half_layer_matches_the_model(half: str, prompt_lens: list[int], num_threads: int) -> None:
+    model = quantized_model(num_layers=1)
+    silence(model, "mlp.down_proj" if half == "attention" else "attn.o_proj")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        expected, got, cache, fused_cache, slots = decode_both(model, prompt_lens)
+    finally:
+        torch.set_num_threads(previous)
+    assert relative_error(got, expected) < 1e-5
+    # This step's K/V landed in the same slots with the same values, and nothing else changed.
+    for mine, theirs in ((fused_cache.keys[0], cache.keys[0]), (fused_cache.values[0], cache.values[0])):
+        mine, theirs = mine.view(-1, *mine.shape[2:]), theirs.view(-1, *theirs.shape[2:])
+        assert relative_error(mine[slots], theirs[slots]) < 1e-5
+        untouched = torch.ones(mine.shape[0], dtype=torch.bool)
+        untouched[slots] = False
+        assert torch.equal(mine[untouched], theirs[untouched])
+
+
+@pytest.mark.parametrize("half", ["attention", "mlp"])
+def test_half_layers_with_biases_and_a_sliding_window(half: str) -> None:
+    model = quantized_model(num_layers=1, qkv_bias=True, o_bias=True, mlp_bias=True, sliding_window=6)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(torch.randn_like(param) * 0.5)
+    silence(model, "mlp.down_proj" if half == "attention" else "attn.o_proj")
+    expected, got, *_ = decode_both(model, [4, 9, 21])
+    assert relative_error(got, expected) < 1e-5
+
+
+def float_reference(model: torch.nn.Module) -> torch.nn.Module:
+    """The same model with every quantized linear computed in float from its dequantized weights
+    (no activation rounding)."""
+    import copy
+    import math
+
+    from rebar.quant.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
+
+    reference = copy.deepcopy(model)
+    for module in reference.modules():
+        if isinstance(module, QuantLinear):
+            module.kernels = (KernelChoice(math.inf, DequantizedMatmul(module.weight_q)),)
+    return reference
+
+
+@pytest.mark.parametrize("mixed_bits", [True, False])
+def test_whole_stack_is_as_accurate_as_the_model(mixed_bits: bool) -> None:
+    for seed in range(3):
+        model = quantized_model(mixed_bits=mixed_bits, num_layers=3)
+        expected, got, *_ = decode_both(model, [5, 11, 18], seed=seed)
+        truth, *_ = decode_both(float_reference(model), [5, 11, 18], seed=seed, fused=False)
+        model_error, fused_error = relative_error(expected, truth), relative_error(got, truth)
+        assert model_error < 0.2 and fused_error < 1.5 * model_error + 0.01, (seed, model_error, fused_error)
+
+
+def test_takes_only_pure_decode_steps_within_the_row_limit() -> None:
+    one = [[0]]
+    assert FusedDecoder.takes(metadata([1], [4], one)[1])
+    assert not FusedDecoder.takes(metadata([2], [4], one)[1])  # a prefill chunk
+    assert not FusedDecoder.takes(metadata([1, 3], [4, 3], [[0], [1]])[1])  # mixed
+    many = FusedDecoder.max_rows + 1
+    assert not FusedDecoder.takes(metadata([1] * many, [1] * many, [[i] for i in range(many)])[1])
+
+
+def test_unsupported_models_say_why() -> None:
+    float_model = tiny_model(tiny_config())
+    assert "not quantized" in unsupported_reason(float_model, new_cache(float_model))
+    model = quantized_model()
+    c = model.config
+    bf16_cache = KVCache(c.num_layers, 4, BLOCK_SIZE, c.num_kv_heads, c.head_dim, torch.bfloat16)
+    assert "bfloat16" in unsupported_reason(model, bf16_cache)
+    assert FusedDecoder.build(float_model, new_cache(float_model)).decoder is None
+
+
+class TestBadStepsFailCleanly:
+    """Every cache address is checked before anything is computed: errors, and the cache is untouched."""
+
+    @pytest.fixture
+    def setup(self):
+        model = quantized_model()
+        cache = new_cache(model)
+        decoder = FusedDecoder.build(model, cache).decoder
+        return model, cache, decoder
+
+    def step(self, decoder, model, slots, tables, context_lens, rows=1):
+        hidden, head_dim = model.config.hidden_size, model.config.head_dim
+        decoder._decoder.step(
+            torch.zeros(rows, hidden), torch.ones(rows, head_dim), torch.zeros(rows, head_dim),
+            torch.tensor(slots), torch.tensor(tables), context_lens,
+        )
+
+    @pytest.mark.parametrize(
+        ("slots", "tables", "context_lens", "message"),
+        [
+            ([NUM_BLOCKS * BLOCK_SIZE], [[0]], [1], "slot"),
+            ([-1], [[0]], [1], "slot"),
+            ([0], [[NUM_BLOCKS]], [1], "block"),
+            ([0], [[0, -3]], [5], "block"),
+            ([0], [[0]], [0], "context length"),
+            ([0], [[0]], [BLOCK_SIZE + 1], "context length"),
+        ],
+    )
+    def test_out_of_range(self, setup, slots, tables, context_lens, message) -> None:
+        model, cache, decoder = setup
+        with pytest.raises(ValueError, match=message):
+            self.step(decoder, model, slots, tables, context_lens)
+        assert all(t.count_nonzero() == 0 for t in cache.keys + cache.values)
+
+    def test_wrong_shapes(self, setup) -> None:
+        model, _, decoder = setup
+        with pytest.raises(ValueError, match="x must be"):
+            decoder._decoder.step(torch.zeros(1, 3), torch.ones(1, 16), torch.ones(1, 16), torch.tensor([0]), torch.tensor([[0]]), [1])
+        with pytest.raises(ValueError, match="one context length per row"):
+            self.step(decoder, model, [0], [[0]], [1, 1])
