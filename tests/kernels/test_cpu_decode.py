@@ -223,3 +223,35 @@ class TestBadStepsFailCleanly:
             decoder._decoder.step(torch.zeros(1, 3), torch.ones(1, 16), torch.ones(1, 16), torch.tensor([0]), torch.tensor([[0]]), [1])
         with pytest.raises(ValueError, match="one context length per row"):
             self.step(decoder, model, [0], [[0]], [1, 1])
+
+
+def test_concurrent_steps_from_two_threads_agree_with_sequential_ones() -> None:
+    """The step releases the GIL; a second caller while the worker pool is busy computes on its own
+    thread and must get exactly what it would alone."""
+    import threading
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = quantized_model(num_layers=2)
+        caches = [new_cache(model), new_cache(model)]
+        decoders = [FusedDecoder.build(model, cache).decoder for cache in caches]
+        positions, meta = metadata([1, 1, 1], [6, 12, 22], TABLES)
+        ids = torch.tensor([5, 17, 33])
+        with torch.inference_mode():
+            alone = decoders[0](ids, positions, meta)
+            results: list[torch.Tensor | None] = [None, None]
+
+            def run(index: int) -> None:
+                with torch.inference_mode():
+                    for _ in range(20):
+                        results[index] = decoders[index](ids, positions, meta)
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        torch.set_num_threads(previous)
+    assert all(torch.equal(result, alone) for result in results)

@@ -25,8 +25,8 @@ logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "decoder.cpp")
-HEADERS = ("kernels.h", "simd.h", "decoder.h")
+SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "decoder.cpp", "worker_pool.cpp")
+HEADERS = ("kernels.h", "simd.h", "decoder.h", "worker_pool.h")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 _build_lock = threading.Lock()

@@ -75,10 +75,9 @@ PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, con
           codes.size(1) / scales.size(1), out_features};
 }
 
-// Threads for one call: every OpenMP region ends in a barrier, and on a busy machine a barrier can wait
-// a whole scheduler time slice (milliseconds) for a descheduled thread. A decode step makes ~200 small
-// calls, so only calls with enough work to amortise that risk are split; the rest run on one thread.
-constexpr int64_t kMinMacsPerThread = int64_t{4} << 20;
+// Threads for one call: waking a sleeping helper costs tens of microseconds, more than a small
+// matmul takes on one thread, so only calls with enough work are split.
+constexpr int64_t kMinMacsPerThread = int64_t{1} << 20;
 
 int threads_for(const PackedWeights& w, int64_t rows) {
   const int64_t macs = w.num_tiles * 8 * w.num_blocks * kBlock * rows;

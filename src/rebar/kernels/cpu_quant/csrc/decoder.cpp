@@ -1,13 +1,14 @@
-// The fused decode step of decoder.h: every layer for a few rows inside one OpenMP parallel region.
+// The fused decode step of decoder.h: every layer for a few rows, the parallel parts on a WorkerPool.
 #include "decoder.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "worker_pool.h"
 
 namespace rebar_cpu_quant {
 namespace {
@@ -113,23 +114,25 @@ struct LinearJob {
   float* y;  // [rows, out_features]
 };
 
-// Called by every thread of the region: the jobs' tiles, laid end to end, are split into one
-// contiguous range per thread; returns after a barrier, with every output complete.
+// Runs on the pool: the jobs' tiles, laid end to end, cut into chunks of consecutive tiles (a few per
+// thread, so a late helper finds work and each chunk is still one sequential weight stream).
 template <size_t N>
-void run_linears(const LinearJob (&jobs)[N]) {
+void run_linears(WorkerPool& pool, int num_threads, const LinearJob (&jobs)[N]) {
   int64_t total = 0;
   for (const LinearJob& job : jobs) total += job.linear->weights.num_tiles;
-  const TileRange mine = thread_share(total, omp_get_thread_num(), omp_get_num_threads());
-  int64_t first = 0;
-  for (const LinearJob& job : jobs) {
-    const int64_t tiles = job.linear->weights.num_tiles;
-    const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
-    if (begin < end) {
-      linear_tile_range(job.input->rows, job.linear->weights, job.linear->bits, job.y, begin - first, end - first);
+  const int64_t num_chunks = std::min<int64_t>(total, 4 * num_threads);
+  pool.run(num_chunks, num_threads, [&](int64_t chunk) {
+    const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
+    int64_t first = 0;
+    for (const LinearJob& job : jobs) {
+      const int64_t tiles = job.linear->weights.num_tiles;
+      const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
+      if (begin < end) {
+        linear_tile_range(job.input->rows, job.linear->weights, job.linear->bits, job.y, begin - first, end - first);
+      }
+      first += tiles;
     }
-    first += tiles;
-  }
-#pragma omp barrier
+  });
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
@@ -143,9 +146,8 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
 struct Scratch {
   std::vector<float> normed, q, k, v, attn, proj, gate, up;
   QuantizedInput qkv_in[3], o_in, gate_up_in[2], down_in;
-  std::vector<std::vector<float>> scores;  // per thread: one head's attention weights
 
-  Scratch(const DecoderShape& s, int64_t rows, int64_t max_context, int num_threads)
+  Scratch(const DecoderShape& s, int64_t rows)
       : normed(rows * s.hidden),
         q(rows * s.num_heads * s.head_dim),
         k(rows * s.num_kv_heads * s.head_dim),
@@ -153,16 +155,18 @@ struct Scratch {
         attn(rows * s.num_heads * s.head_dim),
         proj(rows * s.hidden),
         gate(rows * s.intermediate),
-        up(rows * s.intermediate),
-        scores(num_threads, std::vector<float>(max_context)) {}
+        up(rows * s.intermediate) {}
 };
 
 // Softmax attention of one query head of one row over the row's (windowed) context.
 void attend(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row, int64_t head,
-            const float* query, float* out, float* scores) {
+            const float* query, float* out) {
   const int64_t context = batch.context_lens[row];
   const int64_t start = s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
   const int64_t count = context - start;
+  thread_local std::vector<float> weights;  // this thread's scratch for one head's attention weights
+  if (static_cast<int64_t>(weights.size()) < count) weights.resize(count);
+  float* scores = weights.data();
   const int64_t kv_head = head / (s.num_heads / s.num_kv_heads);
   const int64_t slot_stride = s.num_kv_heads * s.head_dim;
   const int64_t* table = batch.block_tables + row * batch.table_width;
@@ -190,81 +194,64 @@ void attend(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBat
   for (int64_t i = 0; i < s.head_dim; ++i) out[i] *= inv_total;
 }
 
-// One layer, called by every thread of the region.
-void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, Scratch& m) {
+// One layer: the element-wise steps on the calling thread, matmuls and attention on the pool.
+void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, Scratch& m,
+               WorkerPool& pool, int num_threads) {
   const int64_t rows = batch.rows, hidden = s.hidden, inner = s.intermediate;
   const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;
 
-#pragma omp single
-  {
-    for (int64_t r = 0; r < rows; ++r) {
-      rms_norm(batch.x + r * hidden, layer.input_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
-    }
-    m.qkv_in[0].quantize(m.normed.data(), rows, layer.q);
-    m.qkv_in[1].quantize(m.normed.data(), rows, layer.k);
-    m.qkv_in[2].quantize(m.normed.data(), rows, layer.v);
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm(batch.x + r * hidden, layer.input_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
   }
-  run_linears({LinearJob{&layer.q, &m.qkv_in[0], m.q.data()}, LinearJob{&layer.k, &m.qkv_in[1], m.k.data()},
+  m.qkv_in[0].quantize(m.normed.data(), rows, layer.q);
+  m.qkv_in[1].quantize(m.normed.data(), rows, layer.k);
+  m.qkv_in[2].quantize(m.normed.data(), rows, layer.v);
+  run_linears(pool, num_threads,
+              {LinearJob{&layer.q, &m.qkv_in[0], m.q.data()}, LinearJob{&layer.k, &m.qkv_in[1], m.k.data()},
                LinearJob{&layer.v, &m.qkv_in[2], m.v.data()}});
 
-#pragma omp single
-  {
-    add_bias(m.q.data(), layer.q.bias, rows, q_size);
-    add_bias(m.k.data(), layer.k.bias, rows, kv_size);
-    add_bias(m.v.data(), layer.v.bias, rows, kv_size);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* cos = batch.cos + r * s.head_dim;
-      const float* sin = batch.sin + r * s.head_dim;
-      rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
-      rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
-      std::memcpy(layer.key_cache + batch.slots[r] * kv_size, m.k.data() + r * kv_size, sizeof(float) * kv_size);
-      std::memcpy(layer.value_cache + batch.slots[r] * kv_size, m.v.data() + r * kv_size, sizeof(float) * kv_size);
-    }
+  add_bias(m.q.data(), layer.q.bias, rows, q_size);
+  add_bias(m.k.data(), layer.k.bias, rows, kv_size);
+  add_bias(m.v.data(), layer.v.bias, rows, kv_size);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* cos = batch.cos + r * s.head_dim;
+    const float* sin = batch.sin + r * s.head_dim;
+    rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
+    rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
+    std::memcpy(layer.key_cache + batch.slots[r] * kv_size, m.k.data() + r * kv_size, sizeof(float) * kv_size);
+    std::memcpy(layer.value_cache + batch.slots[r] * kv_size, m.v.data() + r * kv_size, sizeof(float) * kv_size);
   }
 
-  float* scores = m.scores[omp_get_thread_num()].data();
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < rows * s.num_heads; ++item) {
+  pool.run(rows * s.num_heads, num_threads, [&](int64_t item) {
     const int64_t offset = item * s.head_dim;  // == (row * num_heads + head) * head_dim
-    attend(s, layer, batch, item / s.num_heads, item % s.num_heads, m.q.data() + offset, m.attn.data() + offset, scores);
-  }
+    attend(s, layer, batch, item / s.num_heads, item % s.num_heads, m.q.data() + offset, m.attn.data() + offset);
+  });
 
-#pragma omp single
   m.o_in.quantize(m.attn.data(), rows, layer.o);
-  run_linears({LinearJob{&layer.o, &m.o_in, m.proj.data()}});
+  run_linears(pool, num_threads, {LinearJob{&layer.o, &m.o_in, m.proj.data()}});
+  add_bias(m.proj.data(), layer.o.bias, rows, hidden);
+  for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
 
-#pragma omp single
-  {
-    add_bias(m.proj.data(), layer.o.bias, rows, hidden);
-    for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
-    for (int64_t r = 0; r < rows; ++r) {
-      rms_norm(batch.x + r * hidden, layer.post_attn_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
-    }
-    m.gate_up_in[0].quantize(m.normed.data(), rows, layer.gate);
-    m.gate_up_in[1].quantize(m.normed.data(), rows, layer.up);
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm(batch.x + r * hidden, layer.post_attn_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
   }
-  run_linears({LinearJob{&layer.gate, &m.gate_up_in[0], m.gate.data()},
-               LinearJob{&layer.up, &m.gate_up_in[1], m.up.data()}});
+  m.gate_up_in[0].quantize(m.normed.data(), rows, layer.gate);
+  m.gate_up_in[1].quantize(m.normed.data(), rows, layer.up);
+  run_linears(pool, num_threads,
+              {LinearJob{&layer.gate, &m.gate_up_in[0], m.gate.data()}, LinearJob{&layer.up, &m.gate_up_in[1], m.up.data()}});
 
-#pragma omp single
-  {
-    add_bias(m.gate.data(), layer.gate.bias, rows, inner);
-    add_bias(m.up.data(), layer.up.bias, rows, inner);
-    // silu(g) * u = g * u / (1 + e^-g), written over gate.
-    map8(m.gate.data(), rows * inner, [](__m256 g) {
-      const __m256 one = _mm256_set1_ps(1.0f);
-      return _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-    });
-    for (int64_t i = 0; i < rows * inner; ++i) m.gate[i] *= m.up[i];
-    m.down_in.quantize(m.gate.data(), rows, layer.down);
-  }
-  run_linears({LinearJob{&layer.down, &m.down_in, m.proj.data()}});
-
-#pragma omp single
-  {
-    add_bias(m.proj.data(), layer.down.bias, rows, hidden);
-    for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
-  }
+  add_bias(m.gate.data(), layer.gate.bias, rows, inner);
+  add_bias(m.up.data(), layer.up.bias, rows, inner);
+  // silu(g) * u = g * u / (1 + e^-g), written over gate.
+  map8(m.gate.data(), rows * inner, [](__m256 g) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+  });
+  for (int64_t i = 0; i < rows * inner; ++i) m.gate[i] *= m.up[i];
+  m.down_in.quantize(m.gate.data(), rows, layer.down);
+  run_linears(pool, num_threads, {LinearJob{&layer.down, &m.down_in, m.proj.data()}});
+  add_bias(m.proj.data(), layer.down.bias, rows, hidden);
+  for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
 }
 
 }  // namespace
@@ -272,12 +259,9 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
 void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>& layers, const DecodeBatch& batch,
                    int num_threads) {
   if (batch.rows == 0) return;
-  const int64_t max_context = *std::max_element(batch.context_lens, batch.context_lens + batch.rows);
-  Scratch scratch(shape, batch.rows, max_context, num_threads);
-#pragma omp parallel num_threads(num_threads)
-  {
-    for (const DecoderLayerRef& layer : layers) run_layer(shape, layer, batch, scratch);
-  }
+  Scratch scratch(shape, batch.rows);
+  WorkerPool& pool = WorkerPool::shared(num_threads);
+  for (const DecoderLayerRef& layer : layers) run_layer(shape, layer, batch, scratch, pool, num_threads);
 }
 
 }  // namespace rebar_cpu_quant

@@ -3,9 +3,8 @@
 // A decode step of a small model is thousands of tiny operations (norms, RoPE, cache writes,
 // attention over a few hundred keys, residual adds) around seven matmuls per layer; dispatched one
 // by one from Python, their overhead costs several times the matmuls themselves. Here the whole
-// stack runs inside one OpenMP parallel region: the matmuls split their output tiles across the
-// threads, attention splits (row, head) pairs, and the small element-wise steps run on one thread
-// between barriers.
+// stack is one C++ call: the matmuls split their output tiles and attention its (row, head) pairs
+// across a WorkerPool (worker_pool.h), and the small element-wise steps run on the calling thread.
 //
 // Per layer, for every row (one new token of one sequence):
 //   h = rms_norm(x) * input_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);  RoPE on q, k

@@ -8,13 +8,13 @@
 // Up to Format::kMaxRows activation rows are computed together, so each weight block is loaded
 // and unpacked once for all of them (batched decode, short prefill chunks).
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels.h"
 #include "simd.h"
+#include "worker_pool.h"
 
 namespace rebar_cpu_quant {
 namespace {
@@ -175,13 +175,18 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits,
   }
 }
 
-// Each thread takes a contiguous range of tiles: one sequential weight stream per core.
+// Tiles are cut into a few chunks per thread, each a contiguous range (one sequential weight stream),
+// and run on the WorkerPool, which never waits for a helper thread that is not running.
 void quant_linear(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int num_threads) {
-#pragma omp parallel num_threads(num_threads)
-  {
-    const TileRange range = thread_share(w.num_tiles, omp_get_thread_num(), omp_get_num_threads());
-    linear_tile_range(x, w, bits, y, range.begin, range.end);
+  if (num_threads <= 1) {
+    linear_tile_range(x, w, bits, y, 0, w.num_tiles);
+    return;
   }
+  const int64_t num_chunks = std::min<int64_t>(w.num_tiles, 4 * num_threads);
+  WorkerPool::shared(num_threads).run(num_chunks, num_threads, [&](int64_t chunk) {
+    const TileRange range = thread_share(w.num_tiles, static_cast<int>(chunk), static_cast<int>(num_chunks));
+    linear_tile_range(x, w, bits, y, range.begin, range.end);
+  });
 }
 
 void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
