@@ -222,7 +222,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 def cmd_bench_gate(args: argparse.Namespace) -> int:
     from rebar.bench.gate import run_gate
 
-    return run_gate(args.model, Path(args.baseline), update=args.update_baseline)
+    return run_gate(args.model, Path(args.baseline), update=args.update_baseline, threads=args.threads)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -362,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--model", default="smollm2")
     gate.add_argument("--baseline", default="perf/baseline.json", help="committed baseline (normalised figures)")
     gate.add_argument("--update-baseline", action="store_true", help="measure and write the baseline instead of judging")
+    gate.add_argument("--threads", type=int, default=1,
+                      help="torch threads (1: immune to the barrier stalls a busy machine causes; must match the baseline)")
     gate.set_defaults(handler=cmd_bench_gate)
 
     config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)

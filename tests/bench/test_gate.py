@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rebar.bench import gate
 from rebar.bench.gate import GateFigures, calibrate, judge
@@ -43,6 +44,17 @@ def test_run_gate_writes_a_baseline_then_fails_on_a_regression(tmp_path, monkeyp
     assert "performance gate FAILED: p95_latency is 60.0% above its baseline (limit 35%)" in out
     with pytest.raises(ValueError, match="measured on 'smollm2'"):
         gate.run_gate("other-model", path)
+    with pytest.raises(ValueError, match="measured with 1 thread"):
+        gate.run_gate("smollm2", path, threads=2)
+
+
+def test_the_gate_runs_at_its_thread_count_and_restores_the_callers(tmp_path, monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr(gate, "measure", lambda model: seen.append(torch.get_num_threads()) or GateFigures(0.1, 3.0, 0.5, 30.0, 5.0, 400.0))
+    before = torch.get_num_threads()
+    gate.run_gate("smollm2", tmp_path / "b.json", update=True, threads=1)
+    assert seen == [1] and torch.get_num_threads() == before
+    assert json.loads((tmp_path / "b.json").read_text())["threads"] == 1
 
 
 def test_missing_baseline_is_a_clear_refusal(tmp_path, capsys) -> None:

@@ -12,7 +12,10 @@ machine moves the calibration and the figure together:
   interpreter and libraries.
 
 The calibration is a fixed synthetic decoder step (random weights shaped like a small Llama) run
-with the same thread count: the same operators, so it slows down with the workload. Each figure is
+with the same thread count: the same operators, so it slows down with the workload. Everything runs
+on one thread by default: with two or more, a busy machine stalls every parallel operator's barrier
+for a scheduler time slice whenever another process holds a core, which slows the figures by a
+factor that has nothing to do with the code under test. Each figure is
 compared with a committed baseline (`perf/baseline.json`); one beyond its tolerance fails the gate
 and the output says which one and by how much.
 """
@@ -69,6 +72,7 @@ _CHILD = """
 import resource, sys, time
 started = time.perf_counter()
 {imports}
+torch.set_num_threads({threads})
 if {load}:
     from rebar.engine.llm import LLM
     from rebar.engine.sampling_params import SamplingParams
@@ -80,7 +84,7 @@ print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru
 
 def _child(model: str, load: bool) -> ColdStart:
     imports = "import torch, numpy, rebar.engine.llm"
-    code = _CHILD.format(imports=imports, load=load, model=model)
+    code = _CHILD.format(imports=imports, load=load, model=model, threads=torch.get_num_threads())
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - started
@@ -160,17 +164,26 @@ def judge(measured: dict[str, float], baseline: dict[str, float], tolerances: di
     return [Verdict(name, measured[name], baseline[name], tolerance) for name, tolerance in tolerances.items()]
 
 
-def run_gate(model: str, baseline_path: Path, update: bool = False) -> int:
+def run_gate(model: str, baseline_path: Path, update: bool = False, threads: int = 1) -> int:
     if not update and not baseline_path.exists():
         print(f"no baseline at {baseline_path}: measure one on a quiet machine with --update-baseline "
               "(and check that the gate then passes twice) before the gate can judge anything")
         return 2
-    figures = measure(model)
+    if not update:
+        recorded = json.loads(baseline_path.read_text()).get("threads", 1)
+        if recorded != threads:
+            raise ValueError(f"the baseline was measured with {recorded} thread(s), not {threads}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        figures = measure(model)
+    finally:
+        torch.set_num_threads(previous)
     print(f"calibration {figures.calibration_s * 1e3:.1f} ms; cold start {figures.cold_start_s:.2f} s; "
-          f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {torch.get_num_threads()})")
+          f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {threads})")
     if update:
         baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"model": model, "figures": figures.normalised(), "raw": asdict(figures)}
+        record = {"model": model, "threads": threads, "figures": figures.normalised(), "raw": asdict(figures)}
         baseline_path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"baseline written to {baseline_path}")
         return 0
