@@ -1,8 +1,7 @@
-"""Activation-aware int4: recording, the scale and clip searches, and folding that leaves the float model unchanged."""
+"""Activation-aware int4: second moments, the scale and grid searches, and the layer-by-layer pass
+that folds scales without changing the float model."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,56 +11,77 @@ from tiny_quant import IDS, tiny_gguf
 from rebar.model.build import build_model
 from rebar.model.loader import open_checkpoint
 from rebar.quant.awq import (
-    CLIP_RATIOS,
     ActivationRecorder,
+    Grid,
     _expand_kv,
+    _quantized,
     _reduce_kv,
     apply_awq,
-    record_activations,
+    group_errors,
+    output_error,
     run_sequence,
     scale_groups,
-    search_clip,
+    search_grid,
     search_scales,
 )
-from rebar.quant.int_formats import fake_quantize_int4
+from rebar.quant.int_formats import SCALE_DTYPE, fake_quantize_int4, quantize_int4_on_grid
 
 GENERATOR = torch.Generator().manual_seed(0)
 
 
 def outlier_inputs(rows: int = 256, channels: int = 128) -> torch.Tensor:
-    """Activations whose few large channels dominate, as in real LLMs."""
-    x = torch.randn(rows, channels, generator=GENERATOR)
+    """Activations whose few large channels dominate and share a common offset, as in real LLMs."""
+    x = torch.randn(rows, channels, generator=GENERATOR) + torch.randn(1, channels, generator=GENERATOR)
     x[:, :4] *= 30
-    return x
+    return x.double()
 
 
-def test_recorder_keeps_mean_abs_and_seeded_sample_rows() -> None:
+def moments_of(x: torch.Tensor) -> torch.Tensor:
+    return x.T @ x / x.shape[0]
+
+
+def direct_error(x: torch.Tensor, weight: torch.Tensor, quantized: torch.Tensor) -> float:
+    """Mean over rows and outputs of the squared output error, computed on the rows themselves."""
+    return ((x @ quantized.T - x @ weight.T) ** 2).mean().item()
+
+
+def test_recorder_sums_mean_abs_and_second_moments_over_every_row() -> None:
     layer = nn.Linear(8, 3)
     calls = [torch.randn(5, 8, generator=GENERATOR) for _ in range(3)]
-
-    def record(seed: int) -> ActivationRecorder:
-        recorder = ActivationRecorder({"layer": layer}, rows_per_call=2, seed=seed)
-        with recorder, torch.no_grad():
-            for x in calls:
-                layer(x)
-        return recorder
-
-    recorder = record(seed=1)
+    recorder = ActivationRecorder({"layer": layer})
+    with recorder, torch.no_grad():
+        for x in calls:
+            layer(x)
     everything = torch.cat(calls)
     torch.testing.assert_close(recorder.mean_abs("layer"), everything.abs().mean(0))
-    samples = recorder.samples("layer")
-    assert samples.shape == (6, 8)
-    assert all(any(torch.equal(row, candidate) for candidate in everything) for row in samples)
-    assert torch.equal(record(seed=1).samples("layer"), samples)
+    torch.testing.assert_close(recorder.second_moments("layer"), everything.T @ everything / 15)
     assert not layer._forward_pre_hooks  # hooks are removed on exit
 
 
-def test_scale_search_beats_round_to_nearest_on_outlier_channels() -> None:
-    weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
+def test_second_moment_error_equals_the_error_on_the_rows() -> None:
     x = outlier_inputs()
-    search = search_scales(weight, x, x.abs().mean(0), group_size=32)
-    plain = ((x @ fake_quantize_int4(weight, 32).T - x @ weight.T) ** 2).mean().item()
-    assert search.rtn_error == pytest.approx(plain, rel=1e-5)  # alpha = 0 is plain round-to-nearest
+    weight = torch.randn(16, 128, generator=GENERATOR, dtype=torch.float64) * 0.05
+    quantized = fake_quantize_int4(weight, 32).double()
+    assert output_error(quantized - weight, moments_of(x)) == pytest.approx(direct_error(x, weight, quantized), rel=1e-9)
+
+
+def test_group_errors_equal_each_groups_partial_product_error_on_the_rows() -> None:
+    x = outlier_inputs()
+    weight = torch.randn(16, 128, generator=GENERATOR, dtype=torch.float64) * 0.05
+    delta = fake_quantize_int4(weight, 32).double() - weight
+    blocks = torch.stack([moments_of(x)[i : i + 32, i : i + 32] for i in range(0, 128, 32)])
+    errors = group_errors(delta.reshape(16, 4, 32), blocks)
+    for g in range(4):
+        part = x[:, 32 * g : 32 * (g + 1)] @ delta[:, 32 * g : 32 * (g + 1)].T  # [rows, out]
+        torch.testing.assert_close(errors[:, g], (part**2).mean(0), rtol=1e-9, atol=0)
+
+
+def test_scale_search_beats_round_to_nearest_on_outlier_channels() -> None:
+    x = outlier_inputs().float()
+    weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
+    search = search_scales(weight, moments_of(x), x.abs().mean(0), group_size=32)
+    plain = direct_error(x, weight, fake_quantize_int4(weight, 32))
+    assert search.rtn_error == pytest.approx(plain, rel=1e-4)  # alpha = 0 is plain round-to-nearest
     assert search.alpha > 0 and search.error < 0.7 * search.rtn_error
     assert search.scales.shape == (128,)
 
@@ -69,23 +89,24 @@ def test_scale_search_beats_round_to_nearest_on_outlier_channels() -> None:
 def test_scale_search_never_does_worse_than_round_to_nearest() -> None:
     weight = torch.randn(32, 64, generator=GENERATOR)
     x = torch.randn(128, 64, generator=GENERATOR)  # no outliers: little to gain
-    search = search_scales(weight, x, x.abs().mean(0), group_size=32)
+    search = search_scales(weight, moments_of(x), x.abs().mean(0), group_size=32)
     assert search.error <= search.rtn_error
 
 
-def test_clip_search_picks_ratios_that_lower_the_error() -> None:
+def test_grid_search_lowers_every_groups_error_on_the_rows() -> None:
     weight = torch.randn(48, 64, generator=GENERATOR)
     weight[:, 0] *= 8  # one extreme weight per row stretches its group's range
-    x = torch.randn(128, 64, generator=GENERATOR)
-    ratios = search_clip(weight, x, group_size=32)
-    assert ratios.shape == (48, 2)
-    assert set(ratios.unique().tolist()) <= set(torch.tensor(CLIP_RATIOS).tolist())
-    assert (ratios < 1).any()
-
-    def error(clip: torch.Tensor | float) -> float:
-        return ((x @ fake_quantize_int4(weight, 32, clip).T - x @ weight.T) ** 2).mean().item()
-
-    assert error(ratios) < error(1.0)
+    x = outlier_inputs(channels=64).float()
+    grid = search_grid(weight, moments_of(x), group_size=32)
+    assert isinstance(grid, Grid) and grid.scales.shape == grid.offsets.shape == (48, 2)
+    assert grid.scales.dtype == grid.offsets.dtype == SCALE_DTYPE
+    searched = quantize_int4_on_grid(weight, 32, grid.scales, grid.offsets).dequantize()
+    plain = fake_quantize_int4(weight, 32)
+    for g in range(2):
+        cols = slice(32 * g, 32 * (g + 1))
+        err = lambda q: ((x[:, cols] @ (q - weight)[:, cols].T) ** 2).mean(0)  # noqa: E731
+        assert (err(searched) <= err(plain) * (1 + 1e-5)).all()
+    assert direct_error(x, weight, searched) < 0.8 * direct_error(x, weight, plain)
 
 
 def test_gqa_scales_expand_to_every_head_sharing_a_v_channel() -> None:
@@ -107,12 +128,25 @@ def test_folding_scales_leaves_the_float_model_unchanged(tiny_float_model) -> No
     before = run_sequence(model, IDS)
     q_before = model.layers[0].attn.q_proj.weight.clone()
     sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
-    recorder = record_activations(model, sequences, num_sample_rows=32)
-    result = apply_awq(model, recorder, group_size=32)
+    result = apply_awq(model, sequences, group_size=32)
     assert not torch.equal(model.layers[0].attn.q_proj.weight, q_before)  # scales were folded in...
     torch.testing.assert_close(run_sequence(model, IDS), before, atol=1e-4, rtol=1e-4)  # ...without changing the function
     assert set(result.searches) == {g.linears[0] for g in scale_groups(model)}
-    clipped = set(result.clip_ratios)
-    assert "layers.0.attn.v_proj.weight" in clipped and "layers.1.mlp.down_proj.weight" in clipped
-    assert "layers.0.attn.q_proj.weight" not in clipped and "layers.0.attn.k_proj.weight" not in clipped
-    assert result.clip_ratios["layers.0.mlp.up_proj.weight"].shape == (128, 2)
+    linears = {f"{path}.weight" for g in scale_groups(model) for path in g.linears}
+    assert set(result.grids) == linears
+    assert result.grids["layers.0.mlp.up_proj.weight"].scales.shape == (128, 2)
+
+
+
+def test_weights_on_their_grids_are_what_the_checkpoint_stores(tiny_float_model) -> None:
+    """The next layer is calibrated on the weights the checkpoint will hold, so `_quantized` must put
+    each weight exactly where `quantize_int4_on_grid` decodes, and restore the float weights after."""
+    model = tiny_float_model()
+    result = apply_awq(model, [IDS[:16], IDS[16:32]], group_size=32)
+    name = "layers.1.mlp.down_proj.weight"
+    weight = model.get_submodule(name.removesuffix(".weight")).weight
+    original = weight.clone()
+    stored = quantize_int4_on_grid(weight, 32, result.grids[name].scales, result.grids[name].offsets).dequantize()
+    with _quantized(model, {name: result.grids[name]}, 32):
+        assert torch.equal(weight, stored)
+    assert torch.equal(weight, original)

@@ -91,7 +91,7 @@ def test_awq_records_its_calibration_in_the_manifest(source: Path, tmp_path: Pat
     corpus = write_corpus(tmp_path / "c.jsonl", [f"the and then {i} " * 8 for i in range(40)])
     spec = QuantizeSpec("int4-awq", group_size=32, calib_path=corpus, calib_sequences=8, calib_seq_len=64, seed=3)
     result = quantize(source, spec, tmp_path / "out", progress=False)
-    assert result.awq is not None and len(result.awq.searches) == 8  # 2 layers x 4 groups
+    assert result.awq is not None and len(result.awq.searches) == 8 and len(result.awq.grids) == 14  # 2 layers x 4 groups, 7 linears
     calibration = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["calibration"]
     skipped = calibration.pop("bad_lines_skipped")
     assert calibration == {"file": str(corpus), "sha256": source_digest(corpus), "text_field": "text", "sequences": 8, "seq_len": 64, "seed": 3}

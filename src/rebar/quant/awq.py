@@ -1,33 +1,40 @@
 """Activation-aware int4 (AWQ-style) for Llama-family models, applied in place to a float model.
 
-1. Forward pre-hooks record, over the calibration set, each linear input's mean |x| per channel and
-   a seeded sample of input rows.
+Layer by layer, over every token of the calibration set, with each layer's input computed by the
+layers before it already quantized (the input it will really see):
+
+1. Forward pre-hooks record each linear input's mean |x| per channel and its second moments X^T X.
+   The output error of any candidate weight W' is then exact over the whole set without keeping
+   activations: |X (W' - W)^T|^2 = tr(D X^T X D^T), D = W' - W.
 2. For every group of linears that share an input, search alpha on a grid: s = mean|x|^alpha
-   (normalised), quantize W*s, and keep the s whose output on the sampled rows, Q(W*s) (x/s), is
-   closest to W x. alpha = 0 is plain round-to-nearest, so the search never does worse than it.
+   (normalised), quantize W*s, and keep the s whose output Q(W*s) (x/s) is closest to W x.
+   alpha = 0 is plain round-to-nearest, so the search never does worse than it.
 3. Fold s into the op that produces the input (x/s): an RMSNorm's weight, or the rows of the linear
    before (v_proj before o_proj, up_proj before down_proj), so the float model computes the same.
-4. Search a clipping ratio per weight group (shrinking its [min, max]) that minimises the error of
-   that group's partial products. q/k are left unclipped: attention scores amplify their errors.
+4. Search each weight group's int4 grid: cut its [min, max] range at either end (clipping buys a
+   finer step for the rest), keep the cut with the least error of that group's partial products,
+   then refit its scale and offset by least squares.
+5. Run the layer with its weights on their grids to get the next layer's input.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
-from rebar.model.llama import LlamaModel, RMSNorm
-from rebar.quant.int_formats import fake_quantize_int4
+from rebar.model.llama import DecoderLayer, LlamaModel, RMSNorm
+from rebar.model.rope import rope_cos_sin
+from rebar.quant.int_formats import INT4_MAX, SCALE_DTYPE, fake_quantize_int4, int4_codes
 
 NUM_ALPHAS = 20  # alpha in {0, 0.05, ..., 0.95}
-CLIP_RATIOS = tuple(1.0 - i / 20 for i in range(10))  # 1.0 down to 0.55
-_CLIP_OUT_CHUNK = 256  # output channels per step of the clip search (bounds its memory)
-_UNCLIPPED = ("attn.q_proj", "attn.k_proj")
+RANGE_CUTS = tuple(i / 40 for i in range(8))  # fraction of a group's range cut at either end: 0 to 0.175
+REFITS = 3  # least-squares refits of each group's scale and offset after the range search
 
 
 @dataclass(frozen=True)
@@ -58,19 +65,17 @@ def scale_groups(model: LlamaModel) -> list[ScaleGroup]:
 
 @dataclass
 class _Recording:
-    abs_sum: torch.Tensor | None = None
+    abs_sum: torch.Tensor | None = None  # [in]
+    gram: torch.Tensor | None = None  # [in, in], sum of x^T x
     num_rows: int = 0
-    samples: list[torch.Tensor] = field(default_factory=list)
 
 
 class ActivationRecorder:
-    """Forward pre-hooks on `modules` (path -> module): mean |x| per input channel over every row seen,
-    and up to `rows_per_call` rows per forward call, chosen by a seeded generator."""
+    """Forward pre-hooks on `modules` (path -> module) summing, over every row they see, |x| per input
+    channel and x^T x (float32)."""
 
-    def __init__(self, modules: dict[str, nn.Module], rows_per_call: int, seed: int) -> None:
+    def __init__(self, modules: dict[str, nn.Module]) -> None:
         self.modules = modules
-        self.rows_per_call = rows_per_call
-        self.generator = torch.Generator().manual_seed(seed)
         self.recordings = {name: _Recording() for name in modules}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
@@ -78,11 +83,10 @@ class ActivationRecorder:
         def record(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             rows = args[0].reshape(-1, args[0].shape[-1]).float()
             entry = self.recordings[name]
-            total = rows.abs().sum(0)
-            entry.abs_sum = total if entry.abs_sum is None else entry.abs_sum + total
+            abs_sum, gram = rows.abs().sum(0), rows.T @ rows
+            entry.abs_sum = abs_sum if entry.abs_sum is None else entry.abs_sum + abs_sum
+            entry.gram = gram if entry.gram is None else entry.gram + gram
             entry.num_rows += rows.shape[0]
-            picked = torch.randperm(rows.shape[0], generator=self.generator)[: self.rows_per_call]
-            entry.samples.append(rows[picked.sort().values].clone())
 
         return record
 
@@ -98,27 +102,40 @@ class ActivationRecorder:
         entry = self.recordings[name]
         return entry.abs_sum / entry.num_rows
 
-    def samples(self, name: str) -> torch.Tensor:  # [rows, in]
-        return torch.cat(self.recordings[name].samples)
+    def second_moments(self, name: str) -> torch.Tensor:  # [in, in], E[x^T x]
+        entry = self.recordings[name]
+        return entry.gram / entry.num_rows
+
+
+class SequencePass:
+    """What running one sequence of `num_tokens` needs: RoPE tables, attention metadata and a
+    private KV cache (one layer's worth when `num_layers` is 1, reused layer after layer)."""
+
+    def __init__(self, model: LlamaModel, num_tokens: int, num_layers: int, block_size: int = 16) -> None:
+        config = model.config
+        device = model.embed_tokens.weight.device
+        num_blocks = -(-num_tokens // block_size)
+        dtype = model.norm.weight.dtype
+        self.positions = torch.arange(num_tokens, device=device)
+        self.cache = KVCache(num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device)
+        self.meta = AttentionMetadata(
+            query_lens=(num_tokens,),
+            context_lens=(num_tokens,),
+            slot_mapping=torch.arange(num_tokens, device=device),  # blocks 0..n-1 in order: slot == position
+            block_tables=pad_block_tables([list(range(num_blocks))], device),
+        )
+        self.cos, self.sin = rope_cos_sin(model.inv_freq, self.positions, dtype)
+
+    def run_layer(self, layer: DecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
+        return layer(hidden, self.cos, self.sin, self.meta, self.cache.keys[0], self.cache.values[0])
 
 
 @torch.inference_mode()
-def run_sequence(model: LlamaModel, token_ids: Sequence[int], block_size: int = 16) -> torch.Tensor:
+def run_sequence(model: LlamaModel, token_ids: Sequence[int]) -> torch.Tensor:
     """Hidden states [len, hidden] of one sequence from an empty, private KV cache."""
-    config = model.config
-    device = model.embed_tokens.weight.device
-    num_tokens = len(token_ids)
-    num_blocks = -(-num_tokens // block_size)
-    dtype = model.norm.weight.dtype
-    cache = KVCache(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device)
-    meta = AttentionMetadata(
-        query_lens=(num_tokens,),
-        context_lens=(num_tokens,),
-        slot_mapping=torch.arange(num_tokens, device=device),  # blocks 0..n-1 in order: slot == position
-        block_tables=pad_block_tables([list(range(num_blocks))], device),
-    )
-    ids = torch.tensor(list(token_ids), dtype=torch.long, device=device)
-    return model(ids, torch.arange(num_tokens, device=device), meta, cache)
+    run = SequencePass(model, len(token_ids), model.config.num_layers)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=run.positions.device)
+    return model(ids, run.positions, run.meta, run.cache)
 
 
 # ----- searches ---------------------------------------------------------------------------------
@@ -139,6 +156,11 @@ def _reduce_kv(per_channel: torch.Tensor, kv_repeat: int, head_dim: int) -> torc
     return per_channel.reshape(-1, kv_repeat, head_dim).mean(1).reshape(-1)
 
 
+def output_error(delta: torch.Tensor, moments: torch.Tensor) -> float:
+    """Mean squared output error E|x delta^T|^2 per output, for a weight error `delta` [out, in]."""
+    return ((delta @ moments) * delta).sum().item() / delta.shape[0]
+
+
 @dataclass(frozen=True)
 class ScaleSearch:
     alpha: float
@@ -149,12 +171,11 @@ class ScaleSearch:
 
 def search_scales(
     weight: torch.Tensor,  # [out, in], the group's linears stacked
-    inputs: torch.Tensor,  # [rows, in]
+    moments: torch.Tensor,  # [in, in], E[x^T x] of their input
     mean_abs: torch.Tensor,  # [n] per searched channel
     group_size: int,
     expand: Callable[[torch.Tensor], torch.Tensor] = lambda s: s,
 ) -> ScaleSearch:
-    reference = inputs @ weight.T
     best: ScaleSearch | None = None
     rtn_error = math.inf
     for step in range(NUM_ALPHAS):
@@ -163,8 +184,8 @@ def search_scales(
         scales = scales / (scales.max() * scales.min()).sqrt()
         full = expand(scales)
         quantized = fake_quantize_int4(weight * full, group_size) / full
-        error = (inputs @ quantized.T - reference).pow(2).mean().item()
-        if step == 0:
+        error = output_error(quantized - weight, moments)
+        if alpha == 0:
             rtn_error = error
         if best is None or error < best.error:
             best = ScaleSearch(alpha, scales, rtn_error, error)
@@ -172,24 +193,88 @@ def search_scales(
     return ScaleSearch(best.alpha, best.scales, rtn_error, best.error)
 
 
-def search_clip(weight: torch.Tensor, inputs: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Per-group clip ratio [out, num_groups] minimising each group's partial-product error."""
+def diagonal_blocks(moments: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The [num_groups, g, g] diagonal blocks of `moments`: what one weight group's error depends on."""
+    starts = range(0, moments.shape[0], group_size)
+    return torch.stack([moments[i : i + group_size, i : i + group_size] for i in starts])
+
+
+def group_errors(delta: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """E|x_g delta_g^T|^2 of each group's partial product: delta [out, groups, g] -> [out, groups]."""
+    weighted = torch.einsum("ogk,gkl->ogl", delta, blocks)
+    return (weighted * delta).sum(-1)
+
+
+def _on_grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Each weight of `groups` [out, groups, g] moved to its nearest point of the (fp16) grid."""
+    # int4_codes' rounding, kept in float32: this runs once per candidate grid of every search
+    scale, offset = scales.float().unsqueeze(-1), offsets.float().unsqueeze(-1)
+    codes = ((groups - offset) / torch.where(scale > 0, scale, 1.0)).round_().clamp_(0, INT4_MAX)
+    return codes.mul_(scale).add_(offset)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Per-group int4 grid of one weight, as stored: w ~ scales * q + offsets, [out, num_groups] fp16."""
+
+    scales: torch.Tensor
+    offsets: torch.Tensor
+
+
+def _range_grid(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return ((high - low) / INT4_MAX).to(SCALE_DTYPE), low.to(SCALE_DTYPE)
+
+
+def search_grid(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> Grid:
+    """Per-group grid minimising each group's partial-product error under the second moments.
+
+    The range [min, max] of each group is shrunk independently at either end (clipping outliers
+    buys a finer step for the rest), then the chosen grid's scale and offset are refitted.
+    """
     out_features, in_features = weight.shape
-    num_groups = in_features // group_size
-    x = inputs.reshape(-1, num_groups, group_size)  # [rows, groups, g]
-    best_ratio = torch.ones(out_features, num_groups)
-    for start in range(0, out_features, _CLIP_OUT_CHUNK):
-        w = weight[start : start + _CLIP_OUT_CHUNK]
-        grouped = w.reshape(-1, num_groups, group_size)
-        reference = torch.einsum("ngk,ogk->nog", x, grouped)
-        best_error = torch.full((w.shape[0], num_groups), math.inf)
-        for ratio in CLIP_RATIOS:
-            quantized = fake_quantize_int4(w, group_size, ratio).reshape(-1, num_groups, group_size)
-            error = (torch.einsum("ngk,ogk->nog", x, quantized) - reference).pow(2).mean(0)
-            better = error < best_error
-            best_error = torch.where(better, error, best_error)
-            best_ratio[start : start + w.shape[0]][better] = ratio
-    return best_ratio
+    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+    blocks = diagonal_blocks(moments, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    width = high - low
+    best = Grid(*_range_grid(low, high))
+    best_error = group_errors(_on_grid(groups, best.scales, best.offsets) - groups, blocks)
+    for cut_low in RANGE_CUTS:
+        for cut_high in RANGE_CUTS:
+            scales, offsets = _range_grid(low + cut_low * width, high - cut_high * width)
+            error = group_errors(_on_grid(groups, scales, offsets) - groups, blocks)
+            best, best_error = _keep_better(best, best_error, Grid(scales, offsets), error)
+    for _ in range(REFITS):
+        candidate = _refit(groups, blocks, best)
+        error = group_errors(_on_grid(groups, candidate.scales, candidate.offsets) - groups, blocks)
+        best, best_error = _keep_better(best, best_error, candidate, error)
+    return best
+
+
+def _keep_better(best: Grid, best_error: torch.Tensor, candidate: Grid, error: torch.Tensor) -> tuple[Grid, torch.Tensor]:
+    better = error < best_error
+    scales = torch.where(better, candidate.scales, best.scales)
+    offsets = torch.where(better, candidate.offsets, best.offsets)
+    return Grid(scales, offsets), torch.where(better, error, best_error)
+
+
+def _refit(groups: torch.Tensor, blocks: torch.Tensor, grid: Grid) -> Grid:
+    """Least-squares scale and offset per group for its current codes: the (s, o) minimising
+    (s q + o - w)^T H (s q + o - w), a 2x2 linear system per group."""
+    codes = int4_codes(groups, grid.scales, grid.offsets).float()  # [out, groups, g]
+    h_codes = torch.einsum("ogk,gkl->ogl", codes, blocks)  # H q
+    h_ones = blocks.sum(-1)  # H 1, [groups, g]
+    a11 = (codes * h_codes).sum(-1)
+    a12 = h_codes.sum(-1)
+    a22 = h_ones.sum(-1).expand_as(a11)
+    b1 = (h_codes * groups).sum(-1)
+    b2 = (h_ones * groups).sum(-1)
+    det = a11 * a22 - a12 * a12
+    ok = det > 1e-12 * a11 * a22  # a group with one distinct code has no unique fit
+    safe = torch.where(ok, det, 1.0)
+    scales = torch.where(ok, (a22 * b1 - a12 * b2) / safe, grid.scales.float())
+    offsets = torch.where(ok, (a11 * b2 - a12 * b1) / safe, grid.offsets.float())
+    ok &= scales > 0
+    return Grid(torch.where(ok, scales, grid.scales.float()).to(SCALE_DTYPE), torch.where(ok, offsets, grid.offsets.float()).to(SCALE_DTYPE))
 
 
 # ----- applying ---------------------------------------------------------------------------------
@@ -209,65 +294,83 @@ def _fold(model: nn.Module, group: ScaleGroup, scales: torch.Tensor, full: torch
 
 @dataclass(frozen=True)
 class AwqResult:
-    clip_ratios: dict[str, torch.Tensor]  # weight name -> [out, num_groups]
+    grids: dict[str, Grid]  # weight name -> its searched grid (others: round to nearest on the full range)
     searches: dict[str, ScaleSearch]  # first linear of each group -> its search
 
 
-@torch.inference_mode()
-def record_activations(
-    model: LlamaModel,
-    sequences: Sequence[Sequence[int]],
-    num_sample_rows: int = 512,
-    seed: int = 0,
-    progress: Callable[[str, int], Callable[[], None]] | None = None,
-) -> ActivationRecorder:
-    """Run the calibration sequences through `model`, recording the input of each scale group."""
-    recorded = {group.linears[0]: model.get_submodule(group.linears[0]) for group in scale_groups(model)}
-    rows_per_call = max(1, -(-num_sample_rows // len(sequences)))
-    recorder = ActivationRecorder(recorded, rows_per_call, seed)
-    tick = progress("calibrating", len(sequences)) if progress else lambda: None
-    with recorder:
-        for ids in sequences:
-            run_sequence(model, ids)
-            tick()
-    return recorder
+def _search_layer(model: LlamaModel, groups: Sequence[ScaleGroup], recorder: ActivationRecorder, group_size: int) -> AwqResult:
+    """Search and fold each group's scales (in place), then search every linear's grid.
+
+    All scales are folded before any grid is searched: folding o_proj's scales changes v_proj's rows
+    (and down_proj's changes up_proj's), so their grids must be searched on the final weights.
+    """
+    head_dim = model.config.head_dim
+    searches: dict[str, ScaleSearch] = {}
+    scaled_moments: dict[str, torch.Tensor] = {}
+    for group in groups:
+        first = group.linears[0]
+        expand = lambda s, r=group.kv_repeat: _expand_kv(s, r, head_dim)  # noqa: E731
+        weight = torch.cat([model.get_submodule(p).weight for p in group.linears])
+        moments = recorder.second_moments(first)
+        mean_abs = _reduce_kv(recorder.mean_abs(first), group.kv_repeat, head_dim)
+        search = search_scales(weight, moments, mean_abs, group_size, expand)
+        full = expand(search.scales)
+        _fold(model, group, search.scales, full)
+        searches[first] = search
+        for path in group.linears:  # the layer now reads x / s
+            scaled_moments[path] = moments / torch.outer(full, full)
+    grids = {}
+    for path, moments in scaled_moments.items():
+        grids[f"{path}.weight"] = search_grid(model.get_submodule(path).weight, moments, group_size)
+    return AwqResult(grids, searches)
 
 
 @torch.inference_mode()
 def apply_awq(
     model: LlamaModel,
-    recorder: ActivationRecorder,
+    sequences: Sequence[Sequence[int]],
     group_size: int,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
 ) -> AwqResult:
-    """Search and fold scales (in place), then pick clip ratios, for every decoder-layer linear.
+    """Search and fold scales (in place) and search grids for every decoder-layer linear, calibrated on
+    `sequences` layer by layer: each layer's inputs come from the layers before it with their weights
+    on their grids, the inputs it will see once quantized.
 
-    `recorder` holds what `record_activations` saw on this model before any scaling.
-    `progress(label, total)` returns a callback called once per finished unit (optional).
+    `model` stays float (it computes the same function, scales folded); the grids say how to
+    quantize each linear. `progress(label, total)` returns a callback called once per layer (optional).
     """
-    groups = scale_groups(model)
-    head_dim = model.config.head_dim
-    searches: dict[str, ScaleSearch] = {}
-    scaled_inputs: dict[str, torch.Tensor] = {}
-    tick = progress("searching scales", len(groups)) if progress else lambda: None
-    for group in groups:
-        first = group.linears[0]
-        expand = lambda s, r=group.kv_repeat: _expand_kv(s, r, head_dim)  # noqa: E731
-        weight = torch.cat([model.get_submodule(p).weight for p in group.linears])
-        inputs = recorder.samples(first)
-        mean_abs = _reduce_kv(recorder.mean_abs(first), group.kv_repeat, head_dim)
-        search = search_scales(weight, inputs, mean_abs, group_size, expand)
-        full = expand(search.scales)
-        _fold(model, group, search.scales, full)
-        searches[first] = search
-        for path in group.linears:
-            scaled_inputs[path] = inputs / full
+    device = model.embed_tokens.weight.device
+    runs = [SequencePass(model, len(ids), num_layers=1) for ids in sequences]
+    hidden = [model.embed_tokens(torch.tensor(list(ids), dtype=torch.long, device=device)) for ids in sequences]
+    all_groups = scale_groups(model)
+    tick = progress("calibrating layers", len(model.layers)) if progress else lambda: None
+    result = AwqResult({}, {})
+    for index, layer in enumerate(model.layers):
+        groups = [g for g in all_groups if g.linears[0].startswith(f"layers.{index}.")]
+        recorder = ActivationRecorder({g.linears[0]: model.get_submodule(g.linears[0]) for g in groups})
+        with recorder:
+            for run, h in zip(runs, hidden):
+                run.run_layer(layer, h)
+        found = _search_layer(model, groups, recorder, group_size)
+        result.grids.update(found.grids)
+        result.searches.update(found.searches)
+        with _quantized(model, found.grids, group_size):
+            hidden = [run.run_layer(layer, h) for run, h in zip(runs, hidden)]
         tick()
+    return result
 
-    clip_ratios = {}
-    clipped = [path for path in scaled_inputs if not path.endswith(_UNCLIPPED)]
-    tick = progress("searching clip ratios", len(clipped)) if progress else lambda: None
-    for path in clipped:
-        clip_ratios[f"{path}.weight"] = search_clip(model.get_submodule(path).weight, scaled_inputs[path], group_size)
-        tick()
-    return AwqResult(clip_ratios, searches)
+
+@contextmanager
+def _quantized(model: nn.Module, grids: dict[str, Grid], group_size: int) -> Iterator[None]:
+    """Temporarily replace the named weights by their values on their grids."""
+    originals = {}
+    for name, grid in grids.items():
+        weight = model.get_submodule(name.removesuffix(".weight")).weight
+        originals[name] = weight.clone()
+        groups = weight.reshape(weight.shape[0], -1, group_size)
+        weight.copy_(_on_grid(groups, grid.scales, grid.offsets).reshape(weight.shape))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            model.get_submodule(name.removesuffix(".weight")).weight.copy_(original)

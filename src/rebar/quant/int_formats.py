@@ -144,9 +144,15 @@ def int4_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
 def quantize_int4(weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0) -> QuantizedWeight:
     """Grouped asymmetric int4 (round to nearest), optionally with a clipped range per group."""
     check_group_size(weight.shape[1], group_size, 4, "the weight")
-    groups = _grouped(weight, group_size)
-    scales, offsets = int4_scales_offsets(groups, clip_ratio)
-    codes = int4_codes(groups, scales, offsets).reshape(weight.shape)
+    scales, offsets = int4_scales_offsets(_grouped(weight, group_size), clip_ratio)
+    return quantize_int4_on_grid(weight, group_size, scales, offsets)
+
+
+def quantize_int4_on_grid(weight: torch.Tensor, group_size: int, scales: torch.Tensor, offsets: torch.Tensor) -> QuantizedWeight:
+    """Grouped int4 with given (scales, offsets) `[out, num_groups]`: each weight gets its nearest code."""
+    check_group_size(weight.shape[1], group_size, 4, "the weight")
+    scales, offsets = scales.to(SCALE_DTYPE), offsets.to(SCALE_DTYPE)
+    codes = int4_codes(_grouped(weight, group_size), scales, offsets).reshape(weight.shape)
     return QuantizedWeight(4, group_size, pack_int4(codes), scales, offsets)
 
 

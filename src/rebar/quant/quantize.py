@@ -27,10 +27,10 @@ from rebar.model.build import build_model
 from rebar.model.llama import LlamaModel
 from rebar.model.loader import Checkpoint, open_checkpoint
 from rebar.model.tokenizer import Tokenizer
-from rebar.quant.awq import AwqResult, apply_awq, record_activations
+from rebar.quant.awq import AwqResult, Grid, apply_awq
 from rebar.quant.calib_data import JsonlDataset
 from rebar.quant.checkpoint import write_checkpoint
-from rebar.quant.int_formats import QuantizedWeight, check_group_size, quantize_int4, quantize_int8
+from rebar.quant.int_formats import QuantizedWeight, check_group_size, quantize_int4, quantize_int4_on_grid, quantize_int8
 
 logger = logging.getLogger("rebar.quant")
 
@@ -125,7 +125,7 @@ def _check_group_size(model: nn.Module, spec: QuantizeSpec) -> None:
 
 
 def _quantize_tensors(
-    model: nn.Module, spec: QuantizeSpec, clip_ratios: dict[str, torch.Tensor], bar: Callable[[str, int], Callable[[], None]]
+    model: nn.Module, spec: QuantizeSpec, grids: dict[str, Grid], bar: Callable[[str, int], Callable[[], None]]
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     linears = set(_linear_weight_names(model))
     state = model.state_dict()
@@ -136,8 +136,10 @@ def _quantize_tensors(
             tensors[name] = quantize_int8(value)
         elif name in linears and spec.bits == 8:
             tensors[name] = quantize_int8(value, spec.effective_group_size)
+        elif name in grids:
+            tensors[name] = quantize_int4_on_grid(value, spec.effective_group_size, grids[name].scales, grids[name].offsets)
         elif name in linears:
-            tensors[name] = quantize_int4(value, spec.effective_group_size, clip_ratios.get(name, 1.0))
+            tensors[name] = quantize_int4(value, spec.effective_group_size)
         else:
             tensors[name] = value.float()
         tick()
@@ -189,10 +191,9 @@ def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = 
                 "sequences": spec.calib_sequences, "seq_len": spec.calib_seq_len, "seed": spec.seed,
                 "bad_lines_skipped": len(dataset.bad_lines),
             }
-        recorder = record_activations(float_model, sequences, seed=spec.seed, progress=bar)
-        awq_result = apply_awq(float_model, recorder, spec.effective_group_size, progress=bar)
+        awq_result = apply_awq(float_model, sequences, spec.effective_group_size, progress=bar)
 
-    tensors = _quantize_tensors(float_model, spec, awq_result.clip_ratios if awq_result else {}, bar)
+    tensors = _quantize_tensors(float_model, spec, awq_result.grids if awq_result else {}, bar)
     if "rope_freq_factors" in checkpoint.tensors:
         tensors["rope_freq_factors"] = checkpoint.load_tensor("rope_freq_factors", torch.float32)
     header = {
