@@ -299,3 +299,42 @@ def test_smollm2_fused_steps_are_as_accurate_as_the_model_on_the_real_checkpoint
     (model_top1, model_error), (fused_top1, fused_error) = against_float("model"), against_float("fused")
     assert fused_error < 1.2 * model_error, (fused_error, model_error)
     assert fused_top1 >= model_top1 - 0.1 and fused_top1 >= 0.85, (fused_top1, model_top1)
+
+
+def test_runner_sends_the_decode_rows_of_a_mixed_step_through_the_fused_step() -> None:
+    """A step holding a decode row and prompt chunks: the decode row goes through the fused step and
+    the prompts through the model, and each gets the logits it gets alone, in the step's order
+    (equal up to the float lm_head's batch-size round-off)."""
+    from rebar.engine.runner import ModelRunner
+    from rebar.engine.scheduler import ScheduledRequest
+
+    model = quantized_model(num_layers=2)
+
+    def runner_with_a_prefilled_sequence() -> tuple[ModelRunner, list]:
+        runner = ModelRunner(model, model.config, new_cache(model), torch.device("cpu"))
+        runner.execute([ScheduledRequest("a", tuple(range(3, 12)), 0, (7, 2, 30), True)])
+        fused, calls = runner.fused_decoder, []
+        assert fused is not None
+
+        class Spy:
+            max_rows = fused.max_rows
+
+            def __call__(self, input_ids, positions, meta):
+                calls.append(input_ids.tolist())
+                return fused(input_ids, positions, meta)
+
+        runner.fused_decoder = Spy()
+        return runner, calls
+
+    decode_a = ScheduledRequest("a", (40,), 9, (7, 2, 30), True)
+    prompt_b = ScheduledRequest("b", tuple(range(50, 56)), 0, (1, 25), True)
+    chunk_c = ScheduledRequest("c", tuple(range(60, 65)), 0, (33, 3), False)  # not sampled
+    runner, calls = runner_with_a_prefilled_sequence()
+    mixed = runner.execute([prompt_b, decode_a, chunk_c])
+    assert calls == [[40]]  # only the decode row, once
+    alone, _ = runner_with_a_prefilled_sequence()
+    decode_only, prompt_only = alone.execute([decode_a]), alone.execute([prompt_b])
+    assert mixed.shape == (2, model.config.vocab_size)
+    torch.testing.assert_close(mixed[0], prompt_only[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed[1], decode_only[0], rtol=1e-5, atol=1e-5)
+    assert runner.execute([chunk_c]).shape == (0, model.config.vocab_size)  # nothing to sample

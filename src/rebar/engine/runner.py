@@ -59,15 +59,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
-        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order."""
-        input_ids, positions, meta = self._metadata(items)
-        if self.fused_decoder is not None and self.fused_decoder.takes(meta):
-            hidden = self.fused_decoder(input_ids, positions, meta)
-        else:
-            hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
-        ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
-        rows = ends[torch.tensor([item.sample for item in items], device=self.device)]
-        return self.model.compute_logits(hidden[rows]).cpu()
+        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order.
+
+        With the fused decoder, a step's decode rows (one new token each) always go through it, and the
+        prompt chunks beside them through the model: sequences are independent, so the two passes
+        compute what one would, and a decode row's numbers do not depend on whether a prefill shares
+        its step.
+        """
+        decode = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
+        if self.fused_decoder is None or not 0 < len(decode) <= self.fused_decoder.max_rows:
+            decode = []
+        fused_rows = set(decode)
+        others = [i for i in range(len(items)) if i not in fused_rows]
+        sampled: dict[int, torch.Tensor] = {}  # item index -> its last token's hidden state
+        for group, fused in ((decode, True), (others, False)):
+            if not group:
+                continue
+            chosen = [items[i] for i in group]
+            input_ids, positions, meta = self._metadata(chosen)
+            if fused:
+                hidden = self.fused_decoder(input_ids, positions, meta)
+            else:
+                hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
+            ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
+            for index, item, end in zip(group, chosen, ends.tolist()):
+                if item.sample:
+                    sampled[index] = hidden[end]
+        if not sampled:
+            return torch.empty(0, self.config.vocab_size)
+        rows = torch.stack([sampled[i] for i in sorted(sampled)])
+        return self.model.compute_logits(rows).cpu()
 
     @torch.inference_mode()
     def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:
