@@ -27,7 +27,7 @@ DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "decoder.cpp", "worker_pool.cpp")
 HEADERS = ("kernels.h", "simd.h", "decoder.h", "worker_pool.h")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"]
 
 _build_lock = threading.Lock()
 
@@ -100,7 +100,7 @@ def _build_locked() -> BuildResult:
             name=extension_name(),
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=CFLAGS,
-            extra_ldflags=["-fopenmp"],
+            extra_ldflags=["-pthread"],
             verbose=False,
         )
     except Exception as exc:  # a compiler error is a reason to fall back, never a crash
