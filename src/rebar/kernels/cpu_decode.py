@@ -4,7 +4,7 @@ A decode step of a small model is thousands of tiny operations around seven matm
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
 whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
 (`csrc/decoder.cpp`): the same int8-activation int4/int8 matmuls QuantLinear runs, with norms,
-RoPE, the KV-cache write and paged attention in between, in one OpenMP region. The embedding
+RoPE, the KV-cache write and paged attention in between, on rebar's worker pool. The embedding
 lookup, the final norm and the logits stay in the model's own Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the

@@ -49,7 +49,7 @@ struct PackedWeights {
   int64_t out_features;      // rows of y actually written (<= num_tiles * 8)
 };
 
-// y [rows, out_features] = x @ w.T, parallel over tiles with `num_threads` OpenMP threads.
+// y [rows, out_features] = x @ w.T, parallel over tiles on `num_threads` threads of the WorkerPool.
 void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
 void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
 
