@@ -61,10 +61,10 @@ class ModelRunner:
     def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
         """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order.
 
-        With the fused decoder, a step's decode rows (one new token each) always go through it, and the
-        prompt chunks beside them through the model: sequences are independent, so the two passes
-        compute what one would, and a decode row's numbers do not depend on whether a prefill shares
-        its step.
+        With the fused decoder, a step's decode rows (one new token each; at most `max_rows` of them,
+        else everything takes the model) go through it, and the prompt chunks beside them through the
+        model: sequences are independent, so the two passes compute what one would, and a decode row's
+        numbers do not depend on whether a prefill shares its step.
         """
         decode = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
         if self.fused_decoder is None or not 0 < len(decode) <= self.fused_decoder.max_rows:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
+from rebar.kernels.cpu_quant.packing import PackedInt4
+from rebar.model.rope import rope_cos_sin
 
 # Rows (sequences) per step the fused path takes: QuantLinear's AVX2 kernels serve up to this many
 # rows, beyond it the model's own path dequantizes (rebar.quant.qlinear.NATIVE_MAX_ROWS).
@@ -60,28 +62,21 @@ class FusedDecoder:
 
         return BuildOutcome(cls(model, kv_cache, load_extension().module), "")
 
-    max_rows = MAX_ROWS
-
-    @staticmethod
-    def takes(meta: AttentionMetadata) -> bool:
-        """Whether a step is for the fused path: every sequence adds one token, at most MAX_ROWS of them."""
-        return 0 < len(meta.query_lens) <= MAX_ROWS and all(n == 1 for n in meta.query_lens)
+    max_rows = MAX_ROWS  # the runner sends steps of at most this many one-token rows
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V."""
-        from rebar.model.rope import rope_cos_sin
-
+        """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V.
+        Every row of `meta` must add one token."""
         model = self.model
         x = model.embed_tokens(input_ids).float().contiguous()
         cos, sin = rope_cos_sin(model.inv_freq, positions, torch.float32)
-        self._decoder.step(x, cos.contiguous(), sin.contiguous(), meta.slot_mapping, meta.block_tables.contiguous(), list(meta.context_lens))
+        self._decoder.step(x, cos, sin, meta.slot_mapping, meta.block_tables, list(meta.context_lens))
         return model.norm(x)
 
 
 def _linear_args(module: torch.nn.Module) -> tuple:
-    kernel = module.kernels[0].kernel
-    packed = kernel.packed
-    bits = 4 if kernel.name == "avx2-int4" else 8
+    packed = module.kernels[0].kernel.packed  # PackedInt4 or PackedInt8 (unsupported_reason checked)
+    bits = 4 if isinstance(packed, PackedInt4) else 8
     offsets = packed.offsets if bits == 4 else None
     bias = None if module.bias is None else module.bias.detach().float().contiguous()
     return (bits, packed.codes, packed.scales, offsets, bias, packed.out_features, packed.in_features)

@@ -90,7 +90,11 @@ at::Tensor int4_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, c
   const PackedWeights w = packed_view(codes, scales, &offsets, 16, out_features);
   const at::Tensor x = checked_input(x_in, w.num_blocks * kBlock);
   at::Tensor y = output_like(x, out_features);
-  if (y.numel() > 0) int4_linear(quantize(x, w.num_blocks, w.blocks_per_group), w, y.data_ptr<float>(), threads_for(w, x.size(0)));
+  if (y.numel() > 0) {
+    const QuantizedRows rows = quantize(x, w.num_blocks, w.blocks_per_group);
+    const LinearJob job{&rows, &w, 4, y.data_ptr<float>()};
+    run_linears(&job, 1, threads_for(w, x.size(0)));
+  }
   return y;
 }
 
@@ -102,7 +106,11 @@ at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, c
               "in_features does not match the packed codes");
   const at::Tensor x = checked_input(x_in, in_features);
   at::Tensor y = output_like(x, out_features);
-  if (y.numel() > 0) int8_linear(quantize(x, w.num_blocks, 0), w, y.data_ptr<float>(), threads_for(w, x.size(0)));
+  if (y.numel() > 0) {
+    const QuantizedRows rows = quantize(x, w.num_blocks, 0);
+    const LinearJob job{&rows, &w, 8, y.data_ptr<float>()};
+    run_linears(&job, 1, threads_for(w, x.size(0)));
+  }
   return y;
 }
 
@@ -221,8 +229,6 @@ class FusedDecoder {
     decode_layers(s, layers_, batch, num_threads);
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
  private:
   QuantLinearRef linear_ref(const LinearArgs& args, int64_t out_features, int64_t in_features) {
     const auto& [bits, codes, scales, offsets, bias, out, in] = args;
@@ -262,6 +268,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &rebar_cpu_quant::FusedDecoder::add_layer)
-      .def("step", &rebar_cpu_quant::FusedDecoder::step)
-      .def_property_readonly("num_layers", &rebar_cpu_quant::FusedDecoder::num_layers);
+      .def("step", &rebar_cpu_quant::FusedDecoder::step);
 }

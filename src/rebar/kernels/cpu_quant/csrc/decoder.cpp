@@ -108,31 +108,9 @@ struct QuantizedInput {
   }
 };
 
-struct LinearJob {
-  const QuantLinearRef* linear;
-  const QuantizedInput* input;
-  float* y;  // [rows, out_features]
-};
-
-// Runs on the pool: the jobs' tiles, laid end to end, cut into chunks of consecutive tiles (a few per
-// thread, so a late helper finds work and each chunk is still one sequential weight stream).
-template <size_t N>
-void run_linears(WorkerPool& pool, int num_threads, const LinearJob (&jobs)[N]) {
-  int64_t total = 0;
-  for (const LinearJob& job : jobs) total += job.linear->weights.num_tiles;
-  const int64_t num_chunks = std::min<int64_t>(total, 4 * num_threads);
-  pool.run(num_chunks, num_threads, [&](int64_t chunk) {
-    const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
-    int64_t first = 0;
-    for (const LinearJob& job : jobs) {
-      const int64_t tiles = job.linear->weights.num_tiles;
-      const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
-      if (begin < end) {
-        linear_tile_range(job.input->rows, job.linear->weights, job.linear->bits, job.y, begin - first, end - first);
-      }
-      first += tiles;
-    }
-  });
+// One of a layer's linears on its quantized input.
+LinearJob job(const QuantLinearRef& linear, const QuantizedInput& input, float* y) {
+  return {&input.rows, &linear.weights, linear.bits, y};
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
@@ -206,9 +184,9 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   m.qkv_in[0].quantize(m.normed.data(), rows, layer.q);
   m.qkv_in[1].quantize(m.normed.data(), rows, layer.k);
   m.qkv_in[2].quantize(m.normed.data(), rows, layer.v);
-  run_linears(pool, num_threads,
-              {LinearJob{&layer.q, &m.qkv_in[0], m.q.data()}, LinearJob{&layer.k, &m.qkv_in[1], m.k.data()},
-               LinearJob{&layer.v, &m.qkv_in[2], m.v.data()}});
+  const LinearJob qkv[] = {job(layer.q, m.qkv_in[0], m.q.data()), job(layer.k, m.qkv_in[1], m.k.data()),
+                           job(layer.v, m.qkv_in[2], m.v.data())};
+  run_linears(qkv, 3, num_threads);
 
   add_bias(m.q.data(), layer.q.bias, rows, q_size);
   add_bias(m.k.data(), layer.k.bias, rows, kv_size);
@@ -228,7 +206,8 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   });
 
   m.o_in.quantize(m.attn.data(), rows, layer.o);
-  run_linears(pool, num_threads, {LinearJob{&layer.o, &m.o_in, m.proj.data()}});
+  const LinearJob o = job(layer.o, m.o_in, m.proj.data());
+  run_linears(&o, 1, num_threads);
   add_bias(m.proj.data(), layer.o.bias, rows, hidden);
   for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
 
@@ -237,8 +216,8 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   }
   m.gate_up_in[0].quantize(m.normed.data(), rows, layer.gate);
   m.gate_up_in[1].quantize(m.normed.data(), rows, layer.up);
-  run_linears(pool, num_threads,
-              {LinearJob{&layer.gate, &m.gate_up_in[0], m.gate.data()}, LinearJob{&layer.up, &m.gate_up_in[1], m.up.data()}});
+  const LinearJob gate_up[] = {job(layer.gate, m.gate_up_in[0], m.gate.data()), job(layer.up, m.gate_up_in[1], m.up.data())};
+  run_linears(gate_up, 2, num_threads);
 
   add_bias(m.gate.data(), layer.gate.bias, rows, inner);
   add_bias(m.up.data(), layer.up.bias, rows, inner);
@@ -249,7 +228,8 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   });
   for (int64_t i = 0; i < rows * inner; ++i) m.gate[i] *= m.up[i];
   m.down_in.quantize(m.gate.data(), rows, layer.down);
-  run_linears(pool, num_threads, {LinearJob{&layer.down, &m.down_in, m.proj.data()}});
+  const LinearJob down = job(layer.down, m.down_in, m.proj.data());
+  run_linears(&down, 1, num_threads);
   add_bias(m.proj.data(), layer.down.bias, rows, hidden);
   for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
 }

@@ -49,9 +49,17 @@ struct PackedWeights {
   int64_t out_features;      // rows of y actually written (<= num_tiles * 8)
 };
 
-// y [rows, out_features] = x @ w.T, parallel over tiles on `num_threads` threads of the WorkerPool.
-void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
-void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads);
+// One y [rows, out_features] = x @ w.T (bits 4 or 8).
+struct LinearJob {
+  const QuantizedRows* x;
+  const PackedWeights* w;
+  int bits;
+  float* y;
+};
+
+// Runs every job, their output tiles split over `num_threads` threads of the WorkerPool as one piece
+// of work (so q, k and v, say, share one synchronisation).
+void run_linears(const LinearJob* jobs, int num_jobs, int num_threads);
 
 // Tiles [tile_begin, tile_end) of y = x @ w.T (bits 4 or 8) on the calling thread, for callers that
 // schedule several linears inside one parallel region.

@@ -175,26 +175,24 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits,
   }
 }
 
-// Tiles are cut into a few chunks per thread, each a contiguous range (one sequential weight stream),
-// and run on the WorkerPool, which never waits for a helper thread that is not running.
-void quant_linear(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int num_threads) {
-  if (num_threads <= 1) {
-    linear_tile_range(x, w, bits, y, 0, w.num_tiles);
-    return;
-  }
-  const int64_t num_chunks = std::min<int64_t>(w.num_tiles, 4 * num_threads);
+// The jobs' tiles, laid end to end, are cut into a few chunks per thread, each a contiguous range (one
+// sequential weight stream), and run on the WorkerPool, which never waits for a helper thread that is
+// not running; a late helper still finds chunks to take.
+void run_linears(const LinearJob* jobs, int num_jobs, int num_threads) {
+  int64_t total = 0;
+  for (int j = 0; j < num_jobs; ++j) total += jobs[j].w->num_tiles;
+  const int64_t num_chunks = std::min<int64_t>(total, 4 * std::max(num_threads, 1));
   WorkerPool::shared(num_threads).run(num_chunks, num_threads, [&](int64_t chunk) {
-    const TileRange range = thread_share(w.num_tiles, static_cast<int>(chunk), static_cast<int>(num_chunks));
-    linear_tile_range(x, w, bits, y, range.begin, range.end);
+    const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
+    int64_t first = 0;
+    for (int j = 0; j < num_jobs; ++j) {
+      const LinearJob& job = jobs[j];
+      const int64_t tiles = job.w->num_tiles;
+      const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
+      if (begin < end) linear_tile_range(*job.x, *job.w, job.bits, job.y, begin - first, end - first);
+      first += tiles;
+    }
   });
-}
-
-void int4_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
-  quant_linear(x, w, 4, y, num_threads);
-}
-
-void int8_linear(const QuantizedRows& x, const PackedWeights& w, float* y, int num_threads) {
-  quant_linear(x, w, 8, y, num_threads);
 }
 
 }  // namespace rebar_cpu_quant

@@ -39,15 +39,6 @@ void WorkerPool::grow(int num_helpers) {
   }
 }
 
-WorkerPool::~WorkerPool() {
-  stop_.store(true);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    wake_.notify_all();
-  }
-  for (std::thread& helper : helpers_) helper.join();
-}
-
 bool WorkerPool::claim(uint64_t generation, int64_t* index) {
   uint64_t job = job_.load(std::memory_order_acquire);
   while (generation_of(job) == generation && index_of(job) < count_of(job)) {
@@ -92,7 +83,7 @@ void WorkerPool::run(int64_t num_chunks, int num_threads, const std::function<vo
 
 void WorkerPool::helper_loop(int index) {
   uint64_t seen = 0;
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (true) {  // the pool lives as long as the process
     uint64_t generation = generation_of(job_.load(std::memory_order_acquire));
     const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
     for (int polls = 0; generation == seen; ++polls) {
@@ -105,7 +96,7 @@ void WorkerPool::helper_loop(int index) {
       // and notifies, or this check sees run()'s job; a wake-up is never lost.
       sleeping_.fetch_add(1);
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_.load() || generation_of(job_.load()) != seen; });
+      wake_.wait(lock, [&] { return generation_of(job_.load()) != seen; });
       sleeping_.fetch_sub(1);
       continue;
     }

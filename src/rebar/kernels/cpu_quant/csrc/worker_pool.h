@@ -27,8 +27,6 @@ class WorkerPool {
   // returns when all are done. Thread-safe: while one caller has the helpers, others compute alone.
   void run(int64_t num_chunks, int num_threads, const std::function<void(int64_t)>& chunk);
 
-  ~WorkerPool();
-
  private:
   void grow(int num_helpers);
   void helper_loop(int index);
@@ -51,7 +49,6 @@ class WorkerPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<int> sleeping_{0};
-  std::atomic<bool> stop_{false};
 };
 
 }  // namespace rebar_cpu_quant
