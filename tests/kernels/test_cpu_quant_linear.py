@@ -21,7 +21,8 @@ from rebar.kernels import cpu_quant
 
 # SmolLM2-135M's projections (out, in), plus odd sizes: a partial last tile of 8 output rows.
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (13, 576), (21, 64)]
-ROWS = [1, 3, 16]
+# 67 rows: the int4 prefill schedule (quant_gemm.cpp, from 64 rows on) with an odd last row.
+ROWS = [1, 3, 16, 67]
 ROUND_OFF = 1e-5
 
 
@@ -103,7 +104,7 @@ def test_rows_are_batch_invariant(kind: str) -> None:
         weight = random_int8(100, 576, 576, torch.float32, gen)
         packed = cpu_quant.pack_int8(weight.qweight, weight.scales, 576)
         linear = cpu_quant.int8_linear_packed
-    x = random_activations(11, 576, gen)
+    x = random_activations(75, 576, gen)  # from 64 rows on, int4 takes its prefill schedule
     batched = linear(x, packed)
     for i in range(len(x)):
         assert torch.equal(linear(x[i : i + 1], packed), batched[i : i + 1])
@@ -113,6 +114,19 @@ def test_rows_are_batch_invariant(kind: str) -> None:
         assert torch.equal(linear(x, packed), batched)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_int4_prefill_panels_match_single_rows() -> None:
+    """Past one L2-sized panel of activation rows (170 rows of width 1536), every row still gets the
+    bits it gets alone."""
+    gen = torch.Generator().manual_seed(4)
+    weight = random_int4(40, 1536, 32, torch.float16, gen)
+    packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
+    x = random_activations(345, 1536, gen)
+    batched = cpu_quant.int4_linear_packed(x, packed)
+    assert_matches(batched, x, weight)
+    for i in (0, 169, 170, 171, 339, 340, 344):
+        assert torch.equal(cpu_quant.int4_linear_packed(x[i : i + 1], packed), batched[i : i + 1])
 
 
 def test_leading_dims_and_empty_batch() -> None:

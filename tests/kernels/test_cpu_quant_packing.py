@@ -11,16 +11,21 @@ import pytest
 import torch
 
 from rebar.kernels import cpu_quant
-from rebar.kernels.cpu_quant.packing import INT4_ROW_ORDER
 
 
 def unpack_int4_tiles(packed: cpu_quant.PackedInt4) -> torch.Tensor:
-    """The layout documented in csrc/kernels.h, read back into codes [out, in]."""
-    low, high = packed.codes & 0x0F, packed.codes >> 4
-    blocks = torch.cat((low, high), dim=-1)  # [tiles, blocks, 8 (stored order), 32]
-    natural = torch.empty_like(blocks)
-    natural[:, :, list(INT4_ROW_ORDER)] = blocks
-    return natural.transpose(1, 2).reshape(-1, packed.in_features)[: packed.out_features]
+    """The layout documented in csrc/kernels.h, read back into codes [out, in], one byte at a time."""
+    tiles, blocks = packed.codes.shape[:2]
+    codes = torch.empty(tiles * 8, blocks * 32, dtype=torch.uint8)
+    for tile in range(tiles):
+        for block in range(blocks):
+            for chunk in range(4):
+                for row in range(8):
+                    for j in range(4):
+                        byte = int(packed.codes[tile, block, chunk, 4 * row + j])
+                        codes[8 * tile + row, 32 * block + 4 * chunk + j] = byte & 0x0F
+                        codes[8 * tile + row, 32 * block + 16 + 4 * chunk + j] = byte >> 4
+    return codes[: packed.out_features]
 
 
 def test_int4_layout_round_trips() -> None:
@@ -30,7 +35,7 @@ def test_int4_layout_round_trips() -> None:
     scales = torch.rand(13, 3, generator=gen).half()
     offsets = torch.rand(13, 3, generator=gen).half()
     packed = cpu_quant.pack_int4(qweight, scales, offsets, 32)
-    assert packed.codes.shape == (2, 3, 8, 16) and packed.scales.shape == (2, 3, 8)
+    assert packed.codes.shape == (2, 3, 4, 32) and packed.scales.shape == (2, 3, 8)
     assert torch.equal(unpack_int4_tiles(packed), codes)
     assert torch.equal(packed.scales.transpose(1, 2).reshape(16, 3)[:13], scales)
     assert torch.equal(packed.offsets.transpose(1, 2).reshape(16, 3)[:13], offsets)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf
+from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf, use_reference_kernels
 
 from rebar import LLM
 from rebar.errors import ModelFormatError
@@ -41,9 +41,11 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ("int8", "int8", None, False), ("int8-g32", "int8", 32, False), ("int4", "int4-rtn", 32, False), ("int4-tied", "int4-rtn", 64, True),
 ])
 def test_loaded_checkpoint_computes_the_dequantized_model(made: dict, key: str, method: str, group_size: int | None, tied: bool) -> None:
-    """Logits (40 tokens: the float32 dequantize path) equal transformers' on the quantized-then-dequantized weights."""
+    """With the float32 dequantize arithmetic pinned, logits equal transformers' on the
+    quantized-then-dequantized weights: the checkpoint holds exactly those weights."""
     cfg, state = (made["tied_cfg"], made["tied_state"]) if tied else (made["cfg"], made["state"])
     llm = LLM(model=made[key], device="cpu")
+    use_reference_kernels(llm.model)
     expected = hf_logits(cfg, quantized_state(state, method, group_size), IDS)
     torch.testing.assert_close(llm.logits(IDS), expected, atol=2e-4, rtol=0)
     assert isinstance(llm.model.layers[0].mlp.down_proj, QuantLinear)

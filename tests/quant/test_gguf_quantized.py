@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from tiny_quant import IDS, tiny_gguf
+from tiny_quant import IDS, tiny_gguf, use_reference_kernels
 
 from rebar import LLM
 from rebar.model.loader import open_checkpoint
@@ -37,13 +37,16 @@ def test_q4_weights_are_kept_quantized_and_exact(tmp_path: Path, storage: QT) ->
 
     reference = LLM(model=path, device="cpu", dequantize=True)
     assert type(reference.model.layers[0].attn.q_proj) is torch.nn.Linear
-    torch.testing.assert_close(llm.logits(IDS), reference.logits(IDS), atol=1e-4, rtol=0)  # dequantize path
-    short, short_reference = llm.logits(IDS[:6]), reference.logits(IDS[:6])  # the small-batch kernel path
-    # activations rounded to int8 (rebar's kernel) or bf16 (torch's): this random model's nearly flat
-    # logits move by up to ~10% of their range; every prediction stays in the reference's top three
-    assert (short - short_reference).abs().max() < 0.15 * short_reference.abs().max()
-    top3 = short_reference.topk(3, dim=-1).indices
-    assert all(int(p) in top3[i].tolist() for i, p in enumerate(short.argmax(-1)))
+    for ids in (IDS[:6], IDS):  # the kernels' paths
+        got, expected = llm.logits(ids), reference.logits(ids)
+        # activations rounded to int8 (rebar's kernel) or bf16 (torch's): this random model's nearly
+        # flat logits move by ~8% (relative norm; a wrong kernel moves them by ~100%) and near-ties
+        # flip, but predictions stay among the reference's top three
+        assert (got - expected).norm() < 0.12 * expected.norm()
+        top3 = expected.topk(3, dim=-1).indices
+        assert sum(int(p) in top3[i].tolist() for i, p in enumerate(got.argmax(-1))) >= 0.9 * len(ids)
+    use_reference_kernels(llm.model)  # the float arithmetic: the codes are exactly the float weights
+    torch.testing.assert_close(llm.logits(IDS), reference.logits(IDS), atol=1e-4, rtol=0)
 
 
 def test_q8_0_stays_quantized_only_with_rebars_kernel(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +11,22 @@ from gguf import GGMLQuantizationType as QT
 from gguf_builder import TinyConfig, model_contents, random_hf_state
 
 from rebar.quant.int_formats import quantize_int4, quantize_int8
+from rebar.quant.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
 
-IDS = [(i * 37 + 11) % 260 for i in range(40)]  # 40 tokens: past the packed kernels' row limit
+IDS = [(i * 37 + 11) % 260 for i in range(40)]  # 40 tokens: past the int8 kernel's row limit
 LINEAR_SUFFIXES = ("_proj.weight",)
 INT8_EVERYWHERE = ("model.embed_tokens.weight", "lm_head.weight")
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def use_reference_kernels(model: torch.nn.Module) -> torch.nn.Module:
+    """Pin every QuantLinear of `model` to dequantize-then-matmul, the float reference arithmetic:
+    for tests of what a checkpoint holds (the kernels' own accuracy is tested against it elsewhere)."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.kernels = (KernelChoice(math.inf, DequantizedMatmul(module.weight_q)),)
+    return model
 
 
 def tiny_gguf(folder: Path, tied: bool = False, storage: QT = QT.F32, seed: int = 5) -> tuple[Path, TinyConfig, dict[str, np.ndarray]]:

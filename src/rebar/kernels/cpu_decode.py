@@ -23,8 +23,9 @@ from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.kernels.cpu_quant.packing import PackedInt4
 from rebar.model.rope import rope_cos_sin
 
-# Rows (sequences) per step the fused path takes: QuantLinear's AVX2 kernels serve up to this many
-# rows, beyond it the model's own path dequantizes (rebar.quant.qlinear.NATIVE_MAX_ROWS).
+# Rows (sequences) per step the fused path takes: QuantLinear's AVX2 int8 kernel serves up to this
+# many rows, beyond it the model's own path dequantizes (rebar.quant.qlinear.NATIVE_INT8_MAX_ROWS),
+# and a decode row's numbers should not depend on which path its step took.
 MAX_ROWS = 32
 _LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 

@@ -2,9 +2,9 @@
 
 A QuantLinear holds a QuantizedWeight and a short list of kernels, each good up to some number of
 rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
-int8 activations times int4/int8 weights, exact integer dot products) serve decode-sized steps;
-elsewhere torch's packed int8 / int4 weight-only kernels do; and a dequantize-then-matmul in the
-activation dtype wins once the matmul is compute-bound (prefill). `scripts/bench_quant_kernels.py`
+int8 activations times int4/int8 weights, exact integer dot products) serve every step for int4
+weights and decode-sized steps for int8 ones; elsewhere torch's packed int8 / int4 weight-only
+kernels serve small steps; a dequantize-then-matmul in the activation dtype takes the rest. `scripts/bench_quant_kernels.py`
 and `scripts/bench_cpu_quant.py` measured the switch points (docs/quantization.md, docs/kernels.md).
 Every kernel agrees with `DequantizedMatmul`, the reference that runs on any device.
 
@@ -25,8 +25,12 @@ from torch import nn
 
 from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 
-# Largest number of rows for which rebar's AVX2 kernels beat dequantize-then-matmul (docs/kernels.md).
-NATIVE_MAX_ROWS = 32
+# Largest number of rows for which rebar's AVX2 kernels beat dequantize-then-matmul (docs/kernels.md):
+# the int4 kernel wins at every batch size (at prefill sizes its int8 dot products do twice the
+# multiply-adds per instruction of float32 FMA); the int8 one, which needs a sign trick per
+# activation, up to 32.
+NATIVE_INT4_MAX_ROWS = math.inf
+NATIVE_INT8_MAX_ROWS = 32
 # Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 8
@@ -173,7 +177,7 @@ def packed_kernel(weight: QuantizedWeight, device: torch.device) -> KernelChoice
         return None
     if has_native_kernel(weight, device):
         native = NativeInt4Matmul(weight) if weight.bits == 4 else NativeInt8Matmul(weight)
-        return KernelChoice(NATIVE_MAX_ROWS, native)
+        return KernelChoice(NATIVE_INT4_MAX_ROWS if weight.bits == 4 else NATIVE_INT8_MAX_ROWS, native)
     if weight.bits == 8:
         return KernelChoice(INT8_PACKED_MAX_ROWS, Int8PackedMatmul(weight))
     return KernelChoice(INT4_PACKED_MAX_ROWS, Int4PackedMatmul(weight))
@@ -183,7 +187,9 @@ def plan_kernels(weight: QuantizedWeight, device: torch.device) -> tuple[KernelC
     """Kernels by increasing row limit; the last one (dequantize-then-matmul) takes any batch."""
     packed = packed_kernel(weight, device)
     fallback = KernelChoice(math.inf, DequantizedMatmul(weight))
-    return (fallback,) if packed is None else (packed, fallback)
+    if packed is None:
+        return (fallback,)
+    return (packed,) if packed.max_rows == math.inf else (packed, fallback)
 
 
 class QuantLinear(nn.Module):

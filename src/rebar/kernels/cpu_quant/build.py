@@ -25,9 +25,11 @@ logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "decoder.cpp", "worker_pool.cpp")
+SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decoder.cpp", "worker_pool.cpp")
 HEADERS = ("kernels.h", "simd.h", "decoder.h", "worker_pool.h")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"]
+# OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
+# thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp"]
 
 _build_lock = threading.Lock()
 
@@ -100,7 +102,7 @@ def _build_locked() -> BuildResult:
             name=extension_name(),
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=CFLAGS,
-            extra_ldflags=["-pthread"],
+            extra_ldflags=["-pthread", "-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # a compiler error is a reason to fall back, never a crash

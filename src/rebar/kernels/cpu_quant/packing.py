@@ -15,17 +15,17 @@ import torch.nn.functional as F
 
 BLOCK = 32  # columns per activation-quantization block
 TILE_ROWS = 8  # output rows per tile
-# int4 tiles store their rows in this order, so one 32-byte load holds rows p and p + 4 (see
-# csrc/quant_linear.cpp); the kernel's reduction puts row k back in lane k.
-INT4_ROW_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-
+# int4 codes of one tile and block are stored as 4 chunks of 32 bytes: byte 4 * row + j of chunk c
+# holds the codes of columns 4c + j (low nibble) and 16 + 4c + j (high nibble) of that row, so the
+# kernel's integer sums land in one lane per output row (see csrc/quant_linear.cpp).
+INT4_CHUNKS = 4
 
 @dataclass(frozen=True, slots=True)
 class PackedInt4:
     """4-bit weights with a scale and an offset per group: w = scale * q + offset, q in 0..15."""
 
-    codes: torch.Tensor  # [num_tiles, num_blocks, 8, 16] uint8: low nibble col j, high nibble col j + 16;
-    # the 8 rows of a tile in INT4_ROW_ORDER
+    codes: torch.Tensor  # [num_tiles, num_blocks, 4, 32] uint8: chunk c, byte 4 * row + j holds columns
+    # 4c + j (low nibble) and 16 + 4c + j (high nibble)
     scales: torch.Tensor  # [num_tiles, num_groups, 8] float16 or float32
     offsets: torch.Tensor  # [num_tiles, num_groups, 8], same dtype as scales
     out_features: int
@@ -70,16 +70,14 @@ def _tile_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return padded.reshape(-1, TILE_ROWS, num_blocks, BLOCK).transpose(1, 2).contiguous()
 
 
-def _pair_columns_16_apart(qweight: torch.Tensor) -> torch.Tensor:
-    """[out, in // 2] bytes holding columns (2k, 2k+1) -> [out, in // 32, 16] bytes holding columns
-    (j, j + 16) of each block of 32, so the kernel expands a block with one mask and one shift."""
+def _interleave_int4_tiles(qweight: torch.Tensor, num_tiles: int) -> torch.Tensor:
+    """[out, in // 2] bytes holding columns (2k, 2k+1) -> [tiles, blocks, 4, 32] in the kernel's layout."""
     out_features = qweight.shape[0]
-    halves = qweight.reshape(out_features, -1, 2, 8)  # [out, blocks, columns 0-15 | 16-31, 8 bytes]
-    low_half, high_half = halves[:, :, 0], halves[:, :, 1]
-    paired = torch.empty(*low_half.shape, 2, dtype=torch.uint8)  # [out, blocks, 8, 2]
-    paired[..., 0] = (low_half & 0x0F) | (high_half << 4)  # columns 2k and 2k + 16
-    paired[..., 1] = (low_half >> 4) | (high_half & 0xF0)  # columns 2k + 1 and 2k + 17
-    return paired.reshape(out_features, -1, 16)
+    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(out_features, -1)  # [out, in]
+    codes = F.pad(codes, (0, 0, 0, num_tiles * TILE_ROWS - out_features))
+    # [tiles, row, block, half (cols 0-15 | 16-31), chunk, j] -> [tiles, block, chunk, row, j]
+    split = codes.reshape(num_tiles, TILE_ROWS, -1, 2, INT4_CHUNKS, 4).permute(0, 2, 3, 4, 1, 5)
+    return (split[:, :, 0] | (split[:, :, 1] << 4)).reshape(num_tiles, -1, INT4_CHUNKS, TILE_ROWS * 4).contiguous()
 
 
 def _check_group_size(in_features: int, group_size: int) -> None:
@@ -107,10 +105,7 @@ def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
     num_groups = in_features // group_size
     _check_scales("scales", scales, out_features, num_groups)
     _check_scales("offsets", offsets, out_features, num_groups)
-    num_blocks = in_features // BLOCK
-    padded = F.pad(_pair_columns_16_apart(qweight), (0, 0, 0, 0, 0, _num_tiles(out_features) * TILE_ROWS - out_features))
-    tiles = padded.reshape(-1, TILE_ROWS, num_blocks, 16).transpose(1, 2)  # [tiles, blocks, 8, 16] view
-    codes = tiles.index_select(2, torch.tensor(INT4_ROW_ORDER))  # one contiguous copy
+    codes = _interleave_int4_tiles(qweight, _num_tiles(out_features))
     dtype = _scale_dtype(scales, offsets)
     return PackedInt4(
         codes=codes,

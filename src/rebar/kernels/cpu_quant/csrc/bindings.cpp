@@ -23,6 +23,8 @@ struct QuantizedScratch {
   std::vector<float> d, group_sums;
 };
 
+constexpr int64_t kQuantizeGrainRows = 64;
+
 // blocks_per_group == 0: no group sums (the int8 kernel has no offset term).
 QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_group) {
   thread_local QuantizedScratch scratch;
@@ -34,8 +36,16 @@ QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_p
     scratch.group_sums.resize(rows * (num_blocks / blocks_per_group));
     group_sums = scratch.group_sums.data();
   }
-  quantize_rows(x.data_ptr<float>(), rows, in, num_blocks, blocks_per_group, scratch.q.data(), scratch.d.data(),
-                group_sums);
+  const int64_t num_groups = blocks_per_group > 0 ? num_blocks / blocks_per_group : 0;
+  // Rows are independent: a prefill's activations are quantized on torch's threads (below the
+  // grain, on this one). The lambda must not name `scratch`: on another thread that is its own.
+  const float* x_data = x.data_ptr<float>();
+  int8_t* q = scratch.q.data();
+  float* d = scratch.d.data();
+  at::parallel_for(0, rows, kQuantizeGrainRows, [&](int64_t begin, int64_t end) {
+    quantize_rows(x_data + begin * in, end - begin, in, num_blocks, blocks_per_group, q + begin * num_blocks * kBlock,
+                  d + begin * num_blocks, group_sums ? group_sums + begin * num_groups : nullptr);
+  });
   return {scratch.q.data(), scratch.d.data(), group_sums, rows, num_blocks};
 }
 
@@ -54,10 +64,12 @@ at::Tensor output_like(const at::Tensor& x, int64_t out_features) {
   return at::empty(shape, x.options());
 }
 
-PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor* offsets,
-                          int64_t block_bytes, int64_t out_features) {
-  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == kTileRows && codes.size(3) == block_bytes && codes.is_contiguous(),
-              "codes must be contiguous [tiles, blocks, 8, ", block_bytes, "]");
+// The codes' trailing dimensions per tile and block: int4 [4 chunks, 32 bytes], int8 [8 rows, 32 bytes].
+PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor* offsets, int64_t bits,
+                          int64_t out_features) {
+  const int64_t inner = bits == 4 ? 4 : kTileRows;
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == inner && codes.size(3) == 32 && codes.is_contiguous(),
+              "codes must be contiguous [tiles, blocks, ", inner, ", 32]");
   TORCH_CHECK(codes.element_size() == 1, "codes must be 8-bit");
   TORCH_CHECK(scales.dim() == 3 && scales.size(0) == codes.size(0) && scales.size(2) == kTileRows &&
                   scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf),
@@ -78,29 +90,48 @@ PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, con
 // Threads for one call: waking a sleeping helper costs tens of microseconds, more than a small
 // matmul takes on one thread, so only calls with enough work are split.
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 20;
+// From this much work on (a millisecond or more), a call runs on torch's own thread pool instead of
+// rebar's WorkerPool. A prefill step interleaves these matmuls with torch ops (attention, norms)
+// whose OpenMP threads keep spinning for a while after each op; a second pool's helpers would
+// compete with them for the same cores (measured: a 512-token prefill at 2 threads lost a third of
+// its matmul speed that way). Small decode-sized calls keep the WorkerPool, which never waits on a
+// descheduled helper.
+constexpr int64_t kMinMacsForTorchPool = int64_t{8} << 20;
+
+int64_t macs_of(const PackedWeights& w, int64_t rows) { return w.num_tiles * 8 * w.num_blocks * kBlock * rows; }
 
 int threads_for(const PackedWeights& w, int64_t rows) {
-  const int64_t macs = w.num_tiles * 8 * w.num_blocks * kBlock * rows;
-  const int64_t wanted = std::max<int64_t>(1, macs / kMinMacsPerThread);
+  const int64_t wanted = std::max<int64_t>(1, macs_of(w, rows) / kMinMacsPerThread);
   return static_cast<int>(std::min<int64_t>(at::get_num_threads(), wanted));
+}
+
+void run_linear(const LinearJob& job, int64_t rows) {
+  const int num_threads = threads_for(*job.w, rows);
+  if (num_threads > 1 && macs_of(*job.w, rows) >= kMinMacsForTorchPool) {
+    const int64_t num_chunks = linear_chunks(&job, 1, num_threads);
+    at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t chunk = begin; chunk < end; ++chunk) run_linear_chunk(&job, 1, chunk, num_chunks);
+    });
+  } else {
+    run_linears(&job, 1, num_threads);
+  }
 }
 
 at::Tensor int4_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
                               const at::Tensor& offsets, int64_t out_features) {
-  const PackedWeights w = packed_view(codes, scales, &offsets, 16, out_features);
+  const PackedWeights w = packed_view(codes, scales, &offsets, 4, out_features);
   const at::Tensor x = checked_input(x_in, w.num_blocks * kBlock);
   at::Tensor y = output_like(x, out_features);
   if (y.numel() > 0) {
     const QuantizedRows rows = quantize(x, w.num_blocks, w.blocks_per_group);
-    const LinearJob job{&rows, &w, 4, y.data_ptr<float>()};
-    run_linears(&job, 1, threads_for(w, x.size(0)));
+    run_linear({&rows, &w, 4, y.data_ptr<float>()}, rows.rows);
   }
   return y;
 }
 
 at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
                               int64_t out_features, int64_t in_features) {
-  const PackedWeights w = packed_view(codes, scales, nullptr, 32, out_features);
+  const PackedWeights w = packed_view(codes, scales, nullptr, 8, out_features);
   // Per-channel int8 weights may have a ragged last block: x keeps its real width.
   TORCH_CHECK(in_features > (w.num_blocks - 1) * kBlock && in_features <= w.num_blocks * kBlock,
               "in_features does not match the packed codes");
@@ -108,8 +139,7 @@ at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, c
   at::Tensor y = output_like(x, out_features);
   if (y.numel() > 0) {
     const QuantizedRows rows = quantize(x, w.num_blocks, 0);
-    const LinearJob job{&rows, &w, 8, y.data_ptr<float>()};
-    run_linears(&job, 1, threads_for(w, x.size(0)));
+    run_linear({&rows, &w, 8, y.data_ptr<float>()}, rows.rows);
   }
   return y;
 }
@@ -236,7 +266,7 @@ class FusedDecoder {
                       out_features, ", ", in_features, "]");
     TORCH_CHECK_VALUE(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
     TORCH_CHECK_VALUE((bits == 4) == offsets.has_value(), "int4 linears need offsets, int8 ones have none");
-    const PackedWeights w = packed_view(codes, scales, offsets ? &*offsets : nullptr, bits == 4 ? 16 : 32, out);
+    const PackedWeights w = packed_view(codes, scales, offsets ? &*offsets : nullptr, bits, out);
     TORCH_CHECK_VALUE(in > (w.num_blocks - 1) * kBlock && in <= w.num_blocks * kBlock &&
                           (bits == 8 || in == w.num_blocks * kBlock),
                       "in_features does not match the packed codes");

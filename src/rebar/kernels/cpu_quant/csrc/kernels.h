@@ -9,9 +9,8 @@
 // kTileRows = 8, so that one AVX2 float register holds the 8 outputs of a tile and no horizontal sum
 // is needed per output. Within a tile, the blocks of all 8 rows are interleaved so a tile's weights are
 // one sequential stream:
-//   int4 codes   [num_tiles, num_blocks, 8, 16] uint8: byte j = code of column j (low nibble) |
-//                                                        code of column j + 16 (high nibble);
-//                                                 rows of a tile stored in the order 0,4,1,5,2,6,3,7
+//   int4 codes   [num_tiles, num_blocks, 4, 32] uint8: in chunk c, byte 4 * row + j = code of column
+//                                                 4c + j (low nibble) | code of column 16 + 4c + j (high)
 //   int8 codes   [num_tiles, num_blocks, 8, 32] int8
 //   scales/offs  [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
 // Rows past the real output size are zero-filled and never stored.
@@ -39,7 +38,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t num_blocks,
                    int64_t blocks_per_group, int8_t* q, float* d, float* group_sums);
 
 struct PackedWeights {
-  const void* codes;       // int4: uint8 [tiles, blocks, 8, 16]; int8: int8 [tiles, blocks, 8, 32]
+  const void* codes;       // int4: uint8 [tiles, blocks, 4, 32]; int8: int8 [tiles, blocks, 8, 32]
   const void* scales;      // [tiles, groups, 8]
   const void* offsets;     // [tiles, groups, 8], int4 only
   bool half_scales;        // scales/offsets are float16 bits (else float32)
@@ -61,10 +60,21 @@ struct LinearJob {
 // of work (so q, k and v, say, share one synchronisation).
 void run_linears(const LinearJob* jobs, int num_jobs, int num_threads);
 
+// The same work as independent chunks, for callers that run them on another thread pool:
+// linear_chunks() of them, each done by run_linear_chunk(); together they write every output.
+int64_t linear_chunks(const LinearJob* jobs, int num_jobs, int num_threads);
+void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_t num_chunks);
+
 // Tiles [tile_begin, tile_end) of y = x @ w.T (bits 4 or 8) on the calling thread, for callers that
 // schedule several linears inside one parallel region.
 void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int64_t tile_begin,
                        int64_t tile_end);
+
+// linear_tile_range for int4 weights and many rows (quant_gemm.cpp): the same results, scheduled for
+// compute-bound batches; used from kInt4GemmMinRows rows on.
+constexpr int64_t kInt4GemmMinRows = 64;
+void int4_gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
+                          int64_t tile_end);
 
 // The contiguous share [begin, end) of `count` items that thread `thread` of `num_threads` takes.
 struct TileRange {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels.h"
 #include "simd.h"
@@ -24,9 +25,11 @@ namespace {
 // 2 KiB ahead was 10-20% faster for SmolLM2's layers and lm_head.
 constexpr int64_t kPrefetchBytes = 2048;
 
-// 4-bit codes: 16 bytes per row and block (low nibbles = columns 0..15, high = 16..31). The tile's
-// rows are stored in the order 0,4,1,5,2,6,3,7, so one 32-byte load holds rows p and p+4 and the
-// hadd tree below leaves row k in lane k.
+// 4-bit codes: 128 bytes per tile and block, as four 32-byte chunks. Byte 4*o + j of chunk c holds
+// output row o's codes for columns 4c + j (low nibble) and 16 + 4c + j (high nibble). maddubs of a
+// chunk's nibbles against four activations broadcast to every row then leaves output row o's partial
+// sums in the two int16 lanes of dword o: the tile's eight dot products come out in the eight int32
+// lanes without any horizontal sums.
 struct Int4Format {
   static constexpr int64_t kBlockBytes = 16;
   static constexpr bool kHasOffsets = true;
@@ -35,30 +38,30 @@ struct Int4Format {
   template <int R>
   static void block_dots(const uint8_t* codes, const int8_t* const x[R], __m256i dots[R]) {
     const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i sums[R][4];
+    // int16 lanes gather 8 pair sums of at most 2 * 15 * 127: 30480, within int16.
+    __m256i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * p));
-      const __m256i w_low = _mm256_and_si256(raw, low_nibbles);                        // cols 0..15
-      const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);  // cols 16..31
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * c));
+      const __m256i w_low = _mm256_and_si256(raw, low_nibbles);                        // cols 4c..4c+3
+      const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);  // cols 16+4c..
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        // Both 128-bit halves see the same activations: half 0 multiplies row p, half 1 row p + 4.
-        const __m256i x_low = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r])));
-        const __m256i x_high = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r] + 16)));
-        // maddubs: unsigned weights (0..15) x signed activations (|q| <= 127) summed in pairs; two
-        // of them added stay within 4 * 15 * 127 = 7620, far from int16 saturation.
-        const __m256i pair16 = _mm256_add_epi16(_mm256_maddubs_epi16(w_low, x_low), _mm256_maddubs_epi16(w_high, x_high));
-        sums[r][p] = _mm256_madd_epi16(pair16, ones);  // [row p: 4 x int32 | row p+4: 4 x int32]
+        // maddubs: unsigned weights (0..15) x signed activations (|q| <= 127) summed in pairs.
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(w_low, broadcast4(x[r] + 4 * c)));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(w_high, broadcast4(x[r] + 16 + 4 * c)));
       }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i rows01 = _mm256_hadd_epi32(sums[r][0], sums[r][1]);  // rows 0,0,1,1 | 4,4,5,5
-      const __m256i rows23 = _mm256_hadd_epi32(sums[r][2], sums[r][3]);  // rows 2,2,3,3 | 6,6,7,7
-      dots[r] = _mm256_hadd_epi32(rows01, rows23);                        // rows 0,1,2,3 | 4,5,6,7
-    }
+    for (int r = 0; r < R; ++r) dots[r] = _mm256_madd_epi16(sums[r], _mm256_set1_epi16(1));
+  }
+
+ private:
+  // Four int8 activations repeated in every 32-bit lane.
+  static __m256i broadcast4(const int8_t* x) {
+    int32_t bits;
+    std::memcpy(&bits, x, 4);
+    return _mm256_set1_epi32(bits);
   }
 };
 
@@ -168,30 +171,43 @@ void tile_range_any_scales(const QuantizedRows& x, const PackedWeights& w, float
 
 void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int64_t tile_begin,
                        int64_t tile_end) {
-  if (bits == 4) {
+  if (bits == 4 && x.rows >= kInt4GemmMinRows) {
+    int4_gemm_tile_range(x, w, y, tile_begin, tile_end);
+  } else if (bits == 4) {
     tile_range_any_scales<Int4Format>(x, w, y, tile_begin, tile_end);
   } else {
     tile_range_any_scales<Int8Format>(x, w, y, tile_begin, tile_end);
   }
 }
 
-// The jobs' tiles, laid end to end, are cut into a few chunks per thread, each a contiguous range (one
-// sequential weight stream), and run on the WorkerPool, which never waits for a helper thread that is
-// not running; a late helper still finds chunks to take.
-void run_linears(const LinearJob* jobs, int num_jobs, int num_threads) {
+// Chunk `chunk` of `num_chunks` of the jobs' tiles laid end to end: a contiguous range (one
+// sequential weight stream) that may span the end of one job and the start of the next.
+void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_t num_chunks) {
   int64_t total = 0;
   for (int j = 0; j < num_jobs; ++j) total += jobs[j].w->num_tiles;
-  const int64_t num_chunks = std::min<int64_t>(total, 4 * std::max(num_threads, 1));
+  const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
+  int64_t first = 0;
+  for (int j = 0; j < num_jobs; ++j) {
+    const LinearJob& job = jobs[j];
+    const int64_t tiles = job.w->num_tiles;
+    const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
+    if (begin < end) linear_tile_range(*job.x, *job.w, job.bits, job.y, begin - first, end - first);
+    first += tiles;
+  }
+}
+
+int64_t linear_chunks(const LinearJob* jobs, int num_jobs, int num_threads) {
+  int64_t total = 0;
+  for (int j = 0; j < num_jobs; ++j) total += jobs[j].w->num_tiles;
+  return std::min<int64_t>(total, 4 * std::max(num_threads, 1));
+}
+
+// A few chunks per thread, run on the WorkerPool, which never waits for a helper thread that is
+// not running; a late helper still finds chunks to take.
+void run_linears(const LinearJob* jobs, int num_jobs, int num_threads) {
+  const int64_t num_chunks = linear_chunks(jobs, num_jobs, num_threads);
   WorkerPool::shared(num_threads).run(num_chunks, num_threads, [&](int64_t chunk) {
-    const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
-    int64_t first = 0;
-    for (int j = 0; j < num_jobs; ++j) {
-      const LinearJob& job = jobs[j];
-      const int64_t tiles = job.w->num_tiles;
-      const int64_t begin = std::max(mine.begin, first), end = std::min(mine.end, first + tiles);
-      if (begin < end) linear_tile_range(*job.x, *job.w, job.bits, job.y, begin - first, end - first);
-      first += tiles;
-    }
+    run_linear_chunk(jobs, num_jobs, chunk, num_chunks);
   });
 }
 
