@@ -90,13 +90,13 @@ PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, con
 // Threads for one call: waking a sleeping helper costs tens of microseconds, more than a small
 // matmul takes on one thread, so only calls with enough work are split.
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 20;
-// From this much work on (a millisecond or more), a call runs on torch's own thread pool instead of
-// rebar's WorkerPool. A prefill step interleaves these matmuls with torch ops (attention, norms)
-// whose OpenMP threads keep spinning for a while after each op; a second pool's helpers would
-// compete with them for the same cores (measured: a 512-token prefill at 2 threads lost a third of
-// its matmul speed that way). Small decode-sized calls keep the WorkerPool, which never waits on a
-// descheduled helper.
-constexpr int64_t kMinMacsForTorchPool = int64_t{8} << 20;
+// Prefill-sized calls (this many rows or more) run on torch's own thread pool instead of rebar's
+// WorkerPool. A prefill interleaves these matmuls with torch ops (attention, norms) whose OpenMP
+// threads keep spinning for a while after each op; a second pool's helpers would compete with them
+// for the same cores (measured: a 512-token prefill at 2 threads lost a third of its matmul speed
+// that way). Decode-sized calls (the lm_head of a decode step, say) keep the WorkerPool, whose
+// helpers the fused decode step uses next and which never waits on a descheduled helper.
+constexpr int64_t kMinRowsForTorchPool = 64;
 
 int64_t macs_of(const PackedWeights& w, int64_t rows) { return w.num_tiles * 8 * w.num_blocks * kBlock * rows; }
 
@@ -107,7 +107,7 @@ int threads_for(const PackedWeights& w, int64_t rows) {
 
 void run_linear(const LinearJob& job, int64_t rows) {
   const int num_threads = threads_for(*job.w, rows);
-  if (num_threads > 1 && macs_of(*job.w, rows) >= kMinMacsForTorchPool) {
+  if (num_threads > 1 && rows >= kMinRowsForTorchPool) {
     const int64_t num_chunks = linear_chunks(&job, 1, num_threads);
     at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t chunk = begin; chunk < end; ++chunk) run_linear_chunk(&job, 1, chunk, num_chunks);
