@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,25 @@ def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler, no ninja
     monkeypatch.delenv("CXX", raising=False)
     assert "compiler" in build.missing_requirement()
+
+
+def test_prefill_calls_share_torchs_openmp_runtime() -> None:
+    """The extension's OpenMP (for at::parallel_for) is the runtime torch loaded, not a second one
+    whose threads would compete with torch's for the cores."""
+    if not cpu_quant.available():
+        pytest.skip("rebar's CPU kernels are unavailable here")
+    script = textwrap.dedent(
+        """
+        import json
+        import torch
+        from rebar.kernels import cpu_quant
+        torch.set_num_threads(2)
+        packed = cpu_quant.pack_int4(torch.zeros(64, 64, dtype=torch.uint8), torch.ones(64, 4), torch.zeros(64, 4), 32)
+        cpu_quant.int4_linear_packed(torch.randn(256, 128), packed)  # a prefill-sized call: torch's pool
+        print(json.dumps(sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line})))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    libraries = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(libraries) == 1 and "torch" in libraries[0], libraries

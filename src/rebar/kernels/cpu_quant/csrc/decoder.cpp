@@ -136,40 +136,70 @@ struct Scratch {
         up(rows * s.intermediate) {}
 };
 
-// Softmax attention of one query head of one row over the row's (windowed) context.
-void attend(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row, int64_t head,
-            const float* query, float* out) {
+// Walks a row's cache slots for positions start, start + 1, ... without a division per position.
+class SlotCursor {
+ public:
+  SlotCursor(const int64_t* table, int64_t block_size, int64_t position)
+      : table_(table), block_size_(block_size), block_(position / block_size), offset_(position % block_size) {}
+  int64_t slot() const { return table_[block_] * block_size_ + offset_; }
+  void next() {
+    if (++offset_ == block_size_) {
+      offset_ = 0;
+      ++block_;
+    }
+  }
+
+ private:
+  const int64_t* table_;
+  int64_t block_size_, block_, offset_;
+};
+
+// Softmax attention, over one row's (windowed) context, of the query heads that share KV head
+// `kv_head` (grouped-query attention): each key and value is read once for all of them. `queries`
+// and `out` hold those heads one after another, [group, head_dim]. Per head the arithmetic is that
+// of a plain one-head loop, in the same order.
+void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row,
+                  int64_t kv_head, const float* queries, float* out) {
+  const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
   const int64_t context = batch.context_lens[row];
   const int64_t start = s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
   const int64_t count = context - start;
-  thread_local std::vector<float> weights;  // this thread's scratch for one head's attention weights
-  if (static_cast<int64_t>(weights.size()) < count) weights.resize(count);
-  float* scores = weights.data();
-  const int64_t kv_head = head / (s.num_heads / s.num_kv_heads);
-  const int64_t slot_stride = s.num_kv_heads * s.head_dim;
+  // This thread's scratch: [group, count] attention weights, then each head's maximum. Used through
+  // plain pointers: every access to a thread_local object goes through a TLS lookup.
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < group * (count + 1)) scratch.resize(group * (count + 1));
+  float* scores = scratch.data();
+  float* max_scores = scores + group * count;
+  std::fill(max_scores, max_scores + group, -std::numeric_limits<float>::infinity());
+  const int64_t slot_stride = s.num_kv_heads * head_dim;
   const int64_t* table = batch.block_tables + row * batch.table_width;
-  const auto slot_of = [&](int64_t position) {
-    return table[position / s.block_size] * s.block_size + position % s.block_size;
-  };
 
-  float max_score = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < count; ++t) {
-    const float* key = layer.key_cache + slot_of(start + t) * slot_stride + kv_head * s.head_dim;
-    scores[t] = dot(query, key, s.head_dim) * s.attn_scale;
-    max_score = std::max(max_score, scores[t]);
+  SlotCursor keys(table, s.block_size, start);
+  for (int64_t t = 0; t < count; ++t, keys.next()) {
+    const float* key = layer.key_cache + keys.slot() * slot_stride + kv_head * head_dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const float score = dot(queries + g * head_dim, key, head_dim) * s.attn_scale;
+      scores[g * count + t] = score;
+      max_scores[g] = std::max(max_scores[g], score);
+    }
   }
-  const __m256 shift = _mm256_set1_ps(max_score);
-  map8(scores, count, [&](__m256 z) { return exp256(_mm256_sub_ps(z, shift)); });
-  float total = 0.0f;
-  for (int64_t t = 0; t < count; ++t) total += scores[t];
+  for (int64_t g = 0; g < group; ++g) {
+    const __m256 shift = _mm256_set1_ps(max_scores[g]);
+    map8(scores + g * count, count, [&](__m256 z) { return exp256(_mm256_sub_ps(z, shift)); });
+  }
 
-  std::fill(out, out + s.head_dim, 0.0f);
-  for (int64_t t = 0; t < count; ++t) {
-    const float* value = layer.value_cache + slot_of(start + t) * slot_stride + kv_head * s.head_dim;
-    axpy(out, value, scores[t], s.head_dim);
+  std::fill(out, out + group * head_dim, 0.0f);
+  SlotCursor values(table, s.block_size, start);
+  for (int64_t t = 0; t < count; ++t, values.next()) {
+    const float* value = layer.value_cache + values.slot() * slot_stride + kv_head * head_dim;
+    for (int64_t g = 0; g < group; ++g) axpy(out + g * head_dim, value, scores[g * count + t], head_dim);
   }
-  const float inv_total = 1.0f / total;
-  for (int64_t i = 0; i < s.head_dim; ++i) out[i] *= inv_total;
+  for (int64_t g = 0; g < group; ++g) {
+    float total = 0.0f;
+    for (int64_t t = 0; t < count; ++t) total += scores[g * count + t];
+    const float inv_total = 1.0f / total;
+    for (int64_t i = 0; i < head_dim; ++i) out[g * head_dim + i] *= inv_total;
+  }
 }
 
 // One layer: the element-wise steps on the calling thread, matmuls and attention on the pool.
@@ -200,9 +230,11 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
     std::memcpy(layer.value_cache + batch.slots[r] * kv_size, m.v.data() + r * kv_size, sizeof(float) * kv_size);
   }
 
-  pool.run(rows * s.num_heads, num_threads, [&](int64_t item) {
-    const int64_t offset = item * s.head_dim;  // == (row * num_heads + head) * head_dim
-    attend(s, layer, batch, item / s.num_heads, item % s.num_heads, m.q.data() + offset, m.attn.data() + offset);
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  pool.run(rows * s.num_kv_heads, num_threads, [&](int64_t item) {
+    const int64_t offset = item * group * s.head_dim;  // == (row * num_heads + kv_head * group) * head_dim
+    attend_group(s, layer, batch, item / s.num_kv_heads, item % s.num_kv_heads, m.q.data() + offset,
+                 m.attn.data() + offset);
   });
 
   m.o_in.quantize(m.attn.data(), rows, layer.o);
