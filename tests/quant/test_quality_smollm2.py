@@ -72,11 +72,12 @@ def test_activation_aware_int4_beats_round_to_nearest(perplexities: dict[str, fl
 
 @requires_smollm2
 def test_activation_aware_int4_stays_within_its_measured_loss(perplexities: dict[str, float]) -> None:
-    """A regression guard at the measured level (+6.3% on these tokens, against +31.4% for int4-rtn)."""
+    """A regression guard at the measured level: +7.1% on these tokens as served (int8 activations),
+    against +34.5% for int4-rtn; +6.3% and +31.4% with float32 activations."""
     assert relative(perplexities, "int4-awq") <= 0.075, perplexities
 
 
 @requires_smollm2
-@pytest.mark.xfail(strict=True, reason="int4-awq at group 64 measures +6.3% here, +6.1% on 16,384 tokens (docs/quantization.md)")
+@pytest.mark.xfail(strict=True, reason="int4-awq at group 64 measures +7.1% here as served (int8 activations), +6.1% on 16,384 tokens with float activations (docs/quantization.md)")
 def test_activation_aware_int4_is_within_five_percent(perplexities: dict[str, float]) -> None:
     assert relative(perplexities, "int4-awq") <= 0.05, perplexities
