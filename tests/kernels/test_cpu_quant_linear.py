@@ -165,3 +165,18 @@ def test_bad_inputs_raise_value_errors() -> None:
         cpu_quant.int4_linear_packed(torch.randn(2, 64, dtype=torch.float64), packed)
     with pytest.raises(ValueError, match=r"\[\.\.\., 64\]"):
         cpu_quant.int4_linear_packed(torch.randn(2, 65), packed)
+
+
+def test_concurrent_prefill_calls_match_sequential_ones() -> None:
+    """Two Python threads running prefill-sized calls at once (each on torch's thread pool, each with
+    its own thread-local activation scratch) get exactly what they get one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = torch.Generator().manual_seed(6)
+    weight = random_int4(96, 576, 32, torch.float16, gen)
+    packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
+    inputs = [random_activations(200 + 17 * i, 576, gen) for i in range(6)]
+    expected = [cpu_quant.int4_linear_packed(x, packed) for x in inputs]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda x: cpu_quant.int4_linear_packed(x, packed), inputs))
+    assert all(torch.equal(got, want) for got, want in zip(results, expected))
