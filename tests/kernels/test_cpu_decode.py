@@ -138,6 +138,16 @@ def test_half_layers_with_biases_and_a_sliding_window(half: str) -> None:
     assert relative_error(got, expected) < 1e-5
 
 
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (6, 1), (8, 2)])
+def test_attention_for_other_head_groupings(num_heads: int, num_kv_heads: int) -> None:
+    """Query heads per KV head from 1 to 6 (the attention takes up to four heads of a group at once;
+    six needs two passes), contexts longer and shorter than its eight-key blocks."""
+    model = quantized_model(num_layers=1, hidden_size=16 * num_heads, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    silence(model, "mlp.down_proj")
+    expected, got, *_ = decode_both(model, [2, 9, 21])
+    assert relative_error(got, expected) < 1e-5
+
+
 def float_reference(model: torch.nn.Module) -> torch.nn.Module:
     """The same model with every quantized linear computed in float from its dequantized weights
     (no activation rounding)."""
@@ -170,6 +180,8 @@ def test_unsupported_models_say_why() -> None:
     c = model.config
     bf16_cache = KVCache(c.num_layers, 4, BLOCK_SIZE, c.num_kv_heads, c.head_dim, torch.bfloat16)
     assert "bfloat16" in unsupported_reason(model, bf16_cache)
+    odd_heads = quantized_model(num_heads=8, head_dim=12, hidden_size=64)
+    assert "multiple of 8" in unsupported_reason(odd_heads, new_cache(odd_heads))
     assert FusedDecoder.build(float_model, new_cache(float_model)).decoder is None
 
 

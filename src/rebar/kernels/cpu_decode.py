@@ -92,6 +92,8 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
         return f"{type(model).__name__} is not a Llama-family decoder"
     if kv_cache.keys[0].dtype != torch.float32 or kv_cache.keys[0].device.type != "cpu":
         return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 on the CPU"
+    if model.config.head_dim % 8:
+        return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
     if model.layers[0].input_norm.weight.dtype != torch.float32:
         return f"the model runs in {model.layers[0].input_norm.weight.dtype}, not float32"
     for index, layer in enumerate(model.layers):

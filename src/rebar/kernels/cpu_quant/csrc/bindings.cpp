@@ -179,7 +179,7 @@ class FusedDecoder {
  public:
   FusedDecoder(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
                double norm_eps, double attn_scale, int64_t sliding_window) {
-    TORCH_CHECK_VALUE(hidden > 0 && head_dim > 0 && head_dim % 2 == 0 && intermediate > 0 && num_kv_heads > 0 &&
+    TORCH_CHECK_VALUE(hidden > 0 && head_dim > 0 && head_dim % 8 == 0 && intermediate > 0 && num_kv_heads > 0 &&
                           num_heads % num_kv_heads == 0 && sliding_window >= 0,
                       "invalid decoder shape");
     shape_ = {hidden, num_heads, num_kv_heads, head_dim, intermediate, 0, 0,

@@ -47,26 +47,6 @@ void map8(float* x, int64_t n, F f) {
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  float sum = 0.0f;
-  for (float lane : lanes) sum += lane;
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-// y += a * x
-inline void axpy(float* y, const float* x, float a, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
 void rms_norm(const float* x, const float* weight, float* out, int64_t n, float eps) {
   double sum_squares = 0.0;
   for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
@@ -154,33 +134,59 @@ class SlotCursor {
   int64_t block_size_, block_, offset_;
 };
 
+// Lane k = the sum of the eight lanes of v[k]: eight keys' dot products in one register.
+inline __m256 sum_lanes_of_8_ps(const __m256 v[8]) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
 // Softmax attention, over one row's (windowed) context, of the query heads that share KV head
 // `kv_head` (grouped-query attention): each key and value is read once for all of them. `queries`
-// and `out` hold those heads one after another, [group, head_dim]. Per head the arithmetic is that
-// of a plain one-head loop, in the same order.
+// and `out` hold those heads one after another, [group, head_dim]; head_dim is a multiple of 8.
+//   - scores: eight keys at a time, each key's partial sums in its own register and one hadd tree
+//     for all eight (a horizontal sum per key would be a chain of dependent adds);
+//   - output: per 8-wide slice of head_dim, up to four heads accumulate in registers over the whole
+//     context, in position order (as out += p_t * v_t would).
 void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row,
                   int64_t kv_head, const float* queries, float* out) {
   const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
   const int64_t context = batch.context_lens[row];
   const int64_t start = s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
   const int64_t count = context - start;
-  // This thread's scratch: [group, count] attention weights, then each head's maximum. Used through
-  // plain pointers: every access to a thread_local object goes through a TLS lookup.
+  // This thread's scratch, used through plain pointers (each access to a thread_local object is a
+  // TLS lookup): [group, count] attention weights, each head's maximum, the context's cache offsets.
   thread_local std::vector<float> scratch;
+  thread_local std::vector<int64_t> offsets_scratch;
   if (static_cast<int64_t>(scratch.size()) < group * (count + 1)) scratch.resize(group * (count + 1));
+  if (static_cast<int64_t>(offsets_scratch.size()) < count) offsets_scratch.resize(count);
   float* scores = scratch.data();
   float* max_scores = scores + group * count;
-  std::fill(max_scores, max_scores + group, -std::numeric_limits<float>::infinity());
+  int64_t* offsets = offsets_scratch.data();  // of position start + t's head in a layer's cache
   const int64_t slot_stride = s.num_kv_heads * head_dim;
-  const int64_t* table = batch.block_tables + row * batch.table_width;
+  SlotCursor cursor(batch.block_tables + row * batch.table_width, s.block_size, start);
+  for (int64_t t = 0; t < count; ++t, cursor.next()) offsets[t] = cursor.slot() * slot_stride + kv_head * head_dim;
 
-  SlotCursor keys(table, s.block_size, start);
-  for (int64_t t = 0; t < count; ++t, keys.next()) {
-    const float* key = layer.key_cache + keys.slot() * slot_stride + kv_head * head_dim;
+  const __m256 scale = _mm256_set1_ps(s.attn_scale);
+  for (int64_t g = 0; g < group; ++g) max_scores[g] = -std::numeric_limits<float>::infinity();
+  for (int64_t t0 = 0; t0 < count; t0 += 8) {
+    const int64_t n = std::min<int64_t>(8, count - t0);
+    const float* keys[8];
+    for (int64_t j = 0; j < 8; ++j) keys[j] = layer.key_cache + offsets[t0 + std::min(j, n - 1)];  // pad: repeat
     for (int64_t g = 0; g < group; ++g) {
-      const float score = dot(queries + g * head_dim, key, head_dim) * s.attn_scale;
-      scores[g * count + t] = score;
-      max_scores[g] = std::max(max_scores[g], score);
+      const float* query = queries + g * head_dim;
+      __m256 partial[8];
+      for (int j = 0; j < 8; ++j) partial[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < head_dim; i += 8) {
+        const __m256 q = _mm256_loadu_ps(query + i);
+        for (int j = 0; j < 8; ++j) partial[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys[j] + i), partial[j]);
+      }
+      alignas(32) float block[8];
+      _mm256_store_ps(block, _mm256_mul_ps(sum_lanes_of_8_ps(partial), scale));
+      for (int64_t j = 0; j < n; ++j) {
+        scores[g * count + t0 + j] = block[j];
+        max_scores[g] = std::max(max_scores[g], block[j]);
+      }
     }
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -188,11 +194,19 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
     map8(scores + g * count, count, [&](__m256 z) { return exp256(_mm256_sub_ps(z, shift)); });
   }
 
-  std::fill(out, out + group * head_dim, 0.0f);
-  SlotCursor values(table, s.block_size, start);
-  for (int64_t t = 0; t < count; ++t, values.next()) {
-    const float* value = layer.value_cache + values.slot() * slot_stride + kv_head * head_dim;
-    for (int64_t g = 0; g < group; ++g) axpy(out + g * head_dim, value, scores[g * count + t], head_dim);
+  constexpr int64_t kHeadsAtOnce = 4;
+  for (int64_t g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+    const int64_t heads = std::min(kHeadsAtOnce, group - g0);
+    for (int64_t i = 0; i < head_dim; i += 8) {
+      __m256 acc[kHeadsAtOnce] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t t = 0; t < count; ++t) {
+        const __m256 value = _mm256_loadu_ps(layer.value_cache + offsets[t] + i);
+        for (int64_t k = 0; k < heads; ++k) {
+          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(scores[(g0 + k) * count + t]), value, acc[k]);
+        }
+      }
+      for (int64_t k = 0; k < heads; ++k) _mm256_storeu_ps(out + (g0 + k) * head_dim + i, acc[k]);
+    }
   }
   for (int64_t g = 0; g < group; ++g) {
     float total = 0.0f;
