@@ -9,7 +9,7 @@ import pytest
 
 from markers import requires_smollm2
 from rebar.bench import compare
-from rebar.bench.compare import CompareReport, EngineFigures, HttpFigures, build_rows
+from rebar.bench.compare import CompareReport, EngineFigures, HttpFigures, build_rows, median_http_figures
 
 
 def test_rows_put_each_ratio_in_its_targets_direction() -> None:
@@ -26,6 +26,13 @@ def test_rows_put_each_ratio_in_its_targets_direction() -> None:
     slow = {r.figure: r for r in build_rows(EngineFigures(50.0, 0.9), peer, HttpFigures(16, 100.0, 1.5, 2))}
     assert not slow["single-stream decode tok/s"].passed and not slow["prefill 512 tokens, TTFT s"].passed
     assert not slow["HTTP 16 streams, output tok/s"].passed and not slow["HTTP 16 streams, p95 TTFT s"].passed
+
+
+def test_http_figures_are_medians_of_the_runs() -> None:
+    figures = median_http_figures(16, [(150.0, 2.6, 0), (170.0, 2.4, 1), (140.0, 3.0, 0)])
+    assert figures == HttpFigures(16, 150.0, 2.6, 1, 3)  # failures add up
+    with pytest.raises(ValueError, match="no HTTP"):
+        median_http_figures(16, [])
 
 
 def test_without_a_peer_the_table_says_why(monkeypatch) -> None:

@@ -41,10 +41,21 @@ class EngineFigures:
 
 @dataclass(frozen=True)
 class HttpFigures:
+    """Medians over `runs` benchmark runs (each with fresh prompts); failures summed over them."""
+
     concurrency: int
     output_tokens_per_s: float
     ttft_p95_s: float
     num_failed: int
+    runs: int = 1
+
+
+def median_http_figures(concurrency: int, runs: list[tuple[float, float, int]]) -> HttpFigures:
+    """(output tok/s, p95 TTFT s, failed requests) per run -> their medians and the total failures."""
+    if not runs:
+        raise ValueError("no HTTP benchmark runs to summarise")
+    return HttpFigures(concurrency, statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+                       sum(r[2] for r in runs), len(runs))
 
 
 @dataclass
@@ -161,8 +172,9 @@ def _free_port() -> int:
 
 
 def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: int = 32, input_words: int = 64,
-                 output_tokens: int = 64) -> HttpFigures:
-    """Start `rebar serve` for `model`, run the streaming benchmark at `concurrency`, stop the server."""
+                 output_tokens: int = 64, repeats: int = 1, seed: int = 0) -> HttpFigures:
+    """Start `rebar serve` for `model`, run the streaming benchmark at `concurrency` `repeats` times
+    (fresh prompts each time, so the prefix cache never helps), stop the server; the medians."""
     import httpx
 
     from rebar.bench.serve import ServeBenchConfig, run_serve_bench
@@ -188,12 +200,15 @@ def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: i
             if time.monotonic() > deadline:
                 raise RuntimeError("rebar serve was not ready within 300 s")
             time.sleep(0.2)
-        config = ServeBenchConfig(url=url, num_prompts=num_prompts, input_words=input_words, output_tokens=output_tokens,
-                                  ignore_eos=True)
-        level = asyncio.run(run_serve_bench(config, [concurrency])).levels[0]
-        ttfts = sorted(r.ttft_s for r in level.requests if r.ok and r.ttft_s is not None)
-        p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else float("nan")
-        return HttpFigures(concurrency, level.output_tokens_per_s, p95, level.num_failed)
+        runs = []
+        for run in range(repeats):
+            config = ServeBenchConfig(url=url, num_prompts=num_prompts, input_words=input_words,
+                                      output_tokens=output_tokens, ignore_eos=True, seed=seed + run)
+            level = asyncio.run(run_serve_bench(config, [concurrency])).levels[0]
+            ttfts = sorted(r.ttft_s for r in level.requests if r.ok and r.ttft_s is not None)
+            p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else float("nan")
+            runs.append((level.output_tokens_per_s, p95, level.num_failed))
+        return median_http_figures(concurrency, runs)
     finally:
         server.terminate()
         try:
@@ -246,6 +261,6 @@ def run_compare(model: str, threads: int, output_len: int = 128, repeats: int = 
     if peer is not None:
         peer_figures = measure_llamacpp(peer, prompts, prefill_prompts, output_len)
         del peer
-    http_figures = measure_http(model, threads) if http else None
+    http_figures = measure_http(model, threads, repeats=repeats, seed=seed) if http else None
     return CompareReport(model, threads, rebar_figures, peer_figures, note, http_figures,
                          build_rows(rebar_figures, peer_figures, http_figures))
