@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "simd.h"
 #include "worker_pool.h"
 
 namespace rebar_cpu_quant {
@@ -88,6 +89,22 @@ struct QuantizedInput {
   }
 };
 
+// Whether two linears read an input alike: the same blocks and, for int4, the same groups (whose sums
+// the offsets need). Then one quantized copy of the input serves both.
+bool reads_alike(const QuantLinearRef& a, const QuantLinearRef& b) {
+  const auto groups = [](const QuantLinearRef& l) { return l.bits == 4 ? l.weights.blocks_per_group : 0; };
+  return a.weights.num_blocks == b.weights.num_blocks && groups(a) == groups(b);
+}
+
+// The input x of `linear`, quantized: `first_input` (x quantized for `first`) when the two read it
+// alike, else `own` filled for it.
+const QuantizedInput& input_for(const QuantLinearRef& linear, const float* x, int64_t rows, QuantizedInput& own,
+                                const QuantLinearRef& first, const QuantizedInput& first_input) {
+  if (reads_alike(linear, first)) return first_input;
+  own.quantize(x, rows, linear);
+  return own;
+}
+
 // One of a layer's linears on its quantized input.
 LinearJob job(const QuantLinearRef& linear, const QuantizedInput& input, float* y) {
   return {&input.rows, &linear.weights, linear.bits, y};
@@ -133,13 +150,6 @@ class SlotCursor {
   const int64_t* table_;
   int64_t block_size_, block_, offset_;
 };
-
-// Lane k = the sum of the eight lanes of v[k]: eight keys' dot products in one register.
-inline __m256 sum_lanes_of_8_ps(const __m256 v[8]) {
-  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
-}
 
 // Softmax attention, over one row's (windowed) context, of the query heads that share KV head
 // `kv_head` (grouped-query attention): each key and value is read once for all of them. `queries`
@@ -226,10 +236,10 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
     rms_norm(batch.x + r * hidden, layer.input_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
   }
   m.qkv_in[0].quantize(m.normed.data(), rows, layer.q);
-  m.qkv_in[1].quantize(m.normed.data(), rows, layer.k);
-  m.qkv_in[2].quantize(m.normed.data(), rows, layer.v);
-  const LinearJob qkv[] = {job(layer.q, m.qkv_in[0], m.q.data()), job(layer.k, m.qkv_in[1], m.k.data()),
-                           job(layer.v, m.qkv_in[2], m.v.data())};
+  const QuantizedInput& k_in = input_for(layer.k, m.normed.data(), rows, m.qkv_in[1], layer.q, m.qkv_in[0]);
+  const QuantizedInput& v_in = input_for(layer.v, m.normed.data(), rows, m.qkv_in[2], layer.q, m.qkv_in[0]);
+  const LinearJob qkv[] = {job(layer.q, m.qkv_in[0], m.q.data()), job(layer.k, k_in, m.k.data()),
+                           job(layer.v, v_in, m.v.data())};
   run_linears(qkv, 3, num_threads);
 
   add_bias(m.q.data(), layer.q.bias, rows, q_size);
@@ -261,8 +271,8 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
     rms_norm(batch.x + r * hidden, layer.post_attn_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
   }
   m.gate_up_in[0].quantize(m.normed.data(), rows, layer.gate);
-  m.gate_up_in[1].quantize(m.normed.data(), rows, layer.up);
-  const LinearJob gate_up[] = {job(layer.gate, m.gate_up_in[0], m.gate.data()), job(layer.up, m.gate_up_in[1], m.up.data())};
+  const QuantizedInput& up_in = input_for(layer.up, m.normed.data(), rows, m.gate_up_in[1], layer.gate, m.gate_up_in[0]);
+  const LinearJob gate_up[] = {job(layer.gate, m.gate_up_in[0], m.gate.data()), job(layer.up, up_in, m.up.data())};
   run_linears(gate_up, 2, num_threads);
 
   add_bias(m.gate.data(), layer.gate.bias, rows, inner);

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -54,13 +53,6 @@ void expand_tile(const PackedWeights& w, int64_t tile, ExpandedTile& out) {
     std::fill_n(&out.block_scales[g * w.blocks_per_group], w.blocks_per_group, scale);
     out.offsets[g] = load_scales(w.offsets, scale_base + g * kTileRows, w.half_scales);
   }
-}
-
-// Four int8 activations repeated in every 32-bit lane.
-__m256i broadcast4(const int8_t* x) {
-  int32_t bits;
-  std::memcpy(&bits, x, 4);
-  return _mm256_set1_epi32(bits);
 }
 
 // R rows (1 or 2) starting at `row` against one expanded tile; writes their 8 outputs.

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels.h"
 #include "simd.h"
@@ -54,14 +53,6 @@ struct Int4Format {
       }
     }
     for (int r = 0; r < R; ++r) dots[r] = _mm256_madd_epi16(sums[r], _mm256_set1_epi16(1));
-  }
-
- private:
-  // Four int8 activations repeated in every 32-bit lane.
-  static __m256i broadcast4(const int8_t* x) {
-    int32_t bits;
-    std::memcpy(&bits, x, 4);
-    return _mm256_set1_epi32(bits);
   }
 };
 

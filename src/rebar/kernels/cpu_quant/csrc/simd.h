@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace rebar_cpu_quant {
 
@@ -26,6 +27,20 @@ inline __m256i sum_lanes_of_8(const __m256i v[8]) {
   const __m256i low_halves = _mm256_permute2x128_si256(ab, cd, 0x20);
   const __m256i high_halves = _mm256_permute2x128_si256(ab, cd, 0x31);
   return _mm256_add_epi32(low_halves, high_halves);
+}
+
+// The float form of sum_lanes_of_8: lane k = the sum of the eight lanes of v[k].
+inline __m256 sum_lanes_of_8_ps(const __m256 v[8]) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+// Four int8 activations repeated in every 32-bit lane (the maddubs operand against int4 chunks).
+inline __m256i broadcast4(const int8_t* x) {
+  int32_t bits;
+  std::memcpy(&bits, x, 4);
+  return _mm256_set1_epi32(bits);
 }
 
 // Stores the first `count` lanes (a partial last tile writes only real output rows).
