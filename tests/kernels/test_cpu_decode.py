@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -183,6 +185,17 @@ def test_unsupported_models_say_why() -> None:
     odd_heads = quantized_model(num_heads=8, head_dim=12, hidden_size=64)
     assert "multiple of 8" in unsupported_reason(odd_heads, new_cache(odd_heads))
     assert FusedDecoder.build(float_model, new_cache(float_model)).decoder is None
+
+
+def test_row_limit_is_what_the_model_paths_kernels_serve() -> None:
+    """int4 kernels serve any number of rows, int8 ones up to NATIVE_INT8_MAX_ROWS: a fused step takes
+    as many decode rows as the model's own path would run on the same kernels."""
+    from rebar.quant.qlinear import NATIVE_INT8_MAX_ROWS
+
+    all_int4 = quantized_model(mixed_bits=False)
+    mixed = quantized_model(mixed_bits=True)
+    assert FusedDecoder.build(all_int4, new_cache(all_int4)).decoder.max_rows == math.inf
+    assert FusedDecoder.build(mixed, new_cache(mixed)).decoder.max_rows == NATIVE_INT8_MAX_ROWS
 
 
 class TestBadStepsFailCleanly:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -35,7 +36,9 @@ class ModelRunner:
         if outcome.decoder is None:
             logger.info("fused CPU decode step off: %s", outcome.reason)
         else:
-            logger.info("fused CPU decode step on: decode steps of up to %d sequences run in one C++ call", outcome.decoder.max_rows)
+            limit = outcome.decoder.max_rows
+            logger.info("fused CPU decode step on: decode steps of %s run in one C++ call",
+                        "any size" if limit == math.inf else f"up to {limit} sequences")
         return outcome.decoder
 
     def _metadata(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:

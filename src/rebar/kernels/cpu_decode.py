@@ -23,10 +23,6 @@ from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.kernels.cpu_quant.packing import PackedInt4
 from rebar.model.rope import rope_cos_sin
 
-# Rows (sequences) per step the fused path takes: QuantLinear's AVX2 int8 kernel serves up to this
-# many rows, beyond it the model's own path dequantizes (rebar.quant.qlinear.NATIVE_INT8_MAX_ROWS),
-# and a decode row's numbers should not depend on which path its step took.
-MAX_ROWS = 32
 _LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -42,6 +38,11 @@ class FusedDecoder:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, extension) -> None:
         config = model.config
         self.model = model
+        # The runner sends steps of at most this many one-token rows: as many as every layer linear's
+        # AVX2 kernel serves in the model's own path (int4: any number; int8: up to
+        # rebar.quant.qlinear.NATIVE_INT8_MAX_ROWS, beyond which it dequantizes), so a decode row's
+        # numbers do not depend on which path its step took.
+        self.max_rows = min(layer.get_submodule(path).kernels[0].max_rows for layer in model.layers for path in _LINEARS)
         self._decoder = extension.FusedDecoder(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
             float(config.norm_eps), float(config.head_dim**-0.5), int(config.sliding_window or 0),
@@ -62,8 +63,6 @@ class FusedDecoder:
         from rebar.kernels.cpu_quant.build import load_extension
 
         return BuildOutcome(cls(model, kv_cache, load_extension().module), "")
-
-    max_rows = MAX_ROWS  # the runner sends steps of at most this many one-token rows
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V.
