@@ -19,6 +19,7 @@ from rebar.quant.awq import (
     apply_awq,
     group_errors,
     output_error,
+    round_fed_back,
     run_sequence,
     scale_groups,
     search_grid,
@@ -81,8 +82,8 @@ def test_scale_search_beats_round_to_nearest_on_outlier_channels() -> None:
     weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
     search = search_scales(weight, moments_of(x), x.abs().mean(0), group_size=32)
     plain = direct_error(x, weight, fake_quantize_int4(weight, 32))
-    assert search.rtn_error == pytest.approx(plain, rel=1e-4)  # alpha = 0 is plain round-to-nearest
-    assert search.alpha > 0 and search.error < 0.7 * search.rtn_error
+    assert search.unscaled_error == pytest.approx(plain, rel=1e-4)  # alpha = 0 is plain round-to-nearest
+    assert search.alpha > 0 and search.error < 0.7 * search.unscaled_error
     assert search.scales.shape == (128,)
 
 
@@ -90,7 +91,21 @@ def test_scale_search_never_does_worse_than_round_to_nearest() -> None:
     weight = torch.randn(32, 64, generator=GENERATOR)
     x = torch.randn(128, 64, generator=GENERATOR)  # no outliers: little to gain
     search = search_scales(weight, moments_of(x), x.abs().mean(0), group_size=32)
-    assert search.error <= search.rtn_error
+    assert search.error <= search.unscaled_error
+
+
+def test_scale_search_judges_scales_by_the_rounding_it_is_given() -> None:
+    """Judged after error-feedback rounding, the search finds scales at least as good, under that
+    rounding, as the ones round-to-nearest prefers (and far better than round-to-nearest itself)."""
+    x = outlier_inputs().float()
+    weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
+    moments, mean_abs = moments_of(x), x.abs().mean(0)
+    nearest_pick = search_scales(weight, moments, mean_abs, group_size=32)
+    fed_back_pick = search_scales(weight, moments, mean_abs, group_size=32, rounding=round_fed_back)
+    s = nearest_pick.scales
+    nearest_scales_fed_back = output_error(round_fed_back(weight * s, moments / torch.outer(s, s), 32) / s - weight, moments)
+    assert fed_back_pick.error <= nearest_scales_fed_back * (1 + 1e-6)
+    assert fed_back_pick.error < 0.5 * nearest_pick.error
 
 
 def test_grid_search_lowers_every_groups_error_on_the_rows() -> None:
@@ -128,7 +143,7 @@ def test_folding_scales_leaves_the_float_model_unchanged(tiny_float_model) -> No
     before = run_sequence(model, IDS)
     q_before = model.layers[0].attn.q_proj.weight.clone()
     sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
-    result = apply_awq(model, sequences, group_size=32)
+    result = apply_awq(model, sequences, group_size=32, error_feedback=False)
     assert not torch.equal(model.layers[0].attn.q_proj.weight, q_before)  # scales were folded in...
     torch.testing.assert_close(run_sequence(model, IDS), before, atol=1e-4, rtol=1e-4)  # ...without changing the function
     assert set(result.searches) == {g.linears[0] for g in scale_groups(model)}
@@ -137,12 +152,36 @@ def test_folding_scales_leaves_the_float_model_unchanged(tiny_float_model) -> No
     assert result.grids["layers.0.mlp.up_proj.weight"].scales.shape == (128, 2)
 
 
+def _all_on_grid(model, grids, group_size: int) -> bool:
+    for name, grid in grids.items():
+        weight = model.get_submodule(name.removesuffix(".weight")).weight
+        stored = quantize_int4_on_grid(weight, group_size, grid.scales, grid.offsets).dequantize()
+        if not torch.equal(weight, stored):
+            return False
+    return True
+
+
+def test_error_feedback_leaves_the_weights_on_their_grids_and_closer_to_the_float_model(tiny_float_model) -> None:
+    reference = tiny_float_model()
+    expected = run_sequence(reference, IDS)
+    sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
+    outputs = {}
+    for feedback in (False, True):
+        model = tiny_float_model()
+        result = apply_awq(model, sequences, group_size=32, error_feedback=feedback)
+        assert _all_on_grid(model, result.grids, 32) == feedback  # with feedback the codes live in the weights
+        with _quantized(model, result.grids, 32):  # what the checkpoint holds
+            outputs[feedback] = run_sequence(model, IDS)
+    error = {feedback: (out - expected).pow(2).mean().item() for feedback, out in outputs.items()}
+    assert error[True] < error[False], error
+
+
 
 def test_weights_on_their_grids_are_what_the_checkpoint_stores(tiny_float_model) -> None:
     """The next layer is calibrated on the weights the checkpoint will hold, so `_quantized` must put
     each weight exactly where `quantize_int4_on_grid` decodes, and restore the float weights after."""
     model = tiny_float_model()
-    result = apply_awq(model, [IDS[:16], IDS[16:32]], group_size=32)
+    result = apply_awq(model, [IDS[:16], IDS[16:32]], group_size=32, error_feedback=False)
     name = "layers.1.mlp.down_proj.weight"
     weight = model.get_submodule(name.removesuffix(".weight")).weight
     original = weight.clone()

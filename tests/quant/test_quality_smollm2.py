@@ -4,10 +4,8 @@ The targets: int8 within +1% of the reference perplexity; int4-awq within +5% an
 than int4-rtn at the same group size. Group 64 is the int4 setting measured here: the GGUF itself is
 Q4_1 with group 32, so int4 at group 32 reproduces its weights exactly (both int4 methods equal the
 reference there, and neither can be better than the other), and 128 does not divide the model's
-width of 576. At group 64 activation-aware scales and searched grids, calibrated layer by layer,
-cut round-to-nearest's loss by about four fifths but stay just above +5% (docs/quantization.md has
-the numbers on more text); that target is recorded as a strict expected failure, so an improvement
-that reaches it turns this suite red until the marker is removed.
+width of 576. Models run as served: int4 and int8 linears on rebar's kernels, activations rounded
+to int8 per block of 32.
 """
 
 from __future__ import annotations
@@ -66,18 +64,11 @@ def test_int8_is_within_one_percent(perplexities: dict[str, float]) -> None:
 @requires_smollm2
 def test_activation_aware_int4_beats_round_to_nearest(perplexities: dict[str, float]) -> None:
     assert perplexities["int4-awq"] < perplexities["int4-rtn"], perplexities
-    # and by a clear margin: at least two thirds of round-to-nearest's loss is recovered
-    assert relative(perplexities, "int4-awq") < 1 / 3 * relative(perplexities, "int4-rtn"), perplexities
+    # and by a clear margin: at least four fifths of round-to-nearest's loss is recovered
+    assert relative(perplexities, "int4-awq") < 1 / 5 * relative(perplexities, "int4-rtn"), perplexities
 
 
 @requires_smollm2
-def test_activation_aware_int4_stays_within_its_measured_loss(perplexities: dict[str, float]) -> None:
-    """A regression guard at the measured level: +7.1% on these tokens as served (int8 activations),
-    against +34.5% for int4-rtn; +6.3% and +31.4% with float32 activations."""
-    assert relative(perplexities, "int4-awq") <= 0.075, perplexities
-
-
-@requires_smollm2
-@pytest.mark.xfail(strict=True, reason="int4-awq at group 64 measures +7.1% here as served (int8 activations), +6.1% on 16,384 tokens with float activations (docs/quantization.md)")
 def test_activation_aware_int4_is_within_five_percent(perplexities: dict[str, float]) -> None:
+    """Measured +3.97% on these tokens (16 calibration sequences), against +34.5% for int4-rtn."""
     assert relative(perplexities, "int4-awq") <= 0.05, perplexities

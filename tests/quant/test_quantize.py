@@ -94,7 +94,7 @@ def test_awq_records_its_calibration_in_the_manifest(source: Path, tmp_path: Pat
     assert result.awq is not None and len(result.awq.searches) == 8 and len(result.awq.grids) == 14  # 2 layers x 4 groups, 7 linears
     calibration = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["calibration"]
     skipped = calibration.pop("bad_lines_skipped")
-    assert calibration == {"file": str(corpus), "sha256": source_digest(corpus), "text_field": "text", "sequences": 8, "seq_len": 64, "seed": 3}
+    assert calibration == {"file": str(corpus), "sha256": source_digest(corpus), "text_field": "text", "sequences": 8, "seq_len": 64, "seed": 3, "rounding": "error feedback"}
     with JsonlDataset(corpus) as dataset:  # the same draw again, to count the broken lines it meets
         calibration_sequences(dataset, open_checkpoint(source).tokenizer, 8, 64, seed=3)
         assert skipped == len(dataset.bad_lines) >= 1

@@ -8,13 +8,17 @@ layers before it already quantized (the input it will really see):
    activations: |X (W' - W)^T|^2 = tr(D X^T X D^T), D = W' - W.
 2. For every group of linears that share an input, search alpha on a grid: s = mean|x|^alpha
    (normalised), quantize W*s, and keep the s whose output Q(W*s) (x/s) is closest to W x.
-   alpha = 0 is plain round-to-nearest, so the search never does worse than it.
+   alpha = 0 means no scaling, so the search never does worse than it. Q is the rounding the
+   weights will get (step 5): scales that help round-to-nearest can hurt error feedback.
 3. Fold s into the op that produces the input (x/s): an RMSNorm's weight, or the rows of the linear
    before (v_proj before o_proj, up_proj before down_proj), so the float model computes the same.
 4. Search each weight group's int4 grid: cut its [min, max] range at either end (clipping buys a
    finer step for the rest), keep the cut with the least error of that group's partial products,
    then refit its scale and offset by least squares.
-5. Run the layer with its weights on their grids to get the next layer's input.
+5. Round each linear onto its grids with error feedback (GPTQ-style, rebar.quant.error_feedback):
+   column by column, the rounding error of each column is compensated by the columns after it, as
+   the second moments say is best. This alone cut SmolLM2's int4 g64 perplexity loss by a third.
+6. Run the layer with its weights on their grids to get the next layer's input.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from torch import nn
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.llama import DecoderLayer, LlamaModel, RMSNorm
 from rebar.model.rope import rope_cos_sin
+from rebar.quant.error_feedback import round_with_error_feedback
 from rebar.quant.int_formats import INT4_MAX, SCALE_DTYPE, fake_quantize_int4, int4_codes
 
 NUM_ALPHAS = 20  # alpha in {0, 0.05, ..., 0.95}
+FED_BACK_ALPHAS = 10  # alpha in {0, 0.1, ..., 0.9} when judged after error-feedback rounding
 RANGE_CUTS = tuple(i / 40 for i in range(8))  # fraction of a group's range cut at either end: 0 to 0.175
 REFITS = 3  # least-squares refits of each group's scale and offset after the range search
 
@@ -165,8 +171,23 @@ def output_error(delta: torch.Tensor, moments: torch.Tensor) -> float:
 class ScaleSearch:
     alpha: float
     scales: torch.Tensor  # the searched variable: [in] (or [kv channels] for o_proj under GQA)
-    rtn_error: float  # mean squared output error at alpha = 0 (plain round-to-nearest)
+    unscaled_error: float  # mean squared output error at alpha = 0 (no scaling), under the same rounding
     error: float  # at the chosen alpha
+
+
+Rounding = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (weight, moments, group size) -> on a grid
+
+
+def round_to_nearest(weight: torch.Tensor, _moments: torch.Tensor, group_size: int) -> torch.Tensor:
+    return fake_quantize_int4(weight, group_size)
+
+
+def round_fed_back(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when the
+    weights will be rounded that way: it favours other scales than round-to-nearest does)."""
+    groups = weight.float().reshape(weight.shape[0], -1, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    return round_with_error_feedback(weight, moments, *_range_grid(low, high), group_size)
 
 
 def search_scales(
@@ -175,22 +196,26 @@ def search_scales(
     mean_abs: torch.Tensor,  # [n] per searched channel
     group_size: int,
     expand: Callable[[torch.Tensor], torch.Tensor] = lambda s: s,
+    rounding: Rounding = round_to_nearest,
+    num_alphas: int = NUM_ALPHAS,
 ) -> ScaleSearch:
+    """The s = mean_abs^alpha, alpha in {0, 1/num_alphas, ...}, whose `rounding` of W*s, read back as
+    Q(W s) / s, leaves the least output error; `unscaled_error` is the error at alpha = 0."""
     best: ScaleSearch | None = None
-    rtn_error = math.inf
-    for step in range(NUM_ALPHAS):
-        alpha = step / NUM_ALPHAS
+    unscaled_error = math.inf
+    for step in range(num_alphas):
+        alpha = step / num_alphas
         scales = mean_abs.pow(alpha).clamp(min=1e-4)
         scales = scales / (scales.max() * scales.min()).sqrt()
         full = expand(scales)
-        quantized = fake_quantize_int4(weight * full, group_size) / full
+        quantized = rounding(weight * full, moments / torch.outer(full, full), group_size) / full
         error = output_error(quantized - weight, moments)
         if alpha == 0:
-            rtn_error = error
+            unscaled_error = error
         if best is None or error < best.error:
-            best = ScaleSearch(alpha, scales, rtn_error, error)
+            best = ScaleSearch(alpha, scales, unscaled_error, error)
     assert best is not None
-    return ScaleSearch(best.alpha, best.scales, rtn_error, best.error)
+    return ScaleSearch(best.alpha, best.scales, unscaled_error, best.error)
 
 
 def diagonal_blocks(moments: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -298,8 +323,11 @@ class AwqResult:
     searches: dict[str, ScaleSearch]  # first linear of each group -> its search
 
 
-def _search_layer(model: LlamaModel, groups: Sequence[ScaleGroup], recorder: ActivationRecorder, group_size: int) -> AwqResult:
-    """Search and fold each group's scales (in place), then search every linear's grid.
+def _search_layer(
+    model: LlamaModel, groups: Sequence[ScaleGroup], recorder: ActivationRecorder, group_size: int, error_feedback: bool
+) -> AwqResult:
+    """Search and fold each group's scales (in place), then search every linear's grid and, with
+    `error_feedback`, move its weights onto that grid (in place).
 
     All scales are folded before any grid is searched: folding o_proj's scales changes v_proj's rows
     (and down_proj's changes up_proj's), so their grids must be searched on the final weights.
@@ -313,7 +341,10 @@ def _search_layer(model: LlamaModel, groups: Sequence[ScaleGroup], recorder: Act
         weight = torch.cat([model.get_submodule(p).weight for p in group.linears])
         moments = recorder.second_moments(first)
         mean_abs = _reduce_kv(recorder.mean_abs(first), group.kv_repeat, head_dim)
-        search = search_scales(weight, moments, mean_abs, group_size, expand)
+        if error_feedback:  # judged as they will be rounded, on a coarser grid of alphas (each costs more)
+            search = search_scales(weight, moments, mean_abs, group_size, expand, round_fed_back, FED_BACK_ALPHAS)
+        else:
+            search = search_scales(weight, moments, mean_abs, group_size, expand)
         full = expand(search.scales)
         _fold(model, group, search.scales, full)
         searches[first] = search
@@ -321,7 +352,11 @@ def _search_layer(model: LlamaModel, groups: Sequence[ScaleGroup], recorder: Act
             scaled_moments[path] = moments / torch.outer(full, full)
     grids = {}
     for path, moments in scaled_moments.items():
-        grids[f"{path}.weight"] = search_grid(model.get_submodule(path).weight, moments, group_size)
+        weight = model.get_submodule(path).weight
+        grid = search_grid(weight, moments, group_size)
+        grids[f"{path}.weight"] = grid
+        if error_feedback:
+            weight.copy_(round_with_error_feedback(weight, moments, grid.scales, grid.offsets, group_size))
     return AwqResult(grids, searches)
 
 
@@ -331,13 +366,18 @@ def apply_awq(
     sequences: Sequence[Sequence[int]],
     group_size: int,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
+    error_feedback: bool = True,
 ) -> AwqResult:
     """Search and fold scales (in place) and search grids for every decoder-layer linear, calibrated on
     `sequences` layer by layer: each layer's inputs come from the layers before it with their weights
     on their grids, the inputs it will see once quantized.
 
-    `model` stays float (it computes the same function, scales folded); the grids say how to
-    quantize each linear. `progress(label, total)` returns a callback called once per layer (optional).
+    With `error_feedback`, each linear's weights are then rounded onto their grids column by column,
+    each column's error compensated by the columns after it (rebar.quant.error_feedback), and left
+    there: the model then holds the quantized weights in float, and nearest rounding onto the grids
+    gives back those codes. Without it the model stays float (the same function, scales folded) and
+    the grids say how to round each linear. `progress(label, total)` returns a callback called once
+    per layer (optional).
     """
     device = model.embed_tokens.weight.device
     runs = [SequencePass(model, len(ids), num_layers=1) for ids in sequences]
@@ -351,7 +391,7 @@ def apply_awq(
         with recorder:
             for run, h in zip(runs, hidden):
                 run.run_layer(layer, h)
-        found = _search_layer(model, groups, recorder, group_size)
+        found = _search_layer(model, groups, recorder, group_size, error_feedback)
         result.grids.update(found.grids)
         result.searches.update(found.searches)
         with _quantized(model, found.grids, group_size):

@@ -42,6 +42,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     print(f"wrote {result.folder} ({args.method}, {sizes / 2**20:.1f} MiB of weights) in {result.seconds:.1f}s")
     if result.awq is not None:
         searches = result.awq.searches.values()
-        gain = sum(s.error / s.rtn_error for s in searches if s.rtn_error > 0) / max(len(searches), 1)
-        print(f"activation-aware scales: layer output error {gain:.2f}x that of round-to-nearest on average")
+        gain = sum(s.error / s.unscaled_error for s in searches if s.unscaled_error > 0) / max(len(searches), 1)
+        print(f"activation-aware scales: layer output error {gain:.2f}x that of unscaled weights on average (same rounding)")
     return 0

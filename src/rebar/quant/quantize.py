@@ -189,7 +189,7 @@ def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = 
             calibration = {
                 "file": str(spec.calib_path), "sha256": source_digest(spec.calib_path), "text_field": spec.text_field,
                 "sequences": spec.calib_sequences, "seq_len": spec.calib_seq_len, "seed": spec.seed,
-                "bad_lines_skipped": len(dataset.bad_lines),
+                "bad_lines_skipped": len(dataset.bad_lines), "rounding": "error feedback",
             }
         awq_result = apply_awq(float_model, sequences, spec.effective_group_size, progress=bar)
 

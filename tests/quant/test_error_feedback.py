@@ -1,0 +1,101 @@
+"""Rounding with error feedback: against a direct, unblocked statement of the same updates, and
+against round-to-nearest on the same grid."""
+
+from __future__ import annotations
+
+import torch
+
+from rebar.quant.awq import _on_grid, output_error, search_grid
+from rebar.quant.error_feedback import DAMPING, round_with_error_feedback
+from rebar.quant.int_formats import INT4_MAX
+
+GENERATOR = torch.Generator().manual_seed(0)
+
+
+def correlated_inputs(rows: int = 2048, channels: int = 128) -> torch.Tensor:
+    """Inputs with a low-rank common part (correlated channels) and a few loud channels."""
+    x = torch.randn(rows, 16, generator=GENERATOR) @ torch.randn(16, channels, generator=GENERATOR)
+    x = x * 0.3 + 0.3 * torch.randn(rows, channels, generator=GENERATOR)
+    x[:, :3] *= 10
+    return x.double()
+
+
+def nearest(weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> torch.Tensor:
+    out_features, in_features = weight.shape
+    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+    return _on_grid(groups, scales, offsets).reshape(out_features, in_features)
+
+
+def reference_rounding(weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int) -> torch.Tensor:
+    """The same method written out directly: round the loudest remaining column to its nearest grid
+    point, move the remaining columns by the optimal correction -e * Hinv[j, rest] / Hinv[j, j] using
+    the explicit inverse of H over the columns not yet rounded, then drop column j from it."""
+    h = moments.clone()
+    h += DAMPING * h.diagonal().mean() * torch.eye(h.shape[0], dtype=h.dtype)
+    inverse = torch.linalg.inv(h)
+    w = weight.clone()
+    column_scale = scales.double().repeat_interleave(group_size, dim=1)
+    column_offset = offsets.double().repeat_interleave(group_size, dim=1)
+    remaining = torch.argsort(moments.diagonal(), descending=True).tolist()
+    result = torch.empty_like(w)
+    while remaining:
+        j, rest = remaining[0], remaining[1:]
+        codes = ((w[:, j] - column_offset[:, j]) / column_scale[:, j]).round().clamp(0, INT4_MAX)
+        result[:, j] = codes * column_scale[:, j] + column_offset[:, j]
+        error = (w[:, j] - result[:, j]) / inverse[j, j]
+        w[:, rest] -= error.unsqueeze(1) * inverse[j, rest].unsqueeze(0)
+        inverse = inverse - torch.outer(inverse[:, j], inverse[j, :]) / inverse[j, j]  # j is now fixed
+        remaining = rest
+    return result
+
+
+def test_matches_a_direct_statement_of_the_updates() -> None:
+    x = correlated_inputs(channels=160)  # more than one block of 128 columns, groups of 32
+    moments = x.T @ x / x.shape[0]
+    weight = torch.randn(24, 160, generator=GENERATOR, dtype=torch.float64) * 0.05
+    grid = search_grid(weight, moments.float(), 32)
+    ours = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 32)
+    expected = reference_rounding(weight, moments, grid.scales, grid.offsets, 32)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-9)
+
+
+def test_every_value_stays_on_its_groups_grid() -> None:
+    x = correlated_inputs()
+    moments = (x.T @ x / x.shape[0]).float()
+    weight = torch.randn(40, 128, generator=GENERATOR) * 0.05
+    grid = search_grid(weight, moments, 64)
+    rounded = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 64)
+    assert rounded.dtype == torch.float32
+    assert torch.equal(nearest(rounded, grid.scales, grid.offsets, 64), rounded)  # what the checkpoint stores
+    assert not torch.equal(rounded, nearest(weight, grid.scales, grid.offsets, 64))  # and codes did move
+
+
+def test_cuts_the_output_error_of_nearest_rounding_on_correlated_inputs() -> None:
+    x = correlated_inputs()
+    moments = (x.T @ x / x.shape[0]).float()
+    weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
+    grid = search_grid(weight, moments, 64)
+    plain = output_error(nearest(weight, grid.scales, grid.offsets, 64) - weight, moments)
+    fed_back = output_error(round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 64) - weight, moments)
+    assert fed_back < 0.5 * plain
+
+
+def test_uncorrelated_inputs_leave_nothing_to_feed_back() -> None:
+    """With H diagonal no other column can absorb an error: every code is the nearest one."""
+    moments = torch.diag(torch.rand(64, generator=GENERATOR) + 0.5)
+    weight = torch.randn(16, 64, generator=GENERATOR)
+    grid = search_grid(weight, moments, 32)
+    rounded = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 32)
+    assert torch.equal(rounded, nearest(weight, grid.scales, grid.offsets, 32))
+
+
+def test_a_channel_that_never_fires_is_rounded_without_nans() -> None:
+    x = correlated_inputs(channels=64).float()
+    x[:, 5] = 0
+    moments = x.T @ x / x.shape[0]
+    weight = torch.randn(8, 64, generator=GENERATOR)
+    grid = search_grid(weight, moments, 32)
+    rounded = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 32)
+    assert torch.isfinite(rounded).all()
+    assert torch.equal(nearest(rounded, grid.scales, grid.offsets, 32), rounded)
