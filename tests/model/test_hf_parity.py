@@ -111,6 +111,22 @@ def test_decoder_features_under_test_change_logits(case: str, tmp_path: Path) ->
     assert _max_diff(got, _hf_logits(model, ids)) > 1e-2
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_a_float32_folder_is_mapped_once_for_all_its_tensors(tmp_path: Path) -> None:
+    """Weights already in float32 are used in place from one mapping of the file, not one per tensor."""
+    from rebar.model.loader import open_checkpoint
+
+    _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM")
+    checkpoint = open_checkpoint(folder)
+    tensors = [checkpoint.load_tensor(name, torch.float32) for name in checkpoint.tensors]
+    path = str(folder / "model.safetensors")
+    with open("/proc/self/maps", encoding="ascii") as maps:
+        mappings = [line.split()[0] for line in maps if line.rstrip().endswith(path)]
+    assert len(mappings) == 1, len(mappings)
+    start, end = (int(x, 16) for x in mappings[0].split("-"))
+    assert len(tensors) > 5 and all(start <= t.data_ptr() < end for t in tensors)
+
+
 def test_transformers_v4_rope_keys_are_read(tmp_path: Path) -> None:
     """A config.json in the transformers 4.x form (rope_theta + rope_scaling) gives the same logits."""
     model, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=3, rope_parameters={**LLAMA3_ROPE, "rope_theta": 5000.0})

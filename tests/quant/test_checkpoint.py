@@ -122,6 +122,19 @@ def test_weights_are_memory_mapped(made: dict) -> None:
     assert mapped_file(torch.zeros(1000)) != str(made["int8"] / "model.safetensors")
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_each_file_is_mapped_once_for_all_its_tensors(made: dict, tmp_path: Path) -> None:
+    folder = copy_checkpoint(made["int4"], tmp_path / "c")  # a path no other test has mapped
+    checkpoint = open_checkpoint(folder)
+    weights = [checkpoint.load_quantized(name) for name in checkpoint.tensors]
+    weights = [w for w in weights if w is not None]
+    path = str(folder / "model.safetensors")
+    with open("/proc/self/maps", encoding="ascii") as maps:
+        mappings = [line for line in maps if line.rstrip().endswith(path)]
+    assert len(mappings) == 1, len(mappings)
+    assert len(weights) > 10 and all(mapped_file(w.scales) == path for w in weights)
+
+
 def test_shards(made: dict, tmp_path: Path) -> None:
     checkpoint = open_checkpoint(made["int4"])
     tensors = {name: checkpoint.load_quantized(name) or checkpoint.load_tensor(name, torch.float32) for name in checkpoint.tensors}

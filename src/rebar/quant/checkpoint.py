@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from rebar.errors import ModelFormatError
 from rebar.model.config import ModelConfig, RopeScaling
 from rebar.model.loader.base import Checkpoint, TensorInfo
+from rebar.model.loader.mapped_files import MappedSafetensors
 from rebar.model.tokenizer import Tokenizer, read_tokenizer_config
 from rebar.quant.handler import QUANT_CHECKPOINT_FORMAT
 from rebar.quant.int_formats import SCALE_DTYPE, QuantizedWeight
@@ -221,9 +222,10 @@ def load_quantized_checkpoint(folder: Path) -> Checkpoint:
     validate_tensors(folder, manifest, index)
     entries: dict[str, dict[str, Any]] = manifest["tensors"]
 
+    files = MappedSafetensors()
+
     def read(part: str) -> torch.Tensor:
-        with safe_open(index[part][0], framework="pt") as handle:  # memory-mapped, read lazily
-            return handle.get_tensor(part)
+        return files.get_tensor(index[part][0], part)  # memory-mapped, read lazily
 
     def load_quantized(name: str) -> QuantizedWeight | None:
         entry = entries[name]

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig, RopeScaling
 from rebar.model.loader.base import Checkpoint, TensorInfo
+from rebar.model.loader.mapped_files import MappedSafetensors
 from rebar.model.tokenizer import Tokenizer, read_tokenizer_config
 
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -248,10 +249,11 @@ def load_hf_folder(folder: Path) -> Checkpoint:
         except SafetensorError as exc:
             raise ModelFormatError(f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
 
+    files = MappedSafetensors()
+
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
         file, file_name = locations[name]
-        with safe_open(file, framework="pt") as handle:
-            return handle.get_tensor(file_name).to(dtype)
+        return files.get_tensor(file, file_name).to(dtype)
 
     tokenizer = Tokenizer.from_hf_folder(folder, eos_token_ids=_generation_eos_ids(folder))
     if config.architecture == "bert":
