@@ -19,7 +19,7 @@ import torch
 from rebar.quant.int_formats import INT4_MAX
 
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
-ACT_ORDER = True
+ACT_ORDER = True  # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
 BLOCK = 128  # columns updated together before their error is passed to the rest (same result, fewer ops)
 
 
