@@ -9,15 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rebar.model import uninitialized
 from rebar.model.config import ModelConfig
 
 
 class BertEmbeddings(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.word_embeddings = uninitialized.embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = uninitialized.embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = uninitialized.embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from torch import nn
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.kernels.backends import AttentionBackend, get_attention_backend
+from rebar.model import uninitialized
 from rebar.model.config import ModelConfig
 from rebar.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -104,7 +105,7 @@ class LlamaModel(nn.Module):
         self.config = config
         self.attention_backend = attention_backend
         backend = get_attention_backend(attention_backend)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = uninitialized.embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
