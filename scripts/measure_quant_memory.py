@@ -39,6 +39,9 @@ print(json.dumps(status()))
 """
 
 
+LOAD_FLAGS = ("", "dequantize", "quantized-gguf")  # how the model is loaded: as it comes, or LLM's flag
+
+
 def measure(model: str, how: str) -> dict[str, float]:
     result = subprocess.run([sys.executable, "-c", CHILD, model, how], capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -52,6 +55,8 @@ def main() -> None:
     for argument in sys.argv[1:]:
         label, _, spec = argument.partition("=")
         model, _, flag = spec.partition(":")
+        if flag not in LOAD_FLAGS:
+            raise SystemExit(f"{argument}: unknown flag {flag!r}; use one of {', '.join(f for f in LOAD_FLAGS if f)}")
         values = measure(model, flag)
         print(f"| {label} | {values['VmRSS']:.0f} | {values['VmHWM']:.0f} | {values['VmRSS'] - baseline['VmRSS']:.0f} |", flush=True)
 

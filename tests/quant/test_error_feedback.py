@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from rebar.quant.awq import _on_grid, output_error, search_grid
+from rebar.quant.awq import output_error, search_grid
 from rebar.quant.error_feedback import DAMPING, round_with_error_feedback
-from rebar.quant.int_formats import INT4_MAX
+from rebar.quant.int_formats import INT4_MAX, onto_int4_grid
 
 GENERATOR = torch.Generator().manual_seed(0)
 
@@ -23,7 +23,7 @@ def correlated_inputs(rows: int = 2048, channels: int = 128) -> torch.Tensor:
 def nearest(weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> torch.Tensor:
     out_features, in_features = weight.shape
     groups = weight.float().reshape(out_features, in_features // group_size, group_size)
-    return _on_grid(groups, scales, offsets).reshape(out_features, in_features)
+    return onto_int4_grid(groups, scales, offsets).reshape(out_features, in_features)
 
 
 def reference_rounding(weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int) -> torch.Tensor:

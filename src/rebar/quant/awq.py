@@ -35,7 +35,14 @@ from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.llama import DecoderLayer, LlamaModel, RMSNorm
 from rebar.model.rope import rope_cos_sin
 from rebar.quant.error_feedback import round_with_error_feedback
-from rebar.quant.int_formats import INT4_MAX, SCALE_DTYPE, fake_quantize_int4, int4_codes
+from rebar.quant.int_formats import (
+    SCALE_DTYPE,
+    fake_quantize_int4,
+    int4_codes,
+    int4_range_grid,
+    int4_scales_offsets,
+    onto_int4_grid,
+)
 
 NUM_ALPHAS = 20  # alpha in {0, 0.05, ..., 0.95}
 FED_BACK_ALPHAS = 10  # alpha in {0, 0.1, ..., 0.9} when judged after error-feedback rounding
@@ -186,8 +193,7 @@ def round_fed_back(weight: torch.Tensor, moments: torch.Tensor, group_size: int)
     """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when the
     weights will be rounded that way: it favours other scales than round-to-nearest does)."""
     groups = weight.float().reshape(weight.shape[0], -1, group_size)
-    low, high = groups.amin(-1), groups.amax(-1)
-    return round_with_error_feedback(weight, moments, *_range_grid(low, high), group_size)
+    return round_with_error_feedback(weight, moments, *int4_scales_offsets(groups), group_size)
 
 
 def search_scales(
@@ -230,24 +236,12 @@ def group_errors(delta: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return (weighted * delta).sum(-1)
 
 
-def _on_grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Each weight of `groups` [out, groups, g] moved to its nearest point of the (fp16) grid."""
-    # int4_codes' rounding, kept in float32: this runs once per candidate grid of every search
-    scale, offset = scales.float().unsqueeze(-1), offsets.float().unsqueeze(-1)
-    codes = ((groups - offset) / torch.where(scale > 0, scale, 1.0)).round_().clamp_(0, INT4_MAX)
-    return codes.mul_(scale).add_(offset)
-
-
 @dataclass(frozen=True)
 class Grid:
     """Per-group int4 grid of one weight, as stored: w ~ scales * q + offsets, [out, num_groups] fp16."""
 
     scales: torch.Tensor
     offsets: torch.Tensor
-
-
-def _range_grid(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return ((high - low) / INT4_MAX).to(SCALE_DTYPE), low.to(SCALE_DTYPE)
 
 
 def search_grid(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> Grid:
@@ -261,16 +255,16 @@ def search_grid(weight: torch.Tensor, moments: torch.Tensor, group_size: int) ->
     blocks = diagonal_blocks(moments, group_size)
     low, high = groups.amin(-1), groups.amax(-1)
     width = high - low
-    best = Grid(*_range_grid(low, high))
-    best_error = group_errors(_on_grid(groups, best.scales, best.offsets) - groups, blocks)
+    best = Grid(*int4_range_grid(low, high))
+    best_error = group_errors(onto_int4_grid(groups, best.scales, best.offsets) - groups, blocks)
     for cut_low in RANGE_CUTS:
         for cut_high in RANGE_CUTS:
-            scales, offsets = _range_grid(low + cut_low * width, high - cut_high * width)
-            error = group_errors(_on_grid(groups, scales, offsets) - groups, blocks)
+            scales, offsets = int4_range_grid(low + cut_low * width, high - cut_high * width)
+            error = group_errors(onto_int4_grid(groups, scales, offsets) - groups, blocks)
             best, best_error = _keep_better(best, best_error, Grid(scales, offsets), error)
     for _ in range(REFITS):
         candidate = _refit(groups, blocks, best)
-        error = group_errors(_on_grid(groups, candidate.scales, candidate.offsets) - groups, blocks)
+        error = group_errors(onto_int4_grid(groups, candidate.scales, candidate.offsets) - groups, blocks)
         best, best_error = _keep_better(best, best_error, candidate, error)
     return best
 
@@ -408,7 +402,7 @@ def _quantized(model: nn.Module, grids: dict[str, Grid], group_size: int) -> Ite
         weight = model.get_submodule(name.removesuffix(".weight")).weight
         originals[name] = weight.clone()
         groups = weight.reshape(weight.shape[0], -1, group_size)
-        weight.copy_(_on_grid(groups, grid.scales, grid.offsets).reshape(weight.shape))
+        weight.copy_(onto_int4_grid(groups, grid.scales, grid.offsets).reshape(weight.shape))
     try:
         yield
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from rebar.quant.int_formats import INT4_MAX
+from rebar.quant.int_formats import onto_int4_grid
 
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
 ACT_ORDER = True  # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
@@ -52,7 +52,6 @@ def round_with_error_feedback(
     remaining = weight.to(dtype).T[order].contiguous()
     step = scales.to(dtype).T.repeat_interleave(group_size, dim=0)[order].contiguous()
     offset = offsets.to(dtype).T.repeat_interleave(group_size, dim=0)[order].contiguous()
-    divisor = torch.where(step > 0, step, 1.0)
     rounded = torch.empty_like(remaining)
     for start in range(0, in_features, BLOCK):
         end = min(start + BLOCK, in_features)
@@ -60,8 +59,7 @@ def round_with_error_feedback(
         errors = torch.empty_like(block)
         for j in range(end - start):
             c = start + j
-            codes = ((block[j] - offset[c]) / divisor[c]).round_().clamp_(0, INT4_MAX)
-            rounded[c] = codes * step[c] + offset[c]
+            rounded[c] = onto_int4_grid(block[j].unsqueeze(-1), step[c], offset[c]).squeeze(-1)
             errors[j] = (block[j] - rounded[c]) / factor[c, c]
             block[j:] -= factor[c, c:end].unsqueeze(1) * errors[j].unsqueeze(0)
         remaining[end:] -= factor[start:end, end:].T @ errors

@@ -130,15 +130,31 @@ def int4_scales_offsets(
     ratio = clip_ratio.unsqueeze(-1) if isinstance(clip_ratio, torch.Tensor) else clip_ratio
     low = (groups.amin(dim=-1, keepdim=True) * ratio).squeeze(-1)
     high = (groups.amax(dim=-1, keepdim=True) * ratio).squeeze(-1)
-    scales = ((high - low) / INT4_MAX).to(SCALE_DTYPE)
-    return scales, low.to(SCALE_DTYPE)
+    return int4_range_grid(low, high)
+
+
+def int4_range_grid(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, offsets), stored dtype, of the grid whose codes 0..15 span [low, high]."""
+    return ((high - low) / INT4_MAX).to(SCALE_DTYPE), low.to(SCALE_DTYPE)
+
+
+def _nearest_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Nearest codes 0..15 in `groups`' float dtype; scales/offsets `[...]` cover `groups` `[..., g]`."""
+    scale = scales.to(groups.dtype).unsqueeze(-1)
+    divisor = torch.where(scale > 0, scale, 1.0)  # a constant group: every weight is its offset
+    return ((groups - offsets.to(groups.dtype).unsqueeze(-1)) / divisor).round_().clamp_(0, INT4_MAX)
 
 
 def int4_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Nearest codes 0..15 (uint8, same shape as `groups`) for the stored scales and offsets."""
-    scale = scales.float().unsqueeze(-1)
-    divisor = torch.where(scale > 0, scale, 1.0)  # a constant group: every weight is its offset
-    return torch.round((groups - offsets.float().unsqueeze(-1)) / divisor).clamp_(0, INT4_MAX).to(torch.uint8)
+    return _nearest_codes(groups, scales, offsets).to(torch.uint8)
+
+
+def onto_int4_grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Each value of `groups` `[..., g]` moved to its nearest point of its grid `scales * q + offsets`
+    (`[...]`, q in 0..15), in `groups`' dtype: the dequantized value of the code it would get."""
+    codes = _nearest_codes(groups, scales, offsets)
+    return codes.mul_(scales.to(groups.dtype).unsqueeze(-1)).add_(offsets.to(groups.dtype).unsqueeze(-1))
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0) -> QuantizedWeight:
@@ -159,9 +175,7 @@ def quantize_int4_on_grid(weight: torch.Tensor, group_size: int, scales: torch.T
 def fake_quantize_int4(weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0) -> torch.Tensor:
     """What `quantize_int4(...).dequantize()` returns, without packing (used by searches)."""
     groups = _grouped(weight, group_size)
-    scales, offsets = int4_scales_offsets(groups, clip_ratio)
-    codes = int4_codes(groups, scales, offsets)
-    return (codes.float() * scales.float().unsqueeze(-1) + offsets.float().unsqueeze(-1)).reshape(weight.shape)
+    return onto_int4_grid(groups, *int4_scales_offsets(groups, clip_ratio)).reshape(weight.shape)
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
