@@ -6,7 +6,11 @@ need no model, such as `rebar config show`) do not pay for importing torch.
 
 from typing import TYPE_CHECKING, Any
 
-from rebar.errors import RebarError
+from rebar.openmp_env import shorten_openmp_spin
+
+shorten_openmp_spin()  # before anything imports torch (and with it libgomp, which reads it once)
+
+from rebar.errors import RebarError  # noqa: E402
 
 __all__ = ["LLM", "SamplingParams", "CompletionOutput", "RebarError"]
 __version__ = "0.1.0"

@@ -1,0 +1,25 @@
+"""How long torch's idle OpenMP threads busy-wait, set before torch (and libgomp) is imported.
+
+After each parallel torch operator, libgomp's worker threads poll for the next one: 300,000 pause
+loops by default, milliseconds on this hardware. rebar's fused decode step and int8 lm_head run on
+rebar's own worker pool, so a torch operator just before them (sampling over the logits, the
+embedding gather) leaves OpenMP threads spinning on the very cores the pool is using. A 16-sequence
+decode step measured ~18% slower with the default than with 30,000 loops, while a 512-token prefill
+(back-to-back OpenMP regions) did not change; with no spinning at all (`OMP_WAIT_POLICY=PASSIVE`)
+that prefill was ~10% slower (docs/benchmarks.md).
+
+libgomp reads its settings once, when it is loaded, so this only works when rebar is imported before
+torch; a value the user set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+
+SPIN_COUNT = "30000"
+
+
+def shorten_openmp_spin() -> None:
+    """Set GOMP_SPINCOUNT for libgomp unless the user chose it, or chose a wait policy."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
