@@ -12,9 +12,10 @@ from torch import nn
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.kernels.backends import AttentionBackend, get_attention_backend
+from rebar.kernels.cpu_elementwise import apply_rope, silu_and_mul
 from rebar.model import uninitialized
 from rebar.model.config import ModelConfig
-from rebar.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from rebar.model.rope import inverse_frequencies, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -74,7 +75,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

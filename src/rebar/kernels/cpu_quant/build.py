@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decoder.cpp", "worker_pool.cpp")
-HEADERS = ("kernels.h", "simd.h", "decoder.h", "worker_pool.h")
+SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decoder.cpp",
+           "elementwise.cpp", "worker_pool.cpp")
+HEADERS = ("kernels.h", "simd.h", "decoder.h", "elementwise.h", "worker_pool.h")
 # OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
 # thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp"]
@@ -111,6 +112,13 @@ def _build_locked() -> BuildResult:
         return BuildResult(None, reason)
     logger.info("rebar CPU quantized kernels loaded (%s, torch %s)", module.__name__, torch.__version__)
     return BuildResult(module, "")
+
+
+def loaded_extension() -> ModuleType | None:
+    """The extension if this process has already loaded it, else None; never builds or loads it."""
+    if _build_once.cache_info().currsize == 0:
+        return None
+    return _build_once().module
 
 
 def load_extension() -> BuildResult:

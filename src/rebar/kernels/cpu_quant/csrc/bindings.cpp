@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "decoder.h"
+#include "elementwise.h"
 #include "kernels.h"
 
 namespace rebar_cpu_quant {
@@ -160,6 +161,52 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> quantize_activatio
   return {copy(q.q, {q.rows, num_blocks * kBlock}, at::kChar), copy(q.d, {q.rows, num_blocks}, at::kFloat), sums};
 }
 
+// ---- Element-wise steps of the model's own forward (elementwise.h) -----------------------------
+
+// Split over torch's threads like the prefill matmuls around them; below these sizes, one thread.
+constexpr int64_t kElementwiseGrainValues = 16384;
+constexpr int64_t kRopeGrainTokens = 32;
+
+void check_float_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be a float32 CPU tensor, got ",
+                    t.scalar_type(), " on ", t.device());
+}
+
+// silu(gate) * up, a new tensor shaped like gate.
+at::Tensor silu_and_mul_op(const at::Tensor& gate_in, const at::Tensor& up_in) {
+  check_float_cpu(gate_in, "gate");
+  check_float_cpu(up_in, "up");
+  TORCH_CHECK_VALUE(gate_in.sizes() == up_in.sizes(), "gate and up differ in shape: ", gate_in.sizes(), " vs ",
+                    up_in.sizes());
+  const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+  at::Tensor out = at::empty_like(gate, at::MemoryFormat::Contiguous);
+  const float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, gate.numel(), kElementwiseGrainValues,
+                   [&](int64_t begin, int64_t end) { silu_and_mul(g + begin, u + begin, o + begin, end - begin); });
+  return out;
+}
+
+// Rotates x [tokens, heads, head_dim] (contiguous) in place by cos and sin [tokens, head_dim].
+void rope_op(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float_cpu(x, "x");
+  TORCH_CHECK_VALUE(x.dim() == 3 && x.is_contiguous() && x.size(2) % 2 == 0,
+                    "x must be a contiguous [tokens, heads, head_dim] tensor with an even head_dim, got ", x.sizes());
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
+  for (const at::Tensor* t : {&cos, &sin}) {
+    check_float_cpu(*t, "cos and sin");
+    TORCH_CHECK_VALUE(t->is_contiguous() && t->dim() == 2 && t->size(0) == tokens && t->size(1) == head_dim,
+                      "cos and sin must be contiguous [", tokens, ", ", head_dim, "], got ", t->sizes());
+  }
+  float* data = x.data_ptr<float>();
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  at::parallel_for(0, tokens, kRopeGrainTokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) rope(data + t * heads * head_dim, heads, head_dim, c + t * head_dim, s + t * head_dim);
+  });
+}
+
 
 // ---- The fused decode step (decoder.h) ---------------------------------------------------------
 
@@ -295,6 +342,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_packed", &rebar_cpu_quant::int8_linear_packed, "y = x @ w.T for packed int8 weights");
   m.def("quantize_activations", &rebar_cpu_quant::quantize_activations,
         "x -> (int8 codes, per-block scales, per-group sums)");
+  m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
+  m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &rebar_cpu_quant::FusedDecoder::add_layer)

@@ -8,32 +8,12 @@
 #include <cstring>
 #include <limits>
 
+#include "elementwise.h"
 #include "simd.h"
 #include "worker_pool.h"
 
 namespace rebar_cpu_quant {
 namespace {
-
-// e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (the Cephes
-// coefficients), 2^n built in the exponent bits. Relative error ~2e-7; inputs below -87 give 0-ish
-// (softmax and SiLU never need more).
-inline __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n ln2, with ln2 split in two so n * ln2_high is exact.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
-}
 
 // Applies `f` (8 floats -> 8 floats) to x[0..n) in place; the ragged end goes through a padded copy.
 template <typename F>
@@ -53,19 +33,6 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, float 
   for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
   const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_squares / n) + eps);
   for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv_rms);
-}
-
-// Rotates each head of x (the half-split layout: element i pairs with i + head_dim / 2).
-void rope(float* x, int64_t num_heads, int64_t head_dim, const float* cos, const float* sin) {
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < num_heads; ++h) {
-    float* v = x + h * head_dim;
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i + half] + a * sin[i + half];
-    }
-  }
 }
 
 // One linear's input, quantized as its kernel reads it (int4 needs per-group sums for the offsets).
@@ -277,12 +244,7 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
 
   add_bias(m.gate.data(), layer.gate.bias, rows, inner);
   add_bias(m.up.data(), layer.up.bias, rows, inner);
-  // silu(g) * u = g * u / (1 + e^-g), written over gate.
-  map8(m.gate.data(), rows * inner, [](__m256 g) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-  });
-  for (int64_t i = 0; i < rows * inner; ++i) m.gate[i] *= m.up[i];
+  silu_and_mul(m.gate.data(), m.up.data(), m.gate.data(), rows * inner);  // written over gate
   m.down_in.quantize(m.gate.data(), rows, layer.down);
   const LinearJob down = job(layer.down, m.down_in, m.proj.data());
   run_linears(&down, 1, num_threads);
