@@ -58,9 +58,11 @@ def test_engine_section_mirrors_engine_config() -> None:
     assert set(EngineSettings.model_fields) == engine_fields | {"num_threads"}
     assert EngineSettings().to_engine_config() == EngineConfig()
     custom = load_settings(overrides={"engine.max_model_len": 512, "engine.kv_cache_memory": 2**20,
-                                      "engine.attention_backend": "torch", "engine.num_threads": 2})
+                                      "engine.attention_backend": "torch", "engine.num_threads": 2,
+                                      "engine.kv_cache_dtype": "float16"})
     config = custom.engine.to_engine_config()
     assert (config.max_model_len, config.kv_cache_memory, config.attention_backend) == (512, 2**20, "torch")
+    assert config.kv_cache_dtype == "float16"
 
 
 def test_example_toml_loads_and_equals_the_defaults() -> None:
@@ -167,6 +169,7 @@ def test_invalid_port_names_key_value_range_and_source(layer: str, tmp_path: Pat
     ("server.max_body_bytes", 10, ">= 1024"),
     ("engine.kv_cache_fraction", 1.5, "> 0.0 and <= 1.0"),
     ("engine.max_model_len", 1, ">= 2"),
+    ("engine.kv_cache_dtype", "int8", "'auto', 'float32', 'float16', 'bfloat16'"),
     ("limits.request_timeout_s", 0, "> 0"),
     ("limits.max_waiting_requests", 0, ">= 1"),
 ])

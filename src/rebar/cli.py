@@ -171,7 +171,8 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
     from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
 
-    engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens)
+    engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens,
+                                 kv_cache_dtype=args.kv_cache_dtype)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize,
               quantized_gguf=args.quantized_gguf)
     core = llm.engine
@@ -211,7 +212,8 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     from rebar.bench.compare import run_compare
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    report = run_compare(args.model, args.threads, args.output_len, args.repeats, http=not args.no_http, seed=args.seed)
+    report = run_compare(args.model, args.threads, args.output_len, args.repeats, http=not args.no_http, seed=args.seed,
+                         kv_cache_dtype=args.kv_cache_dtype)
     print(report.table())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
@@ -319,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--output-len", type=int, default=64)
     offline.add_argument("--concurrency", type=int, default=1)
     offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    offline.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                         help="KV cache storage (auto: the model's dtype)")
     offline.add_argument("--seed", type=int, default=0)
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
     offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
@@ -354,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--output-len", type=_positive_int, default=128, help="tokens per decode run")
     compare.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure (the median is reported)")
     compare.add_argument("--no-http", action="store_true", help="skip the 16-stream HTTP figure")
+    compare.add_argument("--kv-cache-dtype", default="float16", choices=["auto", "float32", "float16", "bfloat16"],
+                         help="rebar's KV cache storage (default float16, as llama.cpp's default f16 cache)")
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
     compare.set_defaults(handler=cmd_bench_compare)

@@ -136,6 +136,7 @@ class EngineSettings(_Section):
     enable_prefix_caching: bool = True
     attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
     fused_decode: bool = True
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # "auto": the model's dtype
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None  # None: torch's default
 
     def to_engine_config(self) -> EngineConfig:

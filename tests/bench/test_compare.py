@@ -53,3 +53,4 @@ def test_small_real_comparison_measures_both_engines() -> None:
     assert report.rebar.decode_tokens_per_s > 0 and report.peer.decode_tokens_per_s > 0
     assert report.rebar.prefill_ttft_s > 0 and report.peer.prefill_ttft_s > 0
     assert [r.figure for r in report.rows] == ["single-stream decode tok/s", "prefill 512 tokens, TTFT s"]
+    assert report.kv_cache_dtype == "float16" and "rebar KV cache float16" in report.table()

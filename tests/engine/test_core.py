@@ -20,8 +20,8 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
 
 
-def alone(tmp_path, prompt: list[int], params: SamplingParams) -> list[int]:
-    core = make_core(tmp_path)
+def alone(tmp_path, prompt: list[int], params: SamplingParams, **engine: object) -> list[int]:
+    core = make_core(tmp_path, **engine)
     core.add_request("solo", prompt, params)
     return tokens_of(run_to_completion(core)[("solo", 0)])
 
@@ -219,3 +219,40 @@ def test_penalties_see_the_token_history(tmp_path) -> None:
     penalised = alone(tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, presence_penalty=2.0))
     assert penalised != plain
     assert len(set(penalised)) > len(set(plain))
+
+
+@pytest.mark.parametrize("backend", ["torch", "batched"])
+def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, backend) -> None:
+    """Same memory budget: twice the blocks. Prefill, chunked prefill, prefix hits and decode all
+    read the half-precision K/V back: a batch decodes as each prompt alone does, and the logits stay
+    within float16 rounding of the float32 cache's (a random tiny model's near-ties may still pick
+    other greedy tokens, so those are not compared across dtypes)."""
+    batch = prompts(6, seed=3) + [prompts(1, seed=3)[0]]  # the repeat hits the prefix cache
+    outputs = {}
+    for dtype in ("auto", "float16"):
+        core = make_core(tmp_path, max_num_batched_tokens=24, attention_backend=backend, kv_cache_dtype=dtype)
+        outputs[dtype] = core
+        for i, prompt in enumerate(batch):
+            core.add_request(str(i), prompt, GREEDY)
+        core.results = run_to_completion(core)
+    wide, narrow = outputs["auto"], outputs["float16"]
+    assert wide.runner.kv_cache.keys[0].dtype == torch.float32
+    assert narrow.runner.kv_cache.keys[0].dtype == torch.float16
+    assert narrow.runner.kv_cache.num_blocks == 2 * wide.runner.kv_cache.num_blocks
+    assert narrow.runner.kv_cache.num_bytes == wide.runner.kv_cache.num_bytes
+    for i, prompt in enumerate(batch):
+        assert tokens_of(narrow.results[(str(i), 0)]) == alone(
+            tmp_path, prompt, GREEDY, attention_backend=backend, kv_cache_dtype="float16"
+        )
+    logits = {name: core.runner.teacher_forced_logits(batch[0]) for name, core in outputs.items()}
+    # float16 keeps 11 significant bits: K/V off by ~2^-12 relative move these logits by well under 1%.
+    error = (logits["float16"] - logits["auto"]).abs().max() / logits["auto"].abs().max()
+    assert 0 < error < 1e-2
+
+
+def test_unknown_kv_cache_dtype_is_a_config_error() -> None:
+    from rebar.engine.engine_config import EngineConfig
+
+    with pytest.raises(InvalidRequestError, match="kv_cache_dtype") as info:
+        EngineConfig(kv_cache_dtype="int8")
+    assert info.value.param == "kv_cache_dtype"

@@ -232,3 +232,18 @@ def test_default_without_cuda_falls_back_with_the_reason(
     with caplog.at_level(logging.WARNING, logger="rebar.kernels"):
         assert backends.default_attention_backend(torch.device("cuda")) == "batched"
     assert len(caplog.records) == 1 and "no CUDA" in caplog.records[0].getMessage()
+
+
+def test_float32_queries_over_a_float16_cache(kernels: ModuleType) -> None:
+    """engine.kv_cache_dtype = "float16" with a float32 model: the kernel reads the half-precision
+    cache (this step's K/V rounded into it) as the reference backend does."""
+    step = make_step([(1, n) for n in (3, 40, 71)], num_heads=8, num_kv_heads=2, block_size=16, head_dim=32, seed=2)
+
+    def run(backend: Callable[..., torch.Tensor]) -> torch.Tensor:
+        caches = [c.to(torch.float16) for c in (step.key_cache, step.value_cache)]
+        q, k, v = (t.clone() for t in (step.q, step.k, step.v))
+        return backend(q, k, v, *caches, step.meta, step.head_dim**-0.5, None)
+
+    out = run(kernels.triton_paged_attention)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, run(paged_attention), atol=1e-5, rtol=0)

@@ -77,10 +77,12 @@ class CompareReport:
     peer_note: str
     http: HttpFigures | None
     rows: list[Row] = field(default_factory=list)
+    kv_cache_dtype: str = "auto"  # rebar's KV cache storage for the run
 
     def table(self) -> str:
         header = f"{'figure':<38} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  target      result"
-        lines = [f"model {self.model}, {self.threads} threads; peer: {self.peer_note}", header, "-" * len(header)]
+        lines = [f"model {self.model}, {self.threads} threads, rebar KV cache {self.kv_cache_dtype}; peer: {self.peer_note}",
+                 header, "-" * len(header)]
         for r in self.rows:
             def cell(value: float | None, digits: int = 2) -> str:
                 return f"{value:>10.{digits}f}" if value is not None else f"{'-':>10}"
@@ -172,7 +174,7 @@ def _free_port() -> int:
 
 
 def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: int = 32, input_words: int = 64,
-                 output_tokens: int = 64, repeats: int = 1, seed: int = 0) -> HttpFigures:
+                 output_tokens: int = 64, repeats: int = 1, seed: int = 0, kv_cache_dtype: str = "auto") -> HttpFigures:
     """Start `rebar serve` for `model`, run the streaming benchmark at `concurrency` `repeats` times
     (fresh prompts each time, so the prefix cache never helps), stop the server; the medians."""
     import httpx
@@ -181,7 +183,7 @@ def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: i
 
     port = _free_port()
     env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(threads), "REBAR_LOGGING__LEVEL": "warning",
-           "REBAR_MODELS__QUANTIZED_GGUF": "true"}
+           "REBAR_MODELS__QUANTIZED_GGUF": "true", "REBAR_ENGINE__KV_CACHE_DTYPE": kv_cache_dtype}
     server = subprocess.Popen(
         [sys.executable, "-m", "rebar.cli", "serve", "--model", model, "--embedding-model", "none", "--port", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -238,13 +240,15 @@ def build_rows(rebar: EngineFigures, peer: EngineFigures | None, http: HttpFigur
 
 
 def run_compare(model: str, threads: int, output_len: int = 128, repeats: int = 3, http: bool = True,
-                seed: int = 0) -> CompareReport:
+                seed: int = 0, kv_cache_dtype: str = "float16") -> CompareReport:
     from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
 
     torch.set_num_threads(threads)
     # The fast path: GGUF weights stay 4-bit and run on rebar's int4/int8 kernels, as llama.cpp's do.
-    llm = LLM(model, engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048), quantized_gguf=True)
+    # And its KV cache in float16 by default, as llama.cpp's (f16 unless told otherwise).
+    config = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(model, engine_config=config, quantized_gguf=True)
     if llm.engine is None:
         raise ValueError(f"{model} is an embedding model; compare needs a generator")
     tokenizer = llm.tokenizer
@@ -261,6 +265,6 @@ def run_compare(model: str, threads: int, output_len: int = 128, repeats: int = 
     if peer is not None:
         peer_figures = measure_llamacpp(peer, prompts, prefill_prompts, output_len)
         del peer
-    http_figures = measure_http(model, threads, repeats=repeats, seed=seed) if http else None
+    http_figures = measure_http(model, threads, repeats=repeats, seed=seed, kv_cache_dtype=kv_cache_dtype) if http else None
     return CompareReport(model, threads, rebar_figures, peer_figures, note, http_figures,
-                         build_rows(rebar_figures, peer_figures, http_figures))
+                         build_rows(rebar_figures, peer_figures, http_figures), kv_cache_dtype)

@@ -77,18 +77,19 @@ class EngineCore:
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
-        num_blocks = num_kv_blocks(config, model_config, dtype, device)
+        kv_dtype = config.kv_dtype(dtype)
+        num_blocks = num_kv_blocks(config, model_config, kv_dtype, device)
         if num_blocks * config.block_size < self.max_model_len:
             raise InvalidRequestError(
                 f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len={self.max_model_len}; "
                 "raise kv_cache_memory or lower max_model_len",
                 "kv_cache_memory",
             )
-        kv_cache = KVCache(model_config.num_layers, num_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim, dtype, device)
+        kv_cache = KVCache(model_config.num_layers, num_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim, kv_dtype, device)
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
             num_blocks, config.block_size, num_blocks * config.block_size, kv_cache.num_bytes / 2**20,
-            dtype, kv_bytes_per_token(model_config, dtype),
+            kv_dtype, kv_bytes_per_token(model_config, kv_dtype),
         )
         self.runner = ModelRunner(model, model_config, kv_cache, device, fused_decode=config.fused_decode)
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)

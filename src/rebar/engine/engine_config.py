@@ -14,6 +14,7 @@ from rebar.model.config import ModelConfig
 logger = logging.getLogger("rebar.engine")
 
 CPU_KV_CACHE_CAP = 2 * 2**30  # bytes; a CPU box shares its memory with everything else
+KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class EngineConfig:
 
     `kv_cache_memory` (bytes) wins when set; otherwise `kv_cache_fraction` of the device's available
     memory, capped at 2 GiB on CPU. `max_model_len` defaults to the model's context window.
+    `kv_cache_dtype` is how keys and values are stored: "auto" (the model's dtype) or one of
+    KV_CACHE_DTYPES. float16 halves the cache's memory and the bytes each decode step reads from it
+    (as llama.cpp's default f16 cache does); attention still computes in the model's dtype.
     """
 
     block_size: int = 16
@@ -35,6 +39,7 @@ class EngineConfig:
     # Run pure-decode steps of a quantized Llama-family model on the CPU through rebar's fused C++
     # decode step (rebar.kernels.cpu_decode) when it applies; off: always the model's own forward.
     fused_decode: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         checks = {
@@ -44,10 +49,15 @@ class EngineConfig:
             "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
             "kv_cache_memory": self.kv_cache_memory is None or self.kv_cache_memory > 0,
             "kv_cache_fraction": 0.0 < self.kv_cache_fraction <= 1.0,
+            "kv_cache_dtype": self.kv_cache_dtype == "auto" or self.kv_cache_dtype in KV_CACHE_DTYPES,
         }
         for name, ok in checks.items():
             if not ok:
                 raise InvalidRequestError(f"invalid engine setting {name}={getattr(self, name)!r}", name)
+
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's storage dtype for a model running in `model_dtype`."""
+        return model_dtype if self.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[self.kv_cache_dtype]
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -71,10 +71,17 @@ class KVCache:
 def write_kv(
     key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
 ) -> None:
-    """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots."""
+    """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots, in the cache's dtype."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k.to(key_cache.dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v.to(value_cache.dtype))
+
+
+def as_stored(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """x as attention reads it back from `cache`: rounded through the cache's dtype when that is
+    narrower. A fresh prompt attends over its own K/V without a cache read, and must see what a
+    later chunk or decode step will, or its output would depend on how it was chunked."""
+    return x if x.dtype == cache.dtype else x.to(cache.dtype).to(x.dtype)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -111,10 +118,10 @@ def paged_attention(
     for query_len, context_len, block_table in zip(meta.query_lens, meta.context_lens, meta.block_tables):
         end = start + query_len
         if context_len == query_len:  # nothing cached before: attend over this step's own K/V
-            keys, values = k[start:end], v[start:end]
+            keys, values = as_stored(k[start:end], key_cache), as_stored(v[start:end], value_cache)
         else:
-            keys = _gather(key_cache, block_table, context_len)
-            values = _gather(value_cache, block_table, context_len)
+            keys = _gather(key_cache, block_table, context_len).to(q.dtype)
+            values = _gather(value_cache, block_table, context_len).to(q.dtype)
         mask = None
         if query_len > 1 or (sliding_window is not None and context_len > sliding_window):
             mask = _causal_mask(query_len, context_len, sliding_window, q.device)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rebar.kernels.attention import AttentionMetadata, write_kv
+from rebar.kernels.attention import AttentionMetadata, as_stored, write_kv
 
 
 def batched_paged_attention(
@@ -61,7 +61,8 @@ def batched_paged_attention(
             continue
         span = slice(starts[seq], starts[seq] + query_len)
         if context_len == query_len:
-            out[span] = _fresh_prefill(q[span], k[span], v[span], scale, sliding_window)
+            keys, values = as_stored(k[span], key_cache), as_stored(v[span], value_cache)
+            out[span] = _fresh_prefill(q[span], keys, values, scale, sliding_window)
         else:
             table = meta.block_tables[seq]
             out[span] = _chunk_prefill(q[span], key_cache, value_cache, table, context_len, scale, sliding_window)
@@ -102,7 +103,8 @@ def _gather_kv(
     key_cache: torch.Tensor,  # [num_blocks, block_size, h, d]
     value_cache: torch.Tensor,
     slots: torch.Tensor,  # [*shape] int64
-) -> tuple[torch.Tensor, torch.Tensor]:  # keys, values: [*shape, h, d]
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # keys, values: [*shape, h, d] in `dtype`
     """Copy the keys and values at `slots` out of the cache.
 
     Both land in one allocation: with two separate multi-megabyte buffers freed after every layer,
@@ -115,7 +117,7 @@ def _gather_kv(
     out = torch.empty(2, index.numel(), num_heads, head_dim, dtype=key_cache.dtype, device=key_cache.device)
     torch.index_select(key_cache.view(-1, num_heads, head_dim), 0, index, out=out[0])
     torch.index_select(value_cache.view(-1, num_heads, head_dim), 0, index, out=out[1])
-    out = out.view(2, *slots.shape, num_heads, head_dim)
+    out = out.view(2, *slots.shape, num_heads, head_dim).to(dtype)  # a float16 cache computes in q's dtype
     return out[0], out[1]
 
 
@@ -130,7 +132,7 @@ def _decode(
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
     """One SDPA call over every decode row, keys padded to the longest (windowed) context."""
     slots, valid = _decode_slots(meta, seqs, key_cache.shape[1], sliding_window, q.device)
-    keys, values = _gather_kv(key_cache, value_cache, slots)  # [n, width, kv_heads, head_dim]
+    keys, values = _gather_kv(key_cache, value_cache, slots, q.dtype)  # [n, width, kv_heads, head_dim]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [n, kv_heads, width, head_dim]
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[1]
@@ -208,7 +210,7 @@ def _chunk_prefill(
         torch.tensor([key_count], dtype=torch.long, device=device),
         key_count,
     )
-    keys, values = _gather_kv(key_cache, value_cache, slots[0])  # [key_count, kv_heads, head_dim]
+    keys, values = _gather_kv(key_cache, value_cache, slots[0], q.dtype)  # [key_count, kv_heads, head_dim]
     mask = _causal_mask(
         torch.arange(first_query, context_len, device=device),
         torch.arange(key_start, context_len, device=device),

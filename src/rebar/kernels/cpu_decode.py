@@ -4,8 +4,9 @@ A decode step of a small model is thousands of tiny operations around seven matm
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
 whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
 (`csrc/decoder.cpp`): the same int8-activation int4/int8 matmuls QuantLinear runs, with norms,
-RoPE, the KV-cache write and paged attention in between, on rebar's worker pool. The embedding
-lookup, the final norm and the logits stay in the model's own Python code.
+RoPE, the KV-cache write and paged attention in between (over a float32 or float16 cache), on
+rebar's worker pool. The embedding lookup, the final norm and the logits stay in the model's own
+Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
 CPU whose every layer linear runs on rebar's AVX2 kernels; `FusedDecoder.build` returns the reason
@@ -89,8 +90,8 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
 
     if type(model) is not LlamaModel:
         return f"{type(model).__name__} is not a Llama-family decoder"
-    if kv_cache.keys[0].dtype != torch.float32 or kv_cache.keys[0].device.type != "cpu":
-        return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 on the CPU"
+    if kv_cache.keys[0].dtype not in (torch.float32, torch.float16) or kv_cache.keys[0].device.type != "cpu":
+        return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
     if model.layers[0].input_norm.weight.dtype != torch.float32:

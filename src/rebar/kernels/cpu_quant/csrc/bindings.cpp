@@ -239,18 +239,22 @@ class FusedDecoder {
     check_float_vector(input_norm, s.hidden, "input_norm");
     check_float_vector(post_attn_norm, s.hidden, "post_attn_norm");
     for (const at::Tensor* cache : {&key_cache, &value_cache}) {
-      TORCH_CHECK_VALUE(cache->scalar_type() == at::kFloat && cache->device().is_cpu() && cache->dim() == 4 &&
+      const at::ScalarType type = cache->scalar_type();
+      TORCH_CHECK_VALUE((type == at::kFloat || type == at::kHalf) && cache->device().is_cpu() && cache->dim() == 4 &&
                             cache->is_contiguous() && cache->size(2) == s.num_kv_heads && cache->size(3) == s.head_dim,
-                        "KV caches must be contiguous float32 [blocks, block_size, ", s.num_kv_heads, ", ",
-                        s.head_dim, "], got ", cache->scalar_type(), " ", cache->sizes());
+                        "KV caches must be contiguous float32 or float16 [blocks, block_size, ", s.num_kv_heads,
+                        ", ", s.head_dim, "], got ", type, " ", cache->sizes());
     }
-    TORCH_CHECK_VALUE(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+    TORCH_CHECK_VALUE(key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
+                      "key and value caches differ in shape or dtype");
+    const bool half = key_cache.scalar_type() == at::kHalf;
     if (layers_.empty()) {
       shape_.num_blocks = key_cache.size(0);
       shape_.block_size = key_cache.size(1);
+      shape_.half_cache = half;
     }
-    TORCH_CHECK_VALUE(key_cache.size(0) == s.num_blocks && key_cache.size(1) == s.block_size,
-                      "every layer's KV cache must have the same blocks");
+    TORCH_CHECK_VALUE(key_cache.size(0) == s.num_blocks && key_cache.size(1) == s.block_size && half == s.half_cache,
+                      "every layer's KV cache must have the same blocks and dtype");
     TORCH_CHECK_VALUE(linears.size() == 7, "expected the 7 linears q, k, v, o, gate, up, down");
     const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;
     const int64_t shapes[7][2] = {{q_size, s.hidden}, {kv_size, s.hidden}, {kv_size, s.hidden}, {s.hidden, q_size},
@@ -258,7 +262,7 @@ class FusedDecoder {
     QuantLinearRef refs[7];
     for (int i = 0; i < 7; ++i) refs[i] = linear_ref(linears[i], shapes[i][0], shapes[i][1]);
     layers_.push_back({input_norm.data_ptr<float>(), post_attn_norm.data_ptr<float>(), refs[0], refs[1], refs[2],
-                       refs[3], refs[4], refs[5], refs[6], key_cache.data_ptr<float>(), value_cache.data_ptr<float>()});
+                       refs[3], refs[4], refs[5], refs[6], key_cache.data_ptr(), value_cache.data_ptr()});
     for (const at::Tensor& t : {input_norm, post_attn_norm, key_cache, value_cache}) keep_alive_.push_back(t);
   }
 

@@ -100,6 +100,26 @@ struct Scratch {
         up(rows * s.intermediate) {}
 };
 
+// KV-cache storage: float32, or float16 (uint16_t bits) converted with F16C on the way in and out.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Stores n values (a multiple of 8) at dst, rounding to nearest-even for float16 as torch does.
+inline void store_cache_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, sizeof(float) * n); }
+inline void store_cache_row(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <typename T>
+void write_kv(const DecoderShape& s, const DecoderLayerRef& layer, int64_t slot, const float* k, const float* v) {
+  const int64_t kv_size = s.num_kv_heads * s.head_dim;
+  store_cache_row(static_cast<T*>(layer.key_cache) + slot * kv_size, k, kv_size);
+  store_cache_row(static_cast<T*>(layer.value_cache) + slot * kv_size, v, kv_size);
+}
+
 // Walks a row's cache slots for positions start, start + 1, ... without a division per position.
 class SlotCursor {
  public:
@@ -125,6 +145,7 @@ class SlotCursor {
 //     for all eight (a horizontal sum per key would be a chain of dependent adds);
 //   - output: per 8-wide slice of head_dim, up to four heads accumulate in registers over the whole
 //     context, in position order (as out += p_t * v_t would).
+template <typename T>
 void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row,
                   int64_t kv_head, const float* queries, float* out) {
   const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
@@ -141,6 +162,8 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   float* max_scores = scores + group * count;
   int64_t* offsets = offsets_scratch.data();  // of position start + t's head in a layer's cache
   const int64_t slot_stride = s.num_kv_heads * head_dim;
+  const T* key_cache = static_cast<const T*>(layer.key_cache);
+  const T* value_cache = static_cast<const T*>(layer.value_cache);
   SlotCursor cursor(batch.block_tables + row * batch.table_width, s.block_size, start);
   for (int64_t t = 0; t < count; ++t, cursor.next()) offsets[t] = cursor.slot() * slot_stride + kv_head * head_dim;
 
@@ -148,15 +171,15 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   for (int64_t g = 0; g < group; ++g) max_scores[g] = -std::numeric_limits<float>::infinity();
   for (int64_t t0 = 0; t0 < count; t0 += 8) {
     const int64_t n = std::min<int64_t>(8, count - t0);
-    const float* keys[8];
-    for (int64_t j = 0; j < 8; ++j) keys[j] = layer.key_cache + offsets[t0 + std::min(j, n - 1)];  // pad: repeat
+    const T* keys[8];
+    for (int64_t j = 0; j < 8; ++j) keys[j] = key_cache + offsets[t0 + std::min(j, n - 1)];  // pad: repeat
     for (int64_t g = 0; g < group; ++g) {
       const float* query = queries + g * head_dim;
       __m256 partial[8];
       for (int j = 0; j < 8; ++j) partial[j] = _mm256_setzero_ps();
       for (int64_t i = 0; i < head_dim; i += 8) {
         const __m256 q = _mm256_loadu_ps(query + i);
-        for (int j = 0; j < 8; ++j) partial[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys[j] + i), partial[j]);
+        for (int j = 0; j < 8; ++j) partial[j] = _mm256_fmadd_ps(q, load8(keys[j] + i), partial[j]);
       }
       alignas(32) float block[8];
       _mm256_store_ps(block, _mm256_mul_ps(sum_lanes_of_8_ps(partial), scale));
@@ -177,7 +200,7 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
     for (int64_t i = 0; i < head_dim; i += 8) {
       __m256 acc[kHeadsAtOnce] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t t = 0; t < count; ++t) {
-        const __m256 value = _mm256_loadu_ps(layer.value_cache + offsets[t] + i);
+        const __m256 value = load8(value_cache + offsets[t] + i);
         for (int64_t k = 0; k < heads; ++k) {
           acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(scores[(g0 + k) * count + t]), value, acc[k]);
         }
@@ -217,15 +240,24 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
     const float* sin = batch.sin + r * s.head_dim;
     rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
     rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
-    std::memcpy(layer.key_cache + batch.slots[r] * kv_size, m.k.data() + r * kv_size, sizeof(float) * kv_size);
-    std::memcpy(layer.value_cache + batch.slots[r] * kv_size, m.v.data() + r * kv_size, sizeof(float) * kv_size);
+    const float* k = m.k.data() + r * kv_size;
+    const float* v = m.v.data() + r * kv_size;
+    if (s.half_cache) {
+      write_kv<uint16_t>(s, layer, batch.slots[r], k, v);
+    } else {
+      write_kv<float>(s, layer, batch.slots[r], k, v);
+    }
   }
 
   const int64_t group = s.num_heads / s.num_kv_heads;
   pool.run(rows * s.num_kv_heads, num_threads, [&](int64_t item) {
     const int64_t offset = item * group * s.head_dim;  // == (row * num_heads + kv_head * group) * head_dim
-    attend_group(s, layer, batch, item / s.num_kv_heads, item % s.num_kv_heads, m.q.data() + offset,
-                 m.attn.data() + offset);
+    const int64_t row = item / s.num_kv_heads, kv_head = item % s.num_kv_heads;
+    if (s.half_cache) {
+      attend_group<uint16_t>(s, layer, batch, row, kv_head, m.q.data() + offset, m.attn.data() + offset);
+    } else {
+      attend_group<float>(s, layer, batch, row, kv_head, m.q.data() + offset, m.attn.data() + offset);
+    }
   });
 
   m.o_in.quantize(m.attn.data(), rows, layer.o);

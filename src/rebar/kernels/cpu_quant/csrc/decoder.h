@@ -31,8 +31,8 @@ struct DecoderLayerRef {
   const float* input_norm;      // [hidden]
   const float* post_attn_norm;  // [hidden]
   QuantLinearRef q, k, v, o, gate, up, down;
-  float* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim]
-  float* value_cache;  // same shape
+  void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim], float32 or float16
+  void* value_cache;  // same shape and dtype
 };
 
 struct DecoderShape {
@@ -40,6 +40,7 @@ struct DecoderShape {
   int64_t num_blocks, block_size;
   float norm_eps, attn_scale;
   int64_t sliding_window;  // keys with position > query position - window; 0: no window
+  bool half_cache;         // K/V stored as float16 (IEEE half, as torch.float16), else float32
 };
 
 // One decode step's rows, already checked by the caller: slots and the blocks the contexts use are
