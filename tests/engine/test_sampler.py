@@ -10,7 +10,6 @@ import torch
 
 from rebar import SamplingParams
 from rebar.engine.sampler import (
-    NUM_CANDIDATES,
     SampleRequest,
     filter_logits,
     make_generator,

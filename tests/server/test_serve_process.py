@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from markers import requires_smollm2
 from live_server import free_port

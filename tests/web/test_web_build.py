@@ -7,7 +7,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 
 from web_tools import STATIC_DIR, WEB_DIR
