@@ -13,6 +13,8 @@ from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.quant.cli import add_quantize_parser
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # engine.kv_cache_dtype's values
+
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder")
@@ -109,6 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "server.host": args.host, "server.port": args.port, "models.chat": args.model,
         "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
         "models.quantized_gguf": True if args.quantized_gguf else None,
+        "engine.kv_cache_dtype": args.kv_cache_dtype,
     }
     settings = load_settings(args.config, overrides)
     configure_logging(settings.logging.level, settings.logging.format)
@@ -302,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None)
     serve.add_argument("--quantized-gguf", action="store_true", help="run GGUF weights on the int4/int8 kernels")
+    serve.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
+                       help="how the KV cache stores keys and values (auto: the model's dtype)")
     serve.set_defaults(handler=cmd_serve)
 
     inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")
@@ -321,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--output-len", type=int, default=64)
     offline.add_argument("--concurrency", type=int, default=1)
     offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    offline.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+    offline.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                          help="KV cache storage (auto: the model's dtype)")
     offline.add_argument("--seed", type=int, default=0)
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
@@ -358,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--output-len", type=_positive_int, default=128, help="tokens per decode run")
     compare.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure (the median is reported)")
     compare.add_argument("--no-http", action="store_true", help="skip the 16-stream HTTP figure")
-    compare.add_argument("--kv-cache-dtype", default="float16", choices=["auto", "float32", "float16", "bfloat16"],
+    compare.add_argument("--kv-cache-dtype", default="float16", choices=KV_CACHE_DTYPES,
                          help="rebar's KV cache storage (default float16, as llama.cpp's default f16 cache)")
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")

@@ -40,7 +40,7 @@ def wait_for(url: str, path: str, status: int, timeout: float = 120) -> None:
 
 @requires_smollm2
 def test_serve_drains_in_flight_requests_on_sigterm(tmp_path) -> None:
-    process, url = start_server(tmp_path, {"REBAR_SERVER__API_KEYS": '["sekrit"]'})
+    process, url = start_server(tmp_path, {"REBAR_SERVER__API_KEYS": '["sekrit"]'}, "--kv-cache-dtype", "float16")
     try:
         wait_for(url, "/health", 200)
         wait_for(url, "/ready", 200)
@@ -66,7 +66,7 @@ def test_serve_drains_in_flight_requests_on_sigterm(tmp_path) -> None:
         if process.poll() is None:
             process.kill()
     log = (tmp_path / "server.log").read_text()
-    assert "KV cache:" in log
+    assert "KV cache:" in log and "torch.float16" in log  # the flag reached the engine
 
 
 def test_invalid_setting_fails_at_start_naming_the_key(tmp_path) -> None:
@@ -74,6 +74,22 @@ def test_invalid_setting_fails_at_start_naming_the_key(tmp_path) -> None:
     assert process.wait(60) == 2
     log = (tmp_path / "server.log").read_text()
     assert "limits.max_waiting_requests" in log and "Traceback" not in log
+
+
+def test_unknown_kv_cache_dtype_flag_is_refused(tmp_path) -> None:
+    process, _ = start_server(tmp_path, None, "--kv-cache-dtype", "int8")
+    assert process.wait(60) == 2
+    log = (tmp_path / "server.log").read_text()
+    assert "--kv-cache-dtype" in log and "int8" in log and "Traceback" not in log
+
+
+def test_cli_kv_cache_dtype_choices_are_the_engine_settings() -> None:
+    from typing import get_args
+
+    from rebar.cli import KV_CACHE_DTYPES
+    from rebar.config import EngineSettings
+
+    assert KV_CACHE_DTYPES == get_args(EngineSettings.model_fields["kv_cache_dtype"].annotation)
 
 
 def test_missing_config_file_is_a_clean_error(tmp_path) -> None:
