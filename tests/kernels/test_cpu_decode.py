@@ -38,9 +38,9 @@ def quantized_model(mixed_bits: bool = True, **config_overrides) -> torch.nn.Mod
     return model
 
 
-def new_cache(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> KVCache:
+def new_cache(model: torch.nn.Module, dtype: torch.dtype = torch.float32, num_blocks: int = NUM_BLOCKS) -> KVCache:
     c = model.config
-    cache = KVCache(c.num_layers, NUM_BLOCKS, BLOCK_SIZE, c.num_kv_heads, c.head_dim, dtype)
+    cache = KVCache(c.num_layers, num_blocks, BLOCK_SIZE, c.num_kv_heads, c.head_dim, dtype)
     for t in cache.keys + cache.values:  # allocated uninitialised; zeros make "untouched" checkable
         t.zero_()
     return cache
@@ -61,18 +61,20 @@ TABLES = [[7, 2, 30, 11, 5], [1, 25, 9], [33, 3, 18, 22, 0, 14]]
 
 
 def decode_both(model: torch.nn.Module, prompt_lens: list[int], seed: int = 0, fused: bool = True,
-                cache_dtype: torch.dtype = torch.float32):
+                cache_dtype: torch.dtype = torch.float32, tables: list[list[int]] | None = None):
     """Prefill every sequence, then one decode step through the model and through the fused decoder
     (each on its own copy of the cache). Returns (model hidden, fused hidden, model cache, fused cache, slots);
     with `fused=False` only the model runs (fused hidden is None)."""
     gen = torch.Generator().manual_seed(seed)
-    tables = TABLES[: len(prompt_lens)]
-    cache = new_cache(model, cache_dtype)
+    tables = tables or TABLES[: len(prompt_lens)]
+    num_blocks = max(max(t) for t in tables) + 1 if tables is not TABLES else NUM_BLOCKS
+    num_blocks = max(num_blocks, NUM_BLOCKS)
+    cache = new_cache(model, cache_dtype, num_blocks)
     with torch.inference_mode():
         ids = torch.randint(0, model.config.vocab_size, (sum(prompt_lens),), generator=gen)
         positions, meta = metadata(prompt_lens, prompt_lens, tables)
         model(ids, positions, meta, cache)
-        fused_cache = new_cache(model, cache_dtype)
+        fused_cache = new_cache(model, cache_dtype, num_blocks)
         for i in range(model.config.num_layers):
             fused_cache.keys[i].copy_(cache.keys[i])
             fused_cache.values[i].copy_(cache.values[i])
@@ -185,6 +187,28 @@ def test_whole_stack_is_as_accurate_as_the_model(mixed_bits: bool) -> None:
         truth, *_ = decode_both(float_reference(model), [5, 11, 18], seed=seed, fused=False)
         model_error, fused_error = relative_error(expected, truth), relative_error(got, truth)
         assert model_error < 0.2 and fused_error < 1.5 * model_error + 0.01, (seed, model_error, fused_error)
+
+
+def shuffled_tables(prompt_lens: list[int], seed: int = 0) -> list[list[int]]:
+    """Block tables for contexts one token longer than the prompts, from one shuffled pool."""
+    needed = [-(-(n + 1) // BLOCK_SIZE) for n in prompt_lens]
+    pool = torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, used = [], 0
+    for count in needed:
+        tables.append(pool[used:used + count])
+        used += count
+    return tables
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("prompt_lens", "window"), [([300, 5, 600], None), ([256, 257, 1100], None), ([700, 40], 300)])
+def test_long_contexts_split_over_threads_match_the_model(prompt_lens, window, cache_dtype) -> None:
+    """Contexts over 256 positions are attended in pieces that are merged afterwards (exactly 256 and
+    257 straddle the split; a window longer than a piece splits the window, not the context)."""
+    model = quantized_model(num_layers=1, sliding_window=window)
+    silence(model, "mlp.down_proj")
+    expected, got, *_ = decode_both(model, prompt_lens, cache_dtype=cache_dtype, tables=shuffled_tables(prompt_lens))
+    assert relative_error(got, expected) < (1e-5 if cache_dtype == torch.float32 else 1e-3)
 
 
 def test_float16_cache_costs_little_accuracy() -> None:

@@ -84,20 +84,68 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
   }
 }
 
+// One piece of a step's attention: a row's query heads sharing `kv_head`, over positions
+// [begin, end) of its context. A context longer than kAttendPartition positions is split into
+// pieces of that many, so that one long sequence's attention spreads over every thread; each piece
+// then leaves its unnormalised output, maximum and sum of exponentials in `partial` for
+// combine_partitions. How a context is split depends only on its length, never on the batch, so a
+// row's numbers do not depend on what shares its step.
+struct AttendItem {
+  int64_t row, kv_head, begin, end;
+  float* partial;  // [group, head_dim + 2] when the context is split, else null
+};
+
+constexpr int64_t kAttendPartition = 256;
+
+// The window of positions row `row` attends over: [first, context).
+int64_t window_start(const DecoderShape& s, int64_t context) {
+  return s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
+}
+
 // Buffers for one step, shared by the threads (each writes its own part).
 struct Scratch {
   std::vector<float> normed, q, k, v, attn, proj, gate, up;
+  std::vector<AttendItem> attend_items;
+  std::vector<float> partials;  // the split contexts' pieces, [pieces, group, head_dim + 2]
   QuantizedInput qkv_in[3], o_in, gate_up_in[2], down_in;
 
-  Scratch(const DecoderShape& s, int64_t rows)
-      : normed(rows * s.hidden),
-        q(rows * s.num_heads * s.head_dim),
-        k(rows * s.num_kv_heads * s.head_dim),
-        v(rows * s.num_kv_heads * s.head_dim),
-        attn(rows * s.num_heads * s.head_dim),
-        proj(rows * s.hidden),
-        gate(rows * s.intermediate),
-        up(rows * s.intermediate) {}
+  Scratch(const DecoderShape& s, const DecodeBatch& batch)
+      : normed(batch.rows * s.hidden),
+        q(batch.rows * s.num_heads * s.head_dim),
+        k(batch.rows * s.num_kv_heads * s.head_dim),
+        v(batch.rows * s.num_kv_heads * s.head_dim),
+        attn(batch.rows * s.num_heads * s.head_dim),
+        proj(batch.rows * s.hidden),
+        gate(batch.rows * s.intermediate),
+        up(batch.rows * s.intermediate) {
+    plan_attention(s, batch);
+  }
+
+  // The pieces of every layer's attention in this step (the split depends only on each row's
+  // context length); the pieces of a split context are consecutive, as are their partials.
+  void plan_attention(const DecoderShape& s, const DecodeBatch& batch) {
+    const int64_t piece_floats = (s.num_heads / s.num_kv_heads) * (s.head_dim + 2);
+    int64_t num_partials = 0;
+    for (int64_t r = 0; r < batch.rows; ++r) {
+      const int64_t context = batch.context_lens[r], first = window_start(s, context);
+      const bool split = context - first > kAttendPartition;
+      for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+        for (int64_t begin = first; begin < context; begin += kAttendPartition) {
+          attend_items.push_back({r, h, begin, std::min(context, begin + kAttendPartition), nullptr});
+          if (split) ++num_partials;
+        }
+      }
+    }
+    partials.resize(num_partials * piece_floats);
+    float* next = partials.data();
+    for (AttendItem& item : attend_items) {
+      const int64_t context = batch.context_lens[item.row];
+      if (context - window_start(s, context) > kAttendPartition) {
+        item.partial = next;
+        next += piece_floats;
+      }
+    }
+  }
 };
 
 // KV-cache storage: float32, or float16 (uint16_t bits) converted with F16C on the way in and out.
@@ -146,12 +194,12 @@ class SlotCursor {
 //   - output: per 8-wide slice of head_dim, up to four heads accumulate in registers over the whole
 //     context, in position order (as out += p_t * v_t would).
 template <typename T>
-void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, int64_t row,
-                  int64_t kv_head, const float* queries, float* out) {
+void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch,
+                  const AttendItem& item, const float* queries, float* out) {
   const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
-  const int64_t context = batch.context_lens[row];
-  const int64_t start = s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
-  const int64_t count = context - start;
+  const int64_t row = item.row, kv_head = item.kv_head;
+  const int64_t start = item.begin;
+  const int64_t count = item.end - item.begin;
   // This thread's scratch, used through plain pointers (each access to a thread_local object is a
   // TLS lookup): [group, count] attention weights, each head's maximum, the context's cache offsets.
   thread_local std::vector<float> scratch;
@@ -211,8 +259,36 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   for (int64_t g = 0; g < group; ++g) {
     float total = 0.0f;
     for (int64_t t = 0; t < count; ++t) total += scores[g * count + t];
+    if (item.partial) {
+      float* piece = item.partial + g * (head_dim + 2);
+      std::memcpy(piece, out + g * head_dim, sizeof(float) * head_dim);
+      piece[head_dim] = max_scores[g];
+      piece[head_dim + 1] = total;
+      continue;
+    }
     const float inv_total = 1.0f / total;
     for (int64_t i = 0; i < head_dim; ++i) out[g * head_dim + i] *= inv_total;
+  }
+}
+
+// Merges the pieces of a split context: out = sum_p e^(m_p - m) acc_p / sum_p e^(m_p - m) l_p with
+// m the largest piece maximum (each piece's own softmax, rescaled to a common one).
+void combine_partitions(const DecoderShape& s, const float* partials, int64_t num_pieces, float* out) {
+  const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim, stride = group * (head_dim + 2);
+  for (int64_t g = 0; g < group; ++g) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < num_pieces; ++p) top = std::max(top, partials[p * stride + g * (head_dim + 2) + head_dim]);
+    float total = 0.0f;
+    float* o = out + g * head_dim;
+    std::fill(o, o + head_dim, 0.0f);
+    for (int64_t p = 0; p < num_pieces; ++p) {
+      const float* piece = partials + p * stride + g * (head_dim + 2);
+      const float weight = std::exp(piece[head_dim] - top);
+      total += weight * piece[head_dim + 1];
+      for (int64_t i = 0; i < head_dim; ++i) o[i] += weight * piece[i];
+    }
+    const float inv_total = 1.0f / total;
+    for (int64_t i = 0; i < head_dim; ++i) o[i] *= inv_total;
   }
 }
 
@@ -250,15 +326,35 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   }
 
   const int64_t group = s.num_heads / s.num_kv_heads;
-  pool.run(rows * s.num_kv_heads, num_threads, [&](int64_t item) {
-    const int64_t offset = item * group * s.head_dim;  // == (row * num_heads + kv_head * group) * head_dim
-    const int64_t row = item / s.num_kv_heads, kv_head = item % s.num_kv_heads;
+  pool.run(static_cast<int64_t>(m.attend_items.size()), num_threads, [&](int64_t index) {
+    const AttendItem& item = m.attend_items[index];
+    const int64_t offset = (item.row * s.num_heads + item.kv_head * group) * s.head_dim;
+    thread_local std::vector<float> piece_out;
+    float* out = m.attn.data() + offset;
+    if (item.partial) {  // unnormalised sums go to the piece's own buffer, not the shared output
+      piece_out.resize(group * s.head_dim);
+      out = piece_out.data();
+    }
     if (s.half_cache) {
-      attend_group<uint16_t>(s, layer, batch, row, kv_head, m.q.data() + offset, m.attn.data() + offset);
+      attend_group<uint16_t>(s, layer, batch, item, m.q.data() + offset, out);
     } else {
-      attend_group<float>(s, layer, batch, row, kv_head, m.q.data() + offset, m.attn.data() + offset);
+      attend_group<float>(s, layer, batch, item, m.q.data() + offset, out);
     }
   });
+  // Split contexts: their pieces sit one after another, per (row, KV head).
+  for (size_t i = 0; i < m.attend_items.size();) {
+    const AttendItem& item = m.attend_items[i];
+    size_t pieces = 1;
+    while (i + pieces < m.attend_items.size() && m.attend_items[i + pieces].row == item.row &&
+           m.attend_items[i + pieces].kv_head == item.kv_head) {
+      ++pieces;
+    }
+    if (item.partial) {
+      const int64_t offset = (item.row * s.num_heads + item.kv_head * group) * s.head_dim;
+      combine_partitions(s, item.partial, static_cast<int64_t>(pieces), m.attn.data() + offset);
+    }
+    i += pieces;
+  }
 
   m.o_in.quantize(m.attn.data(), rows, layer.o);
   const LinearJob o = job(layer.o, m.o_in, m.proj.data());
@@ -289,7 +385,7 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
 void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>& layers, const DecodeBatch& batch,
                    int num_threads) {
   if (batch.rows == 0) return;
-  Scratch scratch(shape, batch.rows);
+  Scratch scratch(shape, batch);
   WorkerPool& pool = WorkerPool::shared(num_threads);
   for (const DecoderLayerRef& layer : layers) run_layer(shape, layer, batch, scratch, pool, num_threads);
 }
