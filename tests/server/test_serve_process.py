@@ -83,13 +83,15 @@ def test_unknown_kv_cache_dtype_flag_is_refused(tmp_path) -> None:
     assert "--kv-cache-dtype" in log and "int8" in log and "Traceback" not in log
 
 
-def test_cli_kv_cache_dtype_choices_are_the_engine_settings() -> None:
+def test_kv_cache_dtype_choices_agree_in_cli_settings_and_engine() -> None:
     from typing import get_args
 
     from rebar.cli import KV_CACHE_DTYPES
     from rebar.config import EngineSettings
+    from rebar.engine import engine_config
 
     assert KV_CACHE_DTYPES == get_args(EngineSettings.model_fields["kv_cache_dtype"].annotation)
+    assert KV_CACHE_DTYPES == ("auto", *engine_config.KV_CACHE_DTYPES)
 
 
 def test_missing_config_file_is_a_clean_error(tmp_path) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -388,7 +388,8 @@ def apply_awq(
         found = _search_layer(model, groups, recorder, group_size, error_feedback)
         result.grids.update(found.grids)
         result.searches.update(found.searches)
-        with _quantized(model, found.grids, group_size):
+        # With error feedback the weights already sit on their grids; otherwise put them there for this pass.
+        with nullcontext() if error_feedback else _quantized(model, found.grids, group_size):
             hidden = [run.run_layer(layer, h) for run, h in zip(runs, hidden)]
         tick()
     return result

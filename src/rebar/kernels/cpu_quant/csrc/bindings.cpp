@@ -203,7 +203,9 @@ void rope_op(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const float* c = cos.data_ptr<float>();
   const float* s = sin.data_ptr<float>();
   at::parallel_for(0, tokens, kRopeGrainTokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) rope(data + t * heads * head_dim, heads, head_dim, c + t * head_dim, s + t * head_dim);
+    for (int64_t t = begin; t < end; ++t) {
+      rope(data + t * heads * head_dim, heads, head_dim, c + t * head_dim, s + t * head_dim);
+    }
   });
 }
 

@@ -87,12 +87,17 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
 // One piece of a step's attention: a row's query heads sharing `kv_head`, over positions
 // [begin, end) of its context. A context longer than kAttendPartition positions is split into
 // pieces of that many, so that one long sequence's attention spreads over every thread; each piece
-// then leaves its unnormalised output, maximum and sum of exponentials in `partial` for
-// combine_partitions. How a context is split depends only on its length, never on the batch, so a
+// then leaves its unnormalised output and, per head, its maximum score and sum of exponentials, for
+// combine_pieces. How a context is split depends only on its length, never on the batch, so a
 // row's numbers do not depend on what shares its step.
 struct AttendItem {
   int64_t row, kv_head, begin, end;
-  float* partial;  // [group, head_dim + 2] when the context is split, else null
+  int64_t piece;  // index into Scratch's piece buffers when the context is split, else -1
+};
+
+// A split context: pieces [first_piece, first_piece + num_pieces) of one (row, KV head).
+struct SplitContext {
+  int64_t row, kv_head, first_piece, num_pieces;
 };
 
 constexpr int64_t kAttendPartition = 256;
@@ -106,7 +111,9 @@ int64_t window_start(const DecoderShape& s, int64_t context) {
 struct Scratch {
   std::vector<float> normed, q, k, v, attn, proj, gate, up;
   std::vector<AttendItem> attend_items;
-  std::vector<float> partials;  // the split contexts' pieces, [pieces, group, head_dim + 2]
+  std::vector<SplitContext> splits;
+  std::vector<float> piece_out;    // [pieces, group, head_dim]: each piece's unnormalised output
+  std::vector<float> piece_stats;  // [pieces, group, 2]: each head's maximum score and sum of e^(score - max)
   QuantizedInput qkv_in[3], o_in, gate_up_in[2], down_in;
 
   Scratch(const DecoderShape& s, const DecodeBatch& batch)
@@ -121,30 +128,27 @@ struct Scratch {
     plan_attention(s, batch);
   }
 
-  // The pieces of every layer's attention in this step (the split depends only on each row's
-  // context length); the pieces of a split context are consecutive, as are their partials.
+  // The pieces of every layer's attention in this step (the same for every layer: the split depends
+  // only on each row's context length).
   void plan_attention(const DecoderShape& s, const DecodeBatch& batch) {
-    const int64_t piece_floats = (s.num_heads / s.num_kv_heads) * (s.head_dim + 2);
-    int64_t num_partials = 0;
+    int64_t num_pieces = 0;
     for (int64_t r = 0; r < batch.rows; ++r) {
       const int64_t context = batch.context_lens[r], first = window_start(s, context);
-      const bool split = context - first > kAttendPartition;
+      const int64_t pieces = (context - first + kAttendPartition - 1) / kAttendPartition;
       for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+        if (pieces == 1) {
+          attend_items.push_back({r, h, first, context, -1});
+          continue;
+        }
+        splits.push_back({r, h, num_pieces, pieces});
         for (int64_t begin = first; begin < context; begin += kAttendPartition) {
-          attend_items.push_back({r, h, begin, std::min(context, begin + kAttendPartition), nullptr});
-          if (split) ++num_partials;
+          attend_items.push_back({r, h, begin, std::min(context, begin + kAttendPartition), num_pieces++});
         }
       }
     }
-    partials.resize(num_partials * piece_floats);
-    float* next = partials.data();
-    for (AttendItem& item : attend_items) {
-      const int64_t context = batch.context_lens[item.row];
-      if (context - window_start(s, context) > kAttendPartition) {
-        item.partial = next;
-        next += piece_floats;
-      }
-    }
+    const int64_t group = s.num_heads / s.num_kv_heads;
+    piece_out.resize(num_pieces * group * s.head_dim);
+    piece_stats.resize(num_pieces * group * 2);
   }
 };
 
@@ -193,9 +197,11 @@ class SlotCursor {
 //     for all eight (a horizontal sum per key would be a chain of dependent adds);
 //   - output: per 8-wide slice of head_dim, up to four heads accumulate in registers over the whole
 //     context, in position order (as out += p_t * v_t would).
+// `stats` null: `out` is normalised. Otherwise `out` is left unnormalised and stats[2g], stats[2g + 1]
+// get head g's maximum score and sum of exponentials.
 template <typename T>
 void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch,
-                  const AttendItem& item, const float* queries, float* out) {
+                  const AttendItem& item, const float* queries, float* out, float* stats) {
   const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
   const int64_t row = item.row, kv_head = item.kv_head;
   const int64_t start = item.begin;
@@ -259,11 +265,9 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   for (int64_t g = 0; g < group; ++g) {
     float total = 0.0f;
     for (int64_t t = 0; t < count; ++t) total += scores[g * count + t];
-    if (item.partial) {
-      float* piece = item.partial + g * (head_dim + 2);
-      std::memcpy(piece, out + g * head_dim, sizeof(float) * head_dim);
-      piece[head_dim] = max_scores[g];
-      piece[head_dim + 1] = total;
+    if (stats) {
+      stats[2 * g] = max_scores[g];
+      stats[2 * g + 1] = total;
       continue;
     }
     const float inv_total = 1.0f / total;
@@ -271,28 +275,32 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   }
 }
 
-// Merges the pieces of a split context: out = sum_p e^(m_p - m) acc_p / sum_p e^(m_p - m) l_p with
-// m the largest piece maximum (each piece's own softmax, rescaled to a common one).
-void combine_partitions(const DecoderShape& s, const float* partials, int64_t num_pieces, float* out) {
-  const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim, stride = group * (head_dim + 2);
+// Merges the pieces of a split context into `out` ([group, head_dim]):
+// out = sum_p e^(m_p - m) acc_p / sum_p e^(m_p - m) l_p, with m the largest piece maximum (each
+// piece's own softmax, rescaled to a common one).
+void combine_pieces(const DecoderShape& s, const Scratch& m, const SplitContext& split, float* out) {
+  const int64_t group = s.num_heads / s.num_kv_heads, head_dim = s.head_dim;
   for (int64_t g = 0; g < group; ++g) {
+    const auto stats = [&](int64_t p) { return m.piece_stats.data() + ((split.first_piece + p) * group + g) * 2; };
     float top = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < num_pieces; ++p) top = std::max(top, partials[p * stride + g * (head_dim + 2) + head_dim]);
+    for (int64_t p = 0; p < split.num_pieces; ++p) top = std::max(top, stats(p)[0]);
     float total = 0.0f;
     float* o = out + g * head_dim;
     std::fill(o, o + head_dim, 0.0f);
-    for (int64_t p = 0; p < num_pieces; ++p) {
-      const float* piece = partials + p * stride + g * (head_dim + 2);
-      const float weight = std::exp(piece[head_dim] - top);
-      total += weight * piece[head_dim + 1];
-      for (int64_t i = 0; i < head_dim; ++i) o[i] += weight * piece[i];
+    for (int64_t p = 0; p < split.num_pieces; ++p) {
+      const float* acc = m.piece_out.data() + ((split.first_piece + p) * group + g) * head_dim;
+      const float weight = std::exp(stats(p)[0] - top);
+      total += weight * stats(p)[1];
+      for (int64_t i = 0; i < head_dim; ++i) o[i] += weight * acc[i];
     }
     const float inv_total = 1.0f / total;
     for (int64_t i = 0; i < head_dim; ++i) o[i] *= inv_total;
   }
 }
 
-// One layer: the element-wise steps on the calling thread, matmuls and attention on the pool.
+// One layer: the element-wise steps on the calling thread, matmuls and attention on the pool. T is the
+// KV cache's storage type (float, or uint16_t for float16).
+template <typename T>
 void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, Scratch& m,
                WorkerPool& pool, int num_threads) {
   const int64_t rows = batch.rows, hidden = s.hidden, inner = s.intermediate;
@@ -316,44 +324,26 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
     const float* sin = batch.sin + r * s.head_dim;
     rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
     rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
-    const float* k = m.k.data() + r * kv_size;
-    const float* v = m.v.data() + r * kv_size;
-    if (s.half_cache) {
-      write_kv<uint16_t>(s, layer, batch.slots[r], k, v);
-    } else {
-      write_kv<float>(s, layer, batch.slots[r], k, v);
-    }
+    write_kv<T>(s, layer, batch.slots[r], m.k.data() + r * kv_size, m.v.data() + r * kv_size);
   }
 
+  // Where the query heads sharing `kv_head` start in q and attn: [rows, num_heads, head_dim].
   const int64_t group = s.num_heads / s.num_kv_heads;
+  const auto heads_of = [&](int64_t row, int64_t kv_head) {
+    return (row * s.num_heads + kv_head * group) * s.head_dim;
+  };
   pool.run(static_cast<int64_t>(m.attend_items.size()), num_threads, [&](int64_t index) {
     const AttendItem& item = m.attend_items[index];
-    const int64_t offset = (item.row * s.num_heads + item.kv_head * group) * s.head_dim;
-    thread_local std::vector<float> piece_out;
-    float* out = m.attn.data() + offset;
-    if (item.partial) {  // unnormalised sums go to the piece's own buffer, not the shared output
-      piece_out.resize(group * s.head_dim);
-      out = piece_out.data();
-    }
-    if (s.half_cache) {
-      attend_group<uint16_t>(s, layer, batch, item, m.q.data() + offset, out);
+    const float* queries = m.q.data() + heads_of(item.row, item.kv_head);
+    if (item.piece < 0) {
+      attend_group<T>(s, layer, batch, item, queries, m.attn.data() + heads_of(item.row, item.kv_head), nullptr);
     } else {
-      attend_group<float>(s, layer, batch, item, m.q.data() + offset, out);
+      attend_group<T>(s, layer, batch, item, queries, m.piece_out.data() + item.piece * group * s.head_dim,
+                      m.piece_stats.data() + item.piece * group * 2);
     }
   });
-  // Split contexts: their pieces sit one after another, per (row, KV head).
-  for (size_t i = 0; i < m.attend_items.size();) {
-    const AttendItem& item = m.attend_items[i];
-    size_t pieces = 1;
-    while (i + pieces < m.attend_items.size() && m.attend_items[i + pieces].row == item.row &&
-           m.attend_items[i + pieces].kv_head == item.kv_head) {
-      ++pieces;
-    }
-    if (item.partial) {
-      const int64_t offset = (item.row * s.num_heads + item.kv_head * group) * s.head_dim;
-      combine_partitions(s, item.partial, static_cast<int64_t>(pieces), m.attn.data() + offset);
-    }
-    i += pieces;
+  for (const SplitContext& split : m.splits) {
+    combine_pieces(s, m, split, m.attn.data() + heads_of(split.row, split.kv_head));
   }
 
   m.o_in.quantize(m.attn.data(), rows, layer.o);
@@ -387,7 +377,13 @@ void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>
   if (batch.rows == 0) return;
   Scratch scratch(shape, batch);
   WorkerPool& pool = WorkerPool::shared(num_threads);
-  for (const DecoderLayerRef& layer : layers) run_layer(shape, layer, batch, scratch, pool, num_threads);
+  for (const DecoderLayerRef& layer : layers) {
+    if (shape.half_cache) {
+      run_layer<uint16_t>(shape, layer, batch, scratch, pool, num_threads);
+    } else {
+      run_layer<float>(shape, layer, batch, scratch, pool, num_threads);
+    }
+  }
 }
 
 }  // namespace rebar_cpu_quant
