@@ -59,20 +59,20 @@ def rebar_int4(out_f: int, in_f: int) -> Linear:
     scales = (torch.rand(out_f, in_f // GROUP) * 1e-2).half()
     offsets = (torch.randn(out_f, in_f // GROUP) * 1e-2).half()
     packed = cpu_quant.pack_int4(qweight, scales, offsets, GROUP)
-    return lambda x: cpu_quant.int4_linear_packed(x, packed)
+    return lambda x: cpu_quant.linear_packed(x, packed)
 
 
 def rebar_int8(out_f: int, in_f: int) -> Linear:
     packed = cpu_quant.pack_int8(torch.randint(-128, 128, (out_f, in_f), dtype=torch.int8), torch.rand(out_f, 1) * 1e-3, in_f)
-    return lambda x: cpu_quant.int8_linear_packed(x, packed)
+    return lambda x: cpu_quant.linear_packed(x, packed)
 
 
 METHODS: dict[str, Callable[[int, int], Linear]] = {
     "torch fp32 F.linear": fp32_linear,
     "torch _weight_int8pack_mm": torch_int8,
     "torch _weight_int4pack_mm_for_cpu": torch_int4,
-    "rebar int8_linear_packed": rebar_int8,
-    "rebar int4_linear_packed (Q4_1-like)": rebar_int4,
+    "rebar linear_packed int8": rebar_int8,
+    "rebar linear_packed int4 (Q4_1-like)": rebar_int4,
 }
 
 

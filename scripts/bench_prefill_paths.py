@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM("smollm2", engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048), quantized_gguf=True)
-    int4 = [m for m in llm.model.modules() if isinstance(m, QuantLinear) and m.weight_q.bits == 4]
+    llm = LLM("smollm2", engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048))
+    int4 = [m for m in llm.model.modules() if isinstance(m, QuantLinear) and m.weight_q.describe() in ("Q4_0", "Q4_1")]
     plans = {
         "rebar int4 kernel": {id(m): m.kernels for m in int4},
         "dequantize + fp32": {id(m): (KernelChoice(math.inf, DequantizedMatmul(m.weight_q)),) for m in int4},

@@ -1,10 +1,10 @@
 """Resident memory of a model loaded by rebar, each in a fresh process (dev tool).
 
-For every `LABEL=MODEL[:dequantize|:quantized-gguf]` argument, a child process imports rebar, loads the model on the
+For every `LABEL=MODEL[:dequantize]` argument, a child process imports rebar, loads the model on the
 CPU in float32, generates 16 tokens, and reports its resident set (VmRSS) and peak (VmHWM) from
 /proc/self/status, next to the same for a process that only imported torch and rebar.
 
-    PYTHONPATH=src python scripts/measure_quant_memory.py reference=smollm2:dequantize gguf-q4_1=smollm2:quantized-gguf \
+    PYTHONPATH=src python scripts/measure_quant_memory.py reference=smollm2:dequantize gguf-q4_1=smollm2 \
         int8=/tmp/smollm2-int8 int4-awq=/tmp/smollm2-awq
 """
 
@@ -32,14 +32,13 @@ model, how = sys.argv[1], sys.argv[2]
 if model == "-":
     print(json.dumps(status()))
     raise SystemExit
-llm = LLM(model=model, device="cpu", dequantize=how == "dequantize", quantized_gguf=how == "quantized-gguf",
-          max_model_len=256, engine_config=EngineConfig(kv_cache_memory=16 * 2**20))
+llm = LLM(model=model, device="cpu", dequantize=how == "dequantize", max_model_len=256, engine_config=EngineConfig(kv_cache_memory=16 * 2**20))
 llm.generate("The capital of France is", SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
 print(json.dumps(status()))
 """
 
 
-LOAD_FLAGS = ("", "dequantize", "quantized-gguf")  # how the model is loaded: as it comes, or LLM's flag
+LOAD_FLAGS = ("", "dequantize")  # how the model is loaded: as it comes (quantized weights kept), or expanded
 
 
 def measure(model: str, how: str) -> dict[str, float]:

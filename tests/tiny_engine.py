@@ -50,8 +50,9 @@ def tiny_tokenizer(folder: Path) -> Tokenizer:
 def make_core(tmp_path: Path, num_blocks: int = 64, seed: int = 0, **engine: object) -> EngineCore:
     config = tiny_config()
     settings = {"block_size": 4, "max_model_len": 128, **engine}
-    block_bytes = kv_bytes_per_token(config, torch.float32) * int(settings["block_size"])
-    engine_config = EngineConfig(kv_cache_memory=num_blocks * block_bytes, **settings)
+    kv_dtype = EngineConfig(**settings).kv_dtype(torch.float32, torch.device("cpu"))
+    block_bytes = kv_bytes_per_token(config, kv_dtype) * int(settings["block_size"])
+    engine_config = EngineConfig(**{"kv_cache_memory": num_blocks * block_bytes, **settings})
     return EngineCore(tiny_model(config, seed), config, tiny_tokenizer(tmp_path / "tok"), engine_config, torch.float32, torch.device("cpu"))
 
 

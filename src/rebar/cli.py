@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from rebar.bench.cli import add_bench_parser
 from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.quant.cli import add_quantize_parser
@@ -20,9 +21,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    parser.add_argument("--dequantize", action="store_true", help="expand quantized weights to --dtype at load (the float reference)")
-    parser.add_argument("--quantized-gguf", action="store_true",
-                        help="run GGUF Q4_0/Q4_1/Q8_0 weights quantized (int4/int8 kernels) instead of as float")
+    parser.add_argument("--dequantize", action="store_true",
+                        help="expand quantized (GGUF) weights to --dtype at load: the float reference, slower and larger")
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -52,8 +52,7 @@ def _sampling_params(args: argparse.Namespace):
 def _load(args: argparse.Namespace):
     from rebar.engine.llm import LLM
 
-    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize,
-               quantized_gguf=args.quantized_gguf)
+    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize)
 
 
 def _stream_to_stdout(llm, prompt: str, params) -> str:
@@ -110,7 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "server.host": args.host, "server.port": args.port, "models.chat": args.model,
         "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
-        "models.quantized_gguf": True if args.quantized_gguf else None,
+        "models.dequantize": True if args.dequantize else None,
         "engine.kv_cache_dtype": args.kv_cache_dtype,
     }
     settings = load_settings(args.config, overrides)
@@ -169,67 +168,6 @@ _DECODER_FIELDS = {
 }
 
 
-def cmd_bench_offline(args: argparse.Namespace) -> int:
-    from rebar.bench.offline import run_offline
-    from rebar.engine.engine_config import EngineConfig
-    from rebar.engine.llm import LLM
-
-    engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens,
-                                 kv_cache_dtype=args.kv_cache_dtype)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize,
-              quantized_gguf=args.quantized_gguf)
-    core = llm.engine
-    if core is None:
-        raise InvalidRequestError(f"{args.model} is an embedding model; bench offline needs a generator", "model")
-    if args.warmup:
-        run_offline(core, num_prompts=1, input_len=min(args.input_len, 16), output_len=4, concurrency=1, seed=args.seed + 1)
-    result = run_offline(core, args.num_prompts, args.input_len, args.output_len, args.concurrency, seed=args.seed)
-    print(result.table())
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            out.write(result.to_json())
-    return 0
-
-
-def cmd_bench_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from rebar.bench.serve import ServeBenchConfig, parse_concurrency_levels, run_serve_bench
-
-    levels = parse_concurrency_levels(args.concurrency)
-    config = ServeBenchConfig(
-        url=args.url, model=args.model, endpoint=args.endpoint, num_prompts=args.num_prompts,
-        input_words=args.input_words, output_tokens=args.output_tokens, seed=args.seed,
-        api_key=args.api_key, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would drown the progress lines
-    report = asyncio.run(run_serve_bench(config, levels))
-    print(report.table())
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            out.write(report.to_json())
-    return 0
-
-
-def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from rebar.bench.compare import run_compare
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    report = run_compare(args.model, args.threads, args.output_len, args.repeats, http=not args.no_http, seed=args.seed,
-                         kv_cache_dtype=args.kv_cache_dtype)
-    print(report.table())
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            out.write(report.to_json())
-    return 0
-
-
-def cmd_bench_gate(args: argparse.Namespace) -> int:
-    from rebar.bench.gate import run_gate
-
-    return run_gate(args.model, Path(args.baseline), update=args.update_baseline, threads=args.threads)
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
@@ -239,7 +177,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     engine_config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config,
-              dequantize=args.dequantize, quantized_gguf=args.quantized_gguf)
+              dequantize=args.dequantize)
     if llm.engine is None:
         raise InvalidRequestError(f"{args.model} is an embedding model; profile needs a generator", "model")
     result = profile_engine(llm.engine, args.steps, args.batch, args.input_len, args.warmup_steps, args.top)
@@ -304,9 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None)
-    serve.add_argument("--quantized-gguf", action="store_true", help="run GGUF weights on the int4/int8 kernels")
+    serve.add_argument("--dequantize", action="store_true",
+                       help="expand quantized (GGUF) weights to --dtype at load: the float reference")
     serve.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
-                       help="how the KV cache stores keys and values (auto: the model's dtype)")
+                       help="how the KV cache stores keys and values (auto: float16 on the CPU, else the model's dtype)")
     serve.set_defaults(handler=cmd_serve)
 
     inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")
@@ -318,35 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_parser(commands)
     add_eval_parser(commands, _add_model_args)
 
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    offline = bench.add_parser("offline", help="engine throughput and latency at a fixed concurrency")
-    _add_model_args(offline)
-    offline.add_argument("--num-prompts", type=int, default=16)
-    offline.add_argument("--input-len", type=int, default=128)
-    offline.add_argument("--output-len", type=int, default=64)
-    offline.add_argument("--concurrency", type=int, default=1)
-    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    offline.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                         help="KV cache storage (auto: the model's dtype)")
-    offline.add_argument("--seed", type=int, default=0)
-    offline.add_argument("--no-warmup", dest="warmup", action="store_false")
-    offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
-    offline.set_defaults(handler=cmd_bench_offline)
+    add_bench_parser(commands, _add_model_args, _positive_int, KV_CACHE_DTYPES)
 
-    serve = bench.add_parser("serve", help="streaming latency and throughput of any OpenAI-compatible server")
-    serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    serve.add_argument("--model", default=None, help="model name to request (default: the first from /v1/models)")
-    serve.add_argument("--endpoint", default="chat", choices=["chat", "completions"])
-    serve.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels, run in order")
-    serve.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
-    serve.add_argument("--input-words", type=int, default=128, help="words per prompt")
-    serve.add_argument("--output-tokens", type=int, default=128, help="max_tokens of every request")
-    serve.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true (an extension vLLM and llama.cpp accept)")
-    serve.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    serve.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
-    serve.add_argument("--timeout", type=float, default=600.0, help="seconds before one request counts as failed")
-    serve.add_argument("--json", default=None, help="also write the results (one object per level) to this file")
-    serve.set_defaults(handler=cmd_bench_serve)
     profile = commands.add_parser("profile", help="profile engine steps: Chrome trace with a range per layer, top operators")
     _add_model_args(profile)
     profile.add_argument("--steps", type=_positive_int, default=8, help="steps to profile (the first is the prefill)")
@@ -356,26 +268,6 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
     profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
     profile.set_defaults(handler=cmd_profile)
-
-    compare = bench.add_parser("compare", help="rebar vs llama.cpp on the same GGUF, threads and prompts; ratios")
-    compare.add_argument("--model", default="smollm2", help="a GGUF model (alias or path)")
-    compare.add_argument("--threads", type=_positive_int, default=2)
-    compare.add_argument("--output-len", type=_positive_int, default=128, help="tokens per decode run")
-    compare.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure (the median is reported)")
-    compare.add_argument("--no-http", action="store_true", help="skip the 16-stream HTTP figure")
-    compare.add_argument("--kv-cache-dtype", default="float16", choices=KV_CACHE_DTYPES,
-                         help="rebar's KV cache storage (default float16, as llama.cpp's default f16 cache)")
-    compare.add_argument("--seed", type=int, default=0)
-    compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
-    compare.set_defaults(handler=cmd_bench_compare)
-
-    gate = bench.add_parser("gate", help="CI performance gate: cold start, p95 latency, peak RSS against a baseline")
-    gate.add_argument("--model", default="smollm2")
-    gate.add_argument("--baseline", default="perf/baseline.json", help="committed baseline (normalised figures)")
-    gate.add_argument("--update-baseline", action="store_true", help="measure and write the baseline instead of judging")
-    gate.add_argument("--threads", type=int, default=1,
-                      help="torch threads (1: immune to the barrier stalls a busy machine causes; must match the baseline)")
-    gate.set_defaults(handler=cmd_bench_gate)
 
     config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the effective settings (defaults < --config file < REBAR_* env); keys masked")

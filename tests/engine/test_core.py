@@ -8,9 +8,10 @@ import time
 import pytest
 import torch
 
+from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
-from tiny_engine import VOCAB, make_core, run_to_completion, tokens_of
+from tiny_engine import VOCAB, make_core, run_to_completion, tiny_config, tokens_of
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -221,6 +222,17 @@ def test_penalties_see_the_token_history(tmp_path) -> None:
     assert len(set(penalised)) > len(set(plain))
 
 
+def test_auto_kv_cache_is_float16_for_a_float32_model_on_the_cpu(tmp_path) -> None:
+    """As llama.cpp's default f16 cache; a model computing in another dtype stores K/V in it, and a
+    GPU keeps the model's dtype."""
+    auto = EngineConfig()
+    assert auto.kv_dtype(torch.float32, torch.device("cpu")) == torch.float16
+    assert auto.kv_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+    assert auto.kv_dtype(torch.float32, torch.device("cuda")) == torch.float32
+    assert EngineConfig(kv_cache_dtype="float32").kv_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert make_core(tmp_path).runner.kv_cache.keys[0].dtype == torch.float16
+
+
 @pytest.mark.parametrize("backend", ["torch", "batched"])
 def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, backend) -> None:
     """Same memory budget: twice the blocks. Prefill, chunked prefill, prefix hits and decode all
@@ -228,14 +240,16 @@ def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, bac
     within float16 rounding of the float32 cache's (a random tiny model's near-ties may still pick
     other greedy tokens, so those are not compared across dtypes)."""
     batch = prompts(6, seed=3) + [prompts(1, seed=3)[0]]  # the repeat hits the prefix cache
+    budget = 64 * 4 * kv_bytes_per_token(tiny_config(), torch.float32)  # 64 float32 blocks of 4 tokens
     outputs = {}
-    for dtype in ("auto", "float16"):
-        core = make_core(tmp_path, max_num_batched_tokens=24, attention_backend=backend, kv_cache_dtype=dtype)
+    for dtype in ("float32", "float16"):
+        core = make_core(tmp_path, max_num_batched_tokens=24, attention_backend=backend, kv_cache_dtype=dtype,
+                         kv_cache_memory=budget)
         outputs[dtype] = core
         for i, prompt in enumerate(batch):
             core.add_request(str(i), prompt, GREEDY)
         core.results = run_to_completion(core)
-    wide, narrow = outputs["auto"], outputs["float16"]
+    wide, narrow = outputs["float32"], outputs["float16"]
     assert wide.runner.kv_cache.keys[0].dtype == torch.float32
     assert narrow.runner.kv_cache.keys[0].dtype == torch.float16
     assert narrow.runner.kv_cache.num_blocks == 2 * wide.runner.kv_cache.num_blocks
@@ -246,7 +260,7 @@ def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, bac
         )
     logits = {name: core.runner.teacher_forced_logits(batch[0]) for name, core in outputs.items()}
     # float16 keeps 11 significant bits: K/V off by ~2^-12 relative move these logits by well under 1%.
-    error = (logits["float16"] - logits["auto"]).abs().max() / logits["auto"].abs().max()
+    error = (logits["float16"] - logits["float32"]).abs().max() / logits["float32"].abs().max()
     assert 0 < error < 1e-2
 
 

@@ -71,21 +71,66 @@ class Reference:
     exact: torch.Tensor  # x @ w.T in float64
     same_activations: torch.Tensor  # the same with x rounded as the kernel rounds it
     magnitude: torch.Tensor  # sum over c of |each term|: the scale of float32 round-off
-    rounding_bound: torch.Tensor  # sum_c |scales * q| * d_x(c) / 2: the most activation rounding can move y
+    rounding_bound: torch.Tensor  # sum_c |w| * d_x(c) / 2: the most activation rounding can move y
     rounding_rms: torch.Tensor  # the typical move: rounding errors as independent uniform noise on +-d_x / 2
 
 
-def reference(x: torch.Tensor, weight: QuantWeight) -> Reference:
-    """float64 references; the quantized activations come from the kernel's own quantizer."""
+def reference(x: torch.Tensor, weight) -> Reference:
+    """float64 references; the quantized activations come from the kernel's own quantizer. Every term
+    of the kernels (the offsets' too) multiplies the rounded activations."""
     in_f = x.shape[1]
-    q, d, _ = cpu_quant.quantize_activations(x)
+    q, d, _, _ = cpu_quant.quantize_activations(x)
     x_hat = (q.double().reshape(len(x), -1, 32) * d.double()[..., None]).reshape(len(x), -1)[:, :in_f]
     half_step = (d.double() / 2).repeat_interleave(32, dim=1)[:, :in_f]
-    xd = x.double()
+    dense = weight.dense
     return Reference(
-        exact=xd @ weight.dense.T,
-        same_activations=x_hat @ weight.scaled_codes.T + xd @ weight.offset_part.T,
-        magnitude=x_hat.abs() @ weight.scaled_codes.abs().T + xd.abs() @ weight.offset_part.abs().T,
-        rounding_bound=half_step @ weight.scaled_codes.abs().T,
-        rounding_rms=(half_step.square() @ weight.scaled_codes.square().T / 3).sqrt(),
+        exact=x.double() @ dense.T,
+        same_activations=x_hat @ dense.T,
+        magnitude=x_hat.abs() @ weight.scaled_codes.abs().T + x_hat.abs() @ weight.offset_part.abs().T,
+        rounding_bound=half_step @ dense.abs().T,
+        rounding_rms=(half_step.square() @ dense.square().T / 3).sqrt(),
     )
+
+
+@dataclass
+class PackedCase:
+    """A packed weight of one kind and its float64 parts, for `reference`."""
+
+    name: str
+    packed: cpu_quant.PackedQuant
+    scaled_codes: torch.Tensor  # float64 [out, in]: scales times the codes
+    offset_part: torch.Tensor  # float64 [out, in]: the offsets (or mins) expanded
+
+    @property
+    def dense(self) -> torch.Tensor:
+        return self.scaled_codes + self.offset_part
+
+
+def random_kind(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> PackedCase:
+    """A random weight of `kind`: "affine5" (Q5_0/Q5_1), "super_affine4" / "super_affine5" (Q4_K /
+    Q5_K), "super_sym6" (Q6_K), with scales of realistic size so outputs are O(1)."""
+    bits = int(kind[-1])
+    codes = torch.randint(0, 1 << bits, (out_f, in_f), generator=gen, dtype=torch.uint8)
+    q = codes.double()
+    if kind == "affine5":
+        scales = ((torch.rand(out_f, in_f // 32, generator=gen) + 0.5) * 0.005).half()
+        offsets = (-scales.float() * 16).half()
+        packed = cpu_quant.pack_affine(codes, 5, scales, offsets, 32)
+        return PackedCase(kind, packed, _expand(scales, 32, in_f) * q, _expand(offsets, 32, in_f))
+    d = ((torch.rand(out_f, in_f // 256, generator=gen) + 0.5) * 3e-4).half()
+    if kind.startswith("super_affine"):
+        dmin = ((torch.rand(out_f, in_f // 256, generator=gen) + 0.5) * 3e-4).half()
+        sc = torch.randint(0, 64, (out_f, in_f // 32), generator=gen, dtype=torch.uint8)
+        m = torch.randint(0, 64, (out_f, in_f // 32), generator=gen, dtype=torch.uint8)
+        packed = cpu_quant.pack_super_affine(codes, bits, d, dmin, sc, m)
+        scale = _expand(d.float(), 256, in_f) * _expand(sc, 32, in_f)
+        mins = _expand(dmin.float(), 256, in_f) * _expand(m, 32, in_f)
+        # float32 products, as the kernel (and llama.cpp) forms them
+        return PackedCase(kind, packed, scale.float().double() * q, -mins.float().double())
+    sc = torch.randint(-128, 128, (out_f, in_f // 16), generator=gen, dtype=torch.int8)
+    packed = cpu_quant.pack_super_sym(codes, 6, d, sc, 32)
+    scale = (_expand(d.float(), 256, in_f) * _expand(sc, 16, in_f)).float().double()
+    return PackedCase(kind, packed, scale * (q - 32), torch.zeros(out_f, in_f, dtype=torch.float64))
+
+
+KINDS = ["affine5", "super_affine4", "super_affine5", "super_sym6"]

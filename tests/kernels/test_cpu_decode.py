@@ -99,7 +99,7 @@ def silence(model: torch.nn.Module, path: str) -> None:
     """Make `path` (a quantized linear of layer 0) output zeros, in both paths (they share the codes)."""
     packed = model.layers[0].get_submodule(path).kernels[0].kernel.packed
     packed.scales.zero_()
-    if hasattr(packed, "offsets"):
+    if packed.offsets is not None:
         packed.offsets.zero_()
 
 
@@ -344,7 +344,7 @@ def test_smollm2_fused_steps_are_as_accurate_as_the_model_on_the_real_checkpoint
     from rebar import LLM
     from rebar.engine.scheduler import ScheduledRequest
 
-    quantized, reference = LLM(model="smollm2", device="cpu", quantized_gguf=True), LLM(model="smollm2", device="cpu")
+    quantized, reference = LLM(model="smollm2", device="cpu"), LLM(model="smollm2", device="cpu", dequantize=True)
     runner, float_runner = quantized.engine.runner, reference.engine.runner
     assert runner.fused_decoder is not None and float_runner.fused_decoder is None
     prompt = quantized.tokenizer.encode("The capital of France is Paris. The capital of Italy is")

@@ -4,11 +4,11 @@ Two references per case. The kernel quantizes each activation row to int8 per bl
 (d = max|x| / 127) and then computes exactly in integers, so against x rounded the same way
 (taken from the kernel's own quantizer) only float32 round-off remains: |error| <= 1e-5 * sum|terms|
 (at most ~50 scaled block sums of float32, each off by ~6e-8 relative). Against the unrounded x,
-each activation may move by up to d/2, so |error| <= sum_c |scale * q_wc| * d(c) / 2 (plus the same
+each activation may move by up to d/2, so |error| <= sum_c |w_c| * d(c) / 2 (plus the same
 round-off), and overall the error must look like independent rounding noise, uniform on
-[-d/2, d/2]: its norm within 3x of sqrt(sum_c (scale * q_wc)^2 * d(c)^2 / 12) per output. On this
-data (one large feature per row coarsens its block) that is about 1-2.5% of |y|, and the kernel
-stays within 0.6-1.7x of that noise; the same-activation error is below 1e-7 of sum|terms|.
+[-d/2, d/2]: its norm within 3x of sqrt(sum_c w_c^2 * d(c)^2 / 12) per output. The offsets of int4
+weights multiply the sums of the rounded activations too, so the noise is weighted by the weights
+themselves, not by their unsigned codes.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_lm_head_shape(rows: int) -> None:
     weight = random_int4(49152, 576, 32, torch.float16, gen)
     x = random_activations(rows, 576, gen)
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
-    assert_matches(cpu_quant.int4_linear_packed(x, packed), x, weight)
+    assert_matches(cpu_quant.linear_packed(x, packed), x, weight)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -99,11 +99,11 @@ def test_rows_are_batch_invariant(kind: str) -> None:
     if kind == "int4":
         weight = random_int4(100, 576, 32, torch.float16, gen)
         packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
-        linear = cpu_quant.int4_linear_packed
+        linear = cpu_quant.linear_packed
     else:
         weight = random_int8(100, 576, 576, torch.float32, gen)
         packed = cpu_quant.pack_int8(weight.qweight, weight.scales, 576)
-        linear = cpu_quant.int8_linear_packed
+        linear = cpu_quant.linear_packed
     x = random_activations(75, 576, gen)  # from 64 rows on, int4 takes its prefill schedule
     batched = linear(x, packed)
     for i in range(len(x)):
@@ -123,10 +123,10 @@ def test_int4_prefill_panels_match_single_rows() -> None:
     weight = random_int4(40, 1536, 32, torch.float16, gen)
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
     x = random_activations(345, 1536, gen)
-    batched = cpu_quant.int4_linear_packed(x, packed)
+    batched = cpu_quant.linear_packed(x, packed)
     assert_matches(batched, x, weight)
     for i in (0, 169, 170, 171, 339, 340, 344):
-        assert torch.equal(cpu_quant.int4_linear_packed(x[i : i + 1], packed), batched[i : i + 1])
+        assert torch.equal(cpu_quant.linear_packed(x[i : i + 1], packed), batched[i : i + 1])
 
 
 def test_leading_dims_and_empty_batch() -> None:
@@ -134,11 +134,11 @@ def test_leading_dims_and_empty_batch() -> None:
     weight = random_int4(24, 64, 32, torch.float16, gen)
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
     x = random_activations(6, 64, gen)
-    y = cpu_quant.int4_linear_packed(x.reshape(2, 3, 64), packed)
-    assert y.shape == (2, 3, 24) and torch.equal(y.reshape(6, 24), cpu_quant.int4_linear_packed(x, packed))
-    assert cpu_quant.int4_linear_packed(torch.empty(0, 64), packed).shape == (0, 24)
+    y = cpu_quant.linear_packed(x.reshape(2, 3, 64), packed)
+    assert y.shape == (2, 3, 24) and torch.equal(y.reshape(6, 24), cpu_quant.linear_packed(x, packed))
+    assert cpu_quant.linear_packed(torch.empty(0, 64), packed).shape == (0, 24)
     strided = torch.randn(64, 6, generator=gen).T  # non-contiguous input is accepted
-    assert torch.equal(cpu_quant.int4_linear_packed(strided, packed), cpu_quant.int4_linear_packed(strided.contiguous(), packed))
+    assert torch.equal(cpu_quant.linear_packed(strided, packed), cpu_quant.linear_packed(strided.contiguous(), packed))
 
 
 def test_activation_quantizer() -> None:
@@ -146,14 +146,16 @@ def test_activation_quantizer() -> None:
     gen = torch.Generator().manual_seed(5)
     x = random_activations(4, 100, gen)
     x[1] = 0.0  # an all-zero row: scale 0, codes 0
-    q, d, sums = cpu_quant.quantize_activations(x, group_size=32)
+    q, d, sums, half_sums = cpu_quant.quantize_activations(x, group_size=32)
     padded = torch.nn.functional.pad(x, (0, 28)).reshape(4, 4, 32)
     amax = padded.abs().amax(dim=-1)
     assert torch.equal(d, amax / 127)
     inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
     expected = torch.round(padded * inv[..., None]).to(torch.int8).reshape(4, 128)
     assert torch.equal(q, expected)
-    torch.testing.assert_close(sums, padded.sum(dim=-1), rtol=1e-6, atol=1e-5)
+    assert torch.equal(half_sums, q.reshape(4, 8, 16).int().sum(dim=-1))
+    # the offsets multiply the sums of the rounded activations, d * sum(q)
+    torch.testing.assert_close(sums, d * half_sums.reshape(4, 4, 2).sum(dim=-1).float(), rtol=1e-6, atol=0)
     assert q.abs().max() <= 127
 
 
@@ -162,9 +164,9 @@ def test_bad_inputs_raise_value_errors() -> None:
     weight = random_int4(16, 64, 32, torch.float16, gen)
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
     with pytest.raises(ValueError, match="float32"):
-        cpu_quant.int4_linear_packed(torch.randn(2, 64, dtype=torch.float64), packed)
+        cpu_quant.linear_packed(torch.randn(2, 64, dtype=torch.float64), packed)
     with pytest.raises(ValueError, match=r"\[\.\.\., 64\]"):
-        cpu_quant.int4_linear_packed(torch.randn(2, 65), packed)
+        cpu_quant.linear_packed(torch.randn(2, 65), packed)
 
 
 def test_concurrent_prefill_calls_match_sequential_ones() -> None:
@@ -176,7 +178,7 @@ def test_concurrent_prefill_calls_match_sequential_ones() -> None:
     weight = random_int4(96, 576, 32, torch.float16, gen)
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
     inputs = [random_activations(200 + 17 * i, 576, gen) for i in range(6)]
-    expected = [cpu_quant.int4_linear_packed(x, packed) for x in inputs]
+    expected = [cpu_quant.linear_packed(x, packed) for x in inputs]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda x: cpu_quant.int4_linear_packed(x, packed), inputs))
+        results = list(pool.map(lambda x: cpu_quant.linear_packed(x, packed), inputs))
     assert all(torch.equal(got, want) for got, want in zip(results, expected))

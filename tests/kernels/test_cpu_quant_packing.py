@@ -14,7 +14,7 @@ import torch
 from rebar.kernels import cpu_quant
 
 
-def unpack_int4_tiles(packed: cpu_quant.PackedInt4) -> torch.Tensor:
+def unpack_int4_tiles(packed: cpu_quant.PackedQuant) -> torch.Tensor:
     """The layout documented in csrc/kernels.h, read back into codes [out, in], one byte at a time."""
     tiles, blocks = packed.codes.shape[:2]
     codes = torch.empty(tiles * 8, blocks * 32, dtype=torch.uint8)
@@ -117,7 +117,7 @@ def test_prefill_calls_share_torchs_openmp_runtime() -> None:
         from rebar.kernels import cpu_quant
         torch.set_num_threads(2)
         packed = cpu_quant.pack_int4(torch.zeros(64, 64, dtype=torch.uint8), torch.ones(64, 4), torch.zeros(64, 4), 32)
-        cpu_quant.int4_linear_packed(torch.randn(256, 128), packed)  # a prefill-sized call: torch's pool
+        cpu_quant.linear_packed(torch.randn(256, 128), packed)  # a prefill-sized call: torch's pool
         print(json.dumps(sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line})))
         """
     )

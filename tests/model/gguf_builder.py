@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
+from kquant_encode import ENCODERS, encode_k
 
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
@@ -198,6 +199,8 @@ def encode(values: np.ndarray, qtype: QT) -> np.ndarray:
         return values
     if qtype == QT.F16:
         return values.astype(np.float16)
+    if qtype.name in ENCODERS:  # K-quants, which gguf only decodes
+        return encode_k(values, qtype.name)
     return quants.quantize(values, qtype)
 
 

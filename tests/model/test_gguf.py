@@ -18,6 +18,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
 
+from float_reference import float_llm
 from gguf_builder import (
     GGUFContents,
     Tensor,
@@ -29,6 +30,7 @@ from gguf_builder import (
     storage_type,
     stored_values,
 )
+
 from rebar.engine.llm import LLM
 from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
@@ -249,7 +251,8 @@ def as_stored(state: dict[str, np.ndarray], storage: QT) -> dict[str, np.ndarray
 
 
 def rebar_logits(path: Path, ids: list[int]) -> torch.Tensor:
-    llm = LLM(model=path, dtype="float32", device="cpu")
+    """The float reference path (weights expanded to float32, float32 KV cache)."""
+    llm = float_llm(path)
     logits = llm.logits(ids)
     assert logits.dtype == torch.float32 and tuple(logits.shape) == (len(ids), llm.config.vocab_size)
     return logits
@@ -457,7 +460,38 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path, qtype: QT) -> None:
     raw = np.zeros((cfg.intermediate, cfg.hidden // block_size * type_size), np.uint8)
     contents.tensors["blk.1.ffn_gate.weight"] = Tensor(raw, qtype)
     path = contents.write(tmp_path / "odd-type.gguf")
-    raises(UnsupportedModelError, lambda: open_checkpoint(path), "'blk.1.ffn_gate.weight'", qtype.name)
+    message = raises(UnsupportedModelError, lambda: open_checkpoint(path), "'blk.1.ffn_gate.weight'", qtype.name)
+    # ... and says what rebar runs and what to do
+    assert "Q4_K" in message and "Q6_K" in message and "llama-quantize" in message
+
+
+def test_block_type_on_a_norm_is_named(tmp_path: Path) -> None:
+    """Block-quantized types hold 2-D weights: a norm stored as Q8_0 is a ModelFormatError naming it."""
+    contents = model_contents(TinyConfig())
+    contents.tensors["blk.0.attn_norm.weight"] = Tensor(encode(np.ones(64, np.float32), QT.Q8_0), QT.Q8_0)
+    path = contents.write(tmp_path / "quantized-norm.gguf")
+    raises(ModelFormatError, lambda: open_checkpoint(path), "'blk.0.attn_norm.weight'", "Q8_0", "2-D")
+
+
+def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
+    """GGUFFile.release drops a tensor's pages from the process's resident set (the build releases each
+    weight once it is repacked, so a load never holds the file and its repacked copy at once)."""
+    cfg = TinyConfig(hidden=256, intermediate=4096)
+    path = model_contents(cfg, random_hf_state(cfg, seed=1), QT.Q8_0).write(tmp_path / "big.gguf")
+    gguf = GGUFFile(path)
+
+    def resident_kib() -> int:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.endswith(str(path)))
+        return int(next(line for line in lines[start:] if line.startswith("Rss:")).split()[1])
+
+    tensors = list(gguf.tensors.values())
+    total = sum(int(gguf.raw_rows(t).sum()) for t in tensors)  # touch every page
+    assert total > 0 and resident_kib() > path.stat().st_size // 1024 // 2
+    for tensor in tensors:
+        gguf.release(tensor)
+    assert resident_kib() < 64, "released pages still resident"
+    assert int(gguf.raw_rows(tensors[3]).sum()) == int(torch.from_numpy(np.array(tensors[3].data(gguf.buffer))).sum())
 
 
 def header_field_offset(path: Path, tensor_name: str) -> tuple[int, int]:

@@ -21,6 +21,8 @@ pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402  (sibling helper; pytest puts this folder on sys.path)
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from float_reference import float_llm  # noqa: E402
+
 from rebar import LLM, SamplingParams  # noqa: E402
 from rebar.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
 
@@ -91,7 +93,7 @@ def test_decoder_logits_match_hf(case: str, tmp_path: Path) -> None:
     expected = _hf_logits(model, ids)
     assert expected.std() > 0.5, "random model should give varied logits"
 
-    got = LLM(model=str(folder), dtype="float32", device="cpu").logits(ids)
+    got = float_llm(folder).logits(ids)
     assert got.dtype == torch.float32
     assert _max_diff(got, expected) <= LOGIT_ATOL
 
@@ -107,7 +109,7 @@ def test_decoder_features_under_test_change_logits(case: str, tmp_path: Path) ->
     model, folder = _decoder_folder(tmp_path, arch, seed=len(case), **overrides)
     ids = _random_ids(33, seed=1)
     hf_tiny.edit_config(folder, **ablation)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").logits(ids)
+    got = float_llm(folder).logits(ids)
     assert _max_diff(got, _hf_logits(model, ids)) > 1e-2
 
 
@@ -133,7 +135,7 @@ def test_transformers_v4_rope_keys_are_read(tmp_path: Path) -> None:
     v4_scaling = {k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_type", "rope_theta")}
     hf_tiny.edit_config(folder, rope_parameters=None, rope_theta=5000.0, rope_scaling={"rope_type": "llama3", **v4_scaling})
     ids = _random_ids(30, seed=2)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").logits(ids)
+    got = float_llm(folder).logits(ids)
     assert _max_diff(got, _hf_logits(model, ids)) <= LOGIT_ATOL
 
 
@@ -143,7 +145,7 @@ def test_qwen2_sliding_window_on_every_layer_matches_hf(tmp_path: Path) -> None:
         tmp_path, "Qwen2ForCausalLM", seed=4, use_sliding_window=True, sliding_window=6, max_window_layers=0
     )
     ids = _random_ids(30, seed=3)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").logits(ids)
+    got = float_llm(folder).logits(ids)
     assert _max_diff(got, _hf_logits(model, ids)) <= LOGIT_ATOL
 
 
@@ -153,10 +155,10 @@ def test_qwen2_mixed_window_layers_are_refused(tmp_path: Path) -> None:
         tmp_path, "Qwen2ForCausalLM", seed=5, use_sliding_window=True, sliding_window=6, max_window_layers=1
     )
     with pytest.raises(UnsupportedModelError, match="sliding"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
     hf_tiny.edit_config(folder, layer_types=None)  # transformers 4.x form: only max_window_layers says it
     with pytest.raises(UnsupportedModelError, match="sliding"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 # ----- greedy generation through the paged KV cache ---------------------------------------
@@ -193,7 +195,7 @@ def test_batched_greedy_generation_matches_hf(arch: str, overrides: dict[str, An
     """
     model, folder = _decoder_folder(tmp_path, arch, seed=7, **overrides)
     prompts = [_random_ids(n, seed=10 + n) for n in (5, 16, 29)]
-    llm = LLM(model=str(folder), dtype="float32", device="cpu")
+    llm = float_llm(folder)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     for prompt, output in zip(prompts, outputs):
         assert output.finish_reason == "length"
@@ -271,7 +273,7 @@ def test_bert_embeddings_match_hf(pooling: str, normalize: bool, tmp_path: Path)
     """
     model = hf_tiny.build_bert(seed=21)
     folder = hf_tiny.save_bert(model, tmp_path / "bert", pooling=pooling, normalize=normalize)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").embed(BERT_TEXTS)
+    got = float_llm(folder).embed(BERT_TEXTS)
     expected = _hf_embeddings(model, folder, BERT_TEXTS, pooling, normalize)
     _assert_embeddings_close(got, expected)
     norms = got.norm(dim=-1)
@@ -284,7 +286,7 @@ def test_bert_embeddings_match_hf(pooling: str, normalize: bool, tmp_path: Path)
 def test_bert_embedding_of_one_text_does_not_depend_on_its_batch(tmp_path: Path) -> None:
     """A text embedded alone equals the same text embedded next to a longer one (padding is inert)."""
     folder = hf_tiny.save_bert(hf_tiny.build_bert(seed=22), tmp_path / "bert")
-    llm = LLM(model=str(folder), dtype="float32", device="cpu")
+    llm = float_llm(folder)
     alone = llm.embed([BERT_TEXTS[1]])
     batched = llm.embed(BERT_TEXTS)[1:2]
     assert _max_diff(alone, batched) <= 1e-5
@@ -294,7 +296,7 @@ def test_bert_without_sentence_transformers_files_mean_pools_and_normalizes(tmp_
     """A bare HF BertModel folder (no modules.json, no 1_Pooling) gets rebar's default: mean + L2."""
     model = hf_tiny.build_bert(seed=23)
     folder = hf_tiny.save_bert(model, tmp_path / "bert", pooling=None)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").embed(BERT_TEXTS)
+    got = float_llm(folder).embed(BERT_TEXTS)
     _assert_embeddings_close(got, _hf_embeddings(model, folder, BERT_TEXTS, "mean", True))
 
 
@@ -304,7 +306,7 @@ def test_bert_truncates_to_max_seq_length(tmp_path: Path) -> None:
     folder = hf_tiny.save_bert(model, tmp_path / "bert", max_seq_length=6)
     long_text = " ".join(hf_tiny.word(i) for i in range(10, 30))
     truncated = " ".join(hf_tiny.word(i) for i in range(10, 14))  # 4 words + [CLS] + [SEP] = 6 tokens
-    got = LLM(model=str(folder), dtype="float32", device="cpu").embed([long_text, BERT_TEXTS[0]])
+    got = float_llm(folder).embed([long_text, BERT_TEXTS[0]])
     expected = _hf_embeddings(model, folder, [truncated, BERT_TEXTS[0]], "mean", True)
     _assert_embeddings_close(got, expected)
 
@@ -319,7 +321,7 @@ def test_sharded_checkpoint_loads_every_shard(tmp_path: Path) -> None:
     shards = sorted(folder.glob("*.safetensors"))
     assert len(shards) >= 3 and (folder / "model.safetensors.index.json").is_file()
     ids = _random_ids(25, seed=5)
-    got = LLM(model=str(folder), dtype="float32", device="cpu").logits(ids)
+    got = float_llm(folder).logits(ids)
     assert _max_diff(got, _hf_logits(model, ids)) <= LOGIT_ATOL
 
 
@@ -329,7 +331,7 @@ def test_index_naming_a_missing_shard_is_a_format_error(tmp_path: Path) -> None:
     missing = sorted(folder.glob("*.safetensors"))[-1]
     missing.unlink()
     with pytest.raises(ModelFormatError, match=missing.name):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 def test_folder_without_config_is_a_format_error(tmp_path: Path) -> None:
@@ -337,7 +339,7 @@ def test_folder_without_config_is_a_format_error(tmp_path: Path) -> None:
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=33)
     (folder / "config.json").unlink()
     with pytest.raises(ModelFormatError, match="config.json"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
@@ -345,7 +347,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=34)
     hf_tiny.edit_config(folder, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu"])
@@ -354,7 +356,7 @@ def test_unsupported_decoder_activation_is_named(act: str, tmp_path: Path) -> No
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=35)
     hf_tiny.edit_config(folder, hidden_act=act)
     with pytest.raises(UnsupportedModelError, match=repr(act)):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 def test_unsupported_bert_activation_is_named(tmp_path: Path) -> None:
@@ -362,7 +364,7 @@ def test_unsupported_bert_activation_is_named(tmp_path: Path) -> None:
     folder = hf_tiny.save_bert(hf_tiny.build_bert(seed=36), tmp_path / "bert")
     hf_tiny.edit_config(folder, hidden_act="gelu_new")
     with pytest.raises(UnsupportedModelError, match="gelu_new"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.999])
@@ -373,7 +375,7 @@ def test_truncated_safetensors_is_a_format_error(keep_fraction: float, tmp_path:
     data = weights.read_bytes()
     weights.write_bytes(data[: int(len(data) * keep_fraction)])
     with pytest.raises(ModelFormatError, match="model.safetensors"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
 
 
 def test_misshapen_tensor_is_named_with_both_shapes(tmp_path: Path) -> None:
@@ -386,7 +388,7 @@ def test_misshapen_tensor_is_named_with_both_shapes(tmp_path: Path) -> None:
     tensors[name] = torch.zeros(100, 64)
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(ModelFormatError) as info:
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
     message = str(info.value)
     assert name in message and "[100, 64]" in message and "[112, 64]" in message
 
@@ -408,7 +410,7 @@ def test_pytorch_bin_only_folder_is_refused_without_unpickling(tmp_path: Path) -
     marker = tmp_path / "unpickled"
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Tripwire(marker)))
     with pytest.raises(ModelFormatError, match="safetensors"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)
     assert not marker.exists()
 
 
@@ -416,7 +418,7 @@ def test_tied_checkpoint_without_lm_head_loads_and_untied_without_it_fails(tmp_p
     """Tied models need no lm_head.weight; an untied config missing it is a ModelFormatError naming it."""
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=40, tie_word_embeddings=True)
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
-    LLM(model=str(folder), dtype="float32", device="cpu")
+    float_llm(folder)
     hf_tiny.edit_config(folder, tie_word_embeddings=False)
     with pytest.raises(ModelFormatError, match="lm_head.weight"):
-        LLM(model=str(folder), dtype="float32", device="cpu")
+        float_llm(folder)

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf, use_reference_kernels
 
 from rebar import LLM
+from rebar.engine.engine_config import EngineConfig
 from rebar.errors import ModelFormatError
 from rebar.model.loader import open_checkpoint
 from rebar.quant.checkpoint import MANIFEST_NAME, load_quantized_checkpoint, write_checkpoint
@@ -18,6 +19,8 @@ from rebar.quant.qlinear import QuantEmbedding, QuantLinear
 from rebar.quant.quantize import QuantizeSpec, quantize, source_digest
 
 pytest.importorskip("transformers")
+
+FLOAT32_KV = EngineConfig(kv_cache_dtype="float32")  # transformers keeps K/V in float32 too
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def test_loaded_checkpoint_computes_the_dequantized_model(made: dict, key: str, 
     """With the float32 dequantize arithmetic pinned, logits equal transformers' on the
     quantized-then-dequantized weights: the checkpoint holds exactly those weights."""
     cfg, state = (made["tied_cfg"], made["tied_state"]) if tied else (made["cfg"], made["state"])
-    llm = LLM(model=made[key], device="cpu")
+    llm = LLM(model=made[key], device="cpu", engine_config=FLOAT32_KV)
     use_reference_kernels(llm.model)
     expected = hf_logits(cfg, quantized_state(state, method, group_size), IDS)
     torch.testing.assert_close(llm.logits(IDS), expected, atol=2e-4, rtol=0)
@@ -57,7 +60,7 @@ def test_loaded_checkpoint_computes_the_dequantized_model(made: dict, key: str, 
 
 def test_short_prompts_take_the_packed_kernels_and_stay_close(made: dict) -> None:
     llm = LLM(model=made["int4"], device="cpu")
-    assert llm.model.layers[0].attn.q_proj.kernel_for(len(IDS[:8])).name in ("avx2-int4", "int4pack")
+    assert llm.model.layers[0].attn.q_proj.kernel_for(len(IDS[:8])).name in ("native", "int4pack")
     expected = hf_logits(made["cfg"], quantized_state(made["state"], "int4-rtn", 32), IDS[:8])
     got = llm.logits(IDS[:8])
     # Activations rounded to int8 per block of 32 (rebar's kernel) or to bf16 (torch's): this random
@@ -72,7 +75,7 @@ def test_short_prompts_take_the_packed_kernels_and_stay_close(made: dict) -> Non
 
 
 def test_dequantize_flag_expands_every_weight(made: dict) -> None:
-    llm = LLM(model=made["int4"], device="cpu", dequantize=True)
+    llm = LLM(model=made["int4"], device="cpu", dequantize=True, engine_config=FLOAT32_KV)
     assert type(llm.model.layers[0].attn.q_proj) is torch.nn.Linear
     expected = hf_logits(made["cfg"], quantized_state(made["state"], "int4-rtn", 32), IDS)
     torch.testing.assert_close(llm.logits(IDS), expected, atol=2e-4, rtol=0)

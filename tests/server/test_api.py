@@ -10,7 +10,10 @@ import httpx
 import pytest
 
 CHAT = "/v1/chat/completions"
-ASK = [{"role": "user", "content": "What is the capital of France?"}]
+# SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar
+# (their greedy answers are the same); with this one both answer the question.
+ASK = [{"role": "system", "content": "You are a helpful AI assistant."},
+       {"role": "user", "content": "What is the capital of France?"}]
 
 
 def post(url: str, path: str, body: dict | bytes, **kwargs) -> httpx.Response:

@@ -1,17 +1,21 @@
-"""`rebar bench compare`: rebar and llama.cpp side by side — same machine, same GGUF, same threads, same prompts.
+"""`rebar bench compare`: rebar and llama.cpp side by side, in one run, on the same GGUF and threads.
 
-Figures (each a median of `repeats` runs on fresh random prompts, so no prefix cache helps either side):
+The peer is llama.cpp as its users run it (`rebar.bench.llamacpp`: `llama-bench`,
+`llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
+run` gives: weights kept quantized, float16 KV cache on the CPU); each rebar figure is the median of
+`repeats` runs on fresh random prompts, so no prefix cache helps.
 
-- single-stream decode tokens/s: 64-token prompt, `output_len` greedy tokens with EOS ignored, rate
-  measured from the first token to the last (prefill excluded);
-- prefill: time to the first token of a 512-token prompt;
-- HTTP: aggregate output tokens/s and p95 time to first token with 16 concurrent streaming requests
-  of 64-word prompts to a `rebar serve` started for the run (`rebar bench serve` logic). llama.cpp's
-  own server is no concurrency peer (it interrupts a running stream for a new request), so the
-  target compares with llama.cpp's in-process single-stream decode rate.
-
-The peer is `llama-cpp-python` (`pip install -e .[bench]`); without it rebar's figures are still
-measured and the peer's columns say why they are empty.
+- decode: one stream, a one-token prompt, `gen_tokens` greedy tokens with EOS ignored, the rate from
+  the first token to the last; llama-bench's `tg` test (an empty context, one token at a time);
+- prefill: time to the first token of a `prompt_tokens`-token prompt; llama-bench's `pp` test;
+- batched decode: `batch` streams of `batch_prompt_tokens`-token prompts each generating
+  `batch_gen_tokens`, decode tokens per second once every stream has its first token;
+  llama-batched-bench's S_TG for the same `-npl -npp -ntg`;
+- peak memory: the peak resident set of a fresh process that loads the model and generates a few
+  tokens, against the file's size plus the KV cache it used plus 400 MiB;
+- HTTP: `concurrency` streaming chat requests at once (64-word prompts, `http_tokens` tokens each,
+  `rebar bench serve`'s client) to a `rebar serve` started with its defaults and to `llama-server
+  -np concurrency`: aggregate output tokens/s and p95 time to first token.
 """
 
 from __future__ import annotations
@@ -29,33 +33,38 @@ from pathlib import Path
 
 import torch
 
-PREFILL_LEN = 512
-DECODE_PROMPT_LEN = 64
+from rebar.bench.llamacpp import (
+    LlamaServer,
+    PeerUnavailable,
+    find_tool,
+    run_batched_bench,
+    run_llama_bench,
+)
+
+MEMORY_ALLOWANCE = 400 * 2**20  # bytes above the file and the KV cache a loaded model may take
 
 
 @dataclass(frozen=True)
-class EngineFigures:
-    decode_tokens_per_s: float
-    prefill_ttft_s: float
-
-
-@dataclass(frozen=True)
-class HttpFigures:
-    """Medians over `runs` benchmark runs (each with fresh prompts); failures summed over them."""
-
-    concurrency: int
-    output_tokens_per_s: float
-    ttft_p95_s: float
-    num_failed: int
-    runs: int = 1
-
-
-def median_http_figures(concurrency: int, runs: list[tuple[float, float, int]]) -> HttpFigures:
-    """(output tok/s, p95 TTFT s, failed requests) per run -> their medians and the total failures."""
-    if not runs:
-        raise ValueError("no HTTP benchmark runs to summarise")
-    return HttpFigures(concurrency, statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
-                       sum(r[2] for r in runs), len(runs))
+class CompareConfig:
+    model: str
+    threads: int = 2
+    repeats: int = 3
+    prompt_tokens: int = 512
+    gen_tokens: int = 128
+    batch: int = 16
+    batch_prompt_tokens: int = 90
+    batch_gen_tokens: int = 64
+    http: bool = True
+    concurrency: int = 16
+    http_requests: int = 32
+    http_tokens: int = 64
+    seed: int = 0
+    # Targets: rebar's figure relative to llama.cpp's (higher is better for rates, lower for times).
+    decode_target: float = 1.0
+    prefill_target: float = 1.0
+    batched_target: float = 1.0
+    http_target: float = 1.0
+    tools: dict[str, str | None] = field(default_factory=dict)  # tool name -> explicit path
 
 
 @dataclass
@@ -63,7 +72,7 @@ class Row:
     figure: str
     rebar: float | None
     peer: float | None
-    ratio: float | None  # rebar relative to the peer, in the target's direction
+    ratio: float | None  # rebar / llama.cpp
     target: str
     passed: bool | None
 
@@ -72,98 +81,116 @@ class Row:
 class CompareReport:
     model: str
     threads: int
-    rebar: EngineFigures
-    peer: EngineFigures | None
-    peer_note: str
-    http: HttpFigures | None
-    rows: list[Row] = field(default_factory=list)
-    kv_cache_dtype: str = "auto"  # rebar's KV cache storage for the run
+    rows: list[Row]
+    notes: list[str]  # what the peer is, and why a figure is missing
 
     def table(self) -> str:
-        header = f"{'figure':<38} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  target      result"
-        lines = [f"model {self.model}, {self.threads} threads, rebar KV cache {self.kv_cache_dtype}; peer: {self.peer_note}",
-                 header, "-" * len(header)]
+        header = f"{'figure':<44} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  {'target':<10} result"
+        lines = [f"model {self.model}, {self.threads} threads", *self.notes, header, "-" * len(header)]
         for r in self.rows:
-            def cell(value: float | None, digits: int = 2) -> str:
-                return f"{value:>10.{digits}f}" if value is not None else f"{'-':>10}"
+            def cell(value: float | None) -> str:
+                return f"{value:>10.2f}" if value is not None else f"{'-':>10}"
             ratio = f"{r.ratio:>7.2f}" if r.ratio is not None else f"{'-':>7}"
             result = {True: "pass", False: "FAIL", None: "n/a"}[r.passed]
-            lines.append(f"{r.figure:<38} {cell(r.rebar)} {cell(r.peer)} {ratio}  {r.target:<11} {result}")
+            lines.append(f"{r.figure:<44} {cell(r.rebar)} {cell(r.peer)} {ratio}  {r.target:<10} {result}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
 
-def random_prompt(vocab_size: int, special: set[int], length: int, rng: random.Random) -> list[int]:
-    allowed = [t for t in range(vocab_size) if t not in special]
+def compared(figure: str, rebar: float | None, peer: float | None, target: float, higher_is_better: bool) -> Row:
+    """A row whose ratio is rebar / peer, passing at >= target (rates) or <= target (times)."""
+    ratio = rebar / peer if rebar is not None and peer else None
+    sign = ">=" if higher_is_better else "<="
+    passed = None if ratio is None else (ratio >= target if higher_is_better else ratio <= target)
+    return Row(figure, rebar, peer, ratio, f"{sign} {target:g}x", passed)
+
+
+def random_prompt(allowed: list[int], length: int, rng: random.Random) -> list[int]:
     return [rng.choice(allowed) for _ in range(length)]
 
 
-# ----- rebar ------------------------------------------------------------------------------------
+# ----- rebar, in process ----------------------------------------------------------------------------
 
-def _rebar_run(core, prompt: list[int], max_tokens: int, request_id: str) -> list[float]:
-    """Token arrival times of one request on an otherwise idle engine core (started at times[0] - ttft)."""
+def _token_times(core, requests: dict[str, list[int]], max_tokens: int) -> dict[str, list[float]]:
+    """Arrival time of every token of each request, all added at once to an idle engine core;
+    times[request][0] is when the requests were added."""
     from rebar.engine.sampling_params import SamplingParams
 
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
-    core.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    times = [started]
+    for request_id, prompt in requests.items():
+        core.add_request(request_id, prompt, params)
+    times = {request_id: [started] for request_id in requests}
     while core.has_unfinished_requests():
         for output in core.step():
-            times.extend([time.perf_counter()] * len(output.new_token_ids))
+            times[output.request_id].extend([time.perf_counter()] * len(output.new_token_ids))
     return times
 
 
-def measure_rebar(core, prompts: list[list[int]], prefill_prompts: list[list[int]], output_len: int) -> EngineFigures:
-    _rebar_run(core, prompts[0][:8], 4, "warm-up")
-    decode, prefill = [], []
-    for i, prompt in enumerate(prompts):
-        times = _rebar_run(core, prompt, output_len, f"decode-{i}")
+@dataclass(frozen=True)
+class RebarFigures:
+    decode_tokens_per_s: float
+    prefill_s: float
+    batched_decode_tokens_per_s: float
+
+
+def measure_rebar(core, config: CompareConfig, allowed: list[int], rng: random.Random) -> RebarFigures:
+    _token_times(core, {"warm-up": allowed[:8]}, 4)
+    decode, prefill, batched = [], [], []
+    for run in range(config.repeats):
+        (times,) = _token_times(core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens).values()
         decode.append((len(times) - 2) / (times[-1] - times[1]))
-    for i, prompt in enumerate(prefill_prompts):
-        times = _rebar_run(core, prompt, 1, f"prefill-{i}")
+        (times,) = _token_times(core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1).values()
         prefill.append(times[1] - times[0])
-    return EngineFigures(statistics.median(decode), statistics.median(prefill))
+        streams = {f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng) for i in range(config.batch)}
+        per_stream = _token_times(core, streams, config.batch_gen_tokens).values()
+        decode_start = max(t[1] for t in per_stream)  # every stream has its first token
+        decode_end = max(t[-1] for t in per_stream)
+        tokens = sum(sum(1 for stamp in t[2:] if stamp > decode_start) for t in per_stream)
+        batched.append(tokens / (decode_end - decode_start))
+    return RebarFigures(statistics.median(decode), statistics.median(prefill), statistics.median(batched))
 
 
-# ----- llama.cpp --------------------------------------------------------------------------------
+# ----- rebar's memory, in a fresh process -----------------------------------------------------------
 
-def load_llamacpp(gguf_path: Path, threads: int):
-    """A llama.cpp model, or (None, why not)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None, "llama-cpp-python is not installed (pip install -e '.[bench]')"
-    llm = Llama(model_path=str(gguf_path), n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=PREFILL_LEN,
-                verbose=False)
-    import llama_cpp
-
-    return llm, f"llama.cpp via llama-cpp-python {llama_cpp.__version__}"
-
-
-def _llamacpp_run(llm, prompt: list[int], max_tokens: int) -> list[float]:
-    llm.reset()  # no reuse of an earlier prompt's KV cache
-    started = time.perf_counter()
-    times = [started]
-    for _token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        times.append(time.perf_counter())
-        if len(times) > max_tokens:
-            break
-    return times
+_MEMORY_CHILD = """
+import json, sys
+from rebar import LLM, SamplingParams
+from rebar.engine.engine_config import kv_bytes_per_token
+llm = LLM(model=sys.argv[1])
+out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+tokens = len(out.prompt_token_ids) + len(out.token_ids)
+status = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in open("/proc/self/status"))
+          if k in ("VmHWM", "VmRSS")}
+kv_dtype = llm.engine.runner.kv_cache.keys[0].dtype
+print(json.dumps({**status, "kv_bytes": kv_bytes_per_token(llm.config, kv_dtype) * tokens}))
+"""
 
 
-def measure_llamacpp(llm, prompts: list[list[int]], prefill_prompts: list[list[int]], output_len: int) -> EngineFigures:
-    _llamacpp_run(llm, prompts[0][:8], 4)
-    decode = []
-    for prompt in prompts:
-        times = _llamacpp_run(llm, prompt, output_len)
-        decode.append((len(times) - 2) / (times[-1] - times[1]))
-    prefill = [(lambda t: t[1] - t[0])(_llamacpp_run(llm, p, 1)) for p in prefill_prompts]
-    return EngineFigures(statistics.median(decode), statistics.median(prefill))
+@dataclass(frozen=True)
+class MemoryFigures:
+    peak_bytes: int
+    file_bytes: int
+    kv_bytes: int
+
+    @property
+    def bound_bytes(self) -> int:
+        return self.file_bytes + self.kv_bytes + MEMORY_ALLOWANCE
 
 
-# ----- HTTP -------------------------------------------------------------------------------------
+def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, model], capture_output=True, text=True, env=env,
+                          timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory measurement failed: {done.stderr[-1500:]}")
+    values = json.loads(done.stdout.strip().splitlines()[-1])
+    return MemoryFigures(values["VmHWM"], path.stat().st_size, values["kv_bytes"])
+
+
+# ----- HTTP -----------------------------------------------------------------------------------------
 
 def _free_port() -> int:
     import socket
@@ -173,24 +200,42 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: int = 32, input_words: int = 64,
-                 output_tokens: int = 64, repeats: int = 1, seed: int = 0, kv_cache_dtype: str = "auto") -> HttpFigures:
-    """Start `rebar serve` for `model`, run the streaming benchmark at `concurrency` `repeats` times
-    (fresh prompts each time, so the prefix cache never helps), stop the server; the medians."""
-    import httpx
+@dataclass(frozen=True)
+class HttpFigures:
+    output_tokens_per_s: float
+    ttft_p95_s: float
+    num_failed: int
 
+
+def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
+    """The median over `repeats` runs of `rebar bench serve` at `concurrency` (fresh prompts each run)."""
     from rebar.bench.serve import ServeBenchConfig, run_serve_bench
 
+    runs = []
+    for run in range(config.repeats):
+        bench = ServeBenchConfig(url=url, num_prompts=config.http_requests, input_words=64,
+                                 output_tokens=config.http_tokens, ignore_eos=True, seed=config.seed + run)
+        level = asyncio.run(run_serve_bench(bench, [config.concurrency])).levels[0]
+        ttfts = sorted(r.ttft_s for r in level.requests if r.ok and r.ttft_s is not None)
+        p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else float("nan")
+        runs.append((level.output_tokens_per_s, p95, level.num_failed))
+    return HttpFigures(statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+                       sum(r[2] for r in runs))
+
+
+def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
+    """`rebar serve` with its defaults (only the thread count and a quiet log set) under the HTTP load."""
+    import httpx
+
     port = _free_port()
-    env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(threads), "REBAR_LOGGING__LEVEL": "warning",
-           "REBAR_MODELS__QUANTIZED_GGUF": "true", "REBAR_ENGINE__KV_CACHE_DTYPE": kv_cache_dtype}
+    env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(config.threads), "REBAR_LOGGING__LEVEL": "warning"}
     server = subprocess.Popen(
         [sys.executable, "-m", "rebar.cli", "serve", "--model", model, "--embedding-model", "none", "--port", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while True:
             if server.poll() is not None:
                 raise RuntimeError(f"rebar serve exited: {server.stderr.read().decode()[-2000:]}")
@@ -200,17 +245,9 @@ def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: i
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("rebar serve was not ready within 300 s")
+                raise RuntimeError("rebar serve was not ready within 600 s")
             time.sleep(0.2)
-        runs = []
-        for run in range(repeats):
-            config = ServeBenchConfig(url=url, num_prompts=num_prompts, input_words=input_words,
-                                      output_tokens=output_tokens, ignore_eos=True, seed=seed + run)
-            level = asyncio.run(run_serve_bench(config, [concurrency])).levels[0]
-            ttfts = sorted(r.ttft_s for r in level.requests if r.ok and r.ttft_s is not None)
-            p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else float("nan")
-            runs.append((level.output_tokens_per_s, p95, level.num_failed))
-        return median_http_figures(concurrency, runs)
+        return _serve_bench(url, config)
     finally:
         server.terminate()
         try:
@@ -219,52 +256,78 @@ def measure_http(model: str, threads: int, concurrency: int = 16, num_prompts: i
             server.kill()
 
 
-# ----- the comparison ---------------------------------------------------------------------------
+def measure_peer_http(path: Path, config: CompareConfig) -> HttpFigures:
+    tool = find_tool("llama-server", config.tools.get("llama-server"))
+    with LlamaServer(tool, path, config.threads, _free_port(), config.concurrency) as server:
+        return _serve_bench(server.url, config)
 
-def build_rows(rebar: EngineFigures, peer: EngineFigures | None, http: HttpFigures | None) -> list[Row]:
+
+# ----- the comparison -------------------------------------------------------------------------------
+
+def _peer(notes: list[str], what: str, measure):
+    """`measure()`, or None with a note saying why the peer's figure is missing."""
+    try:
+        return measure()
+    except PeerUnavailable as exc:
+        notes.append(f"no llama.cpp {what}: {exc}")
+        return None
+
+
+def build_rows(config: CompareConfig, rebar: RebarFigures, bench, batched, memory: MemoryFigures | None,
+               http: tuple[HttpFigures, HttpFigures | None] | None) -> list[Row]:
     rows = [
-        Row("single-stream decode tok/s", rebar.decode_tokens_per_s, peer and peer.decode_tokens_per_s,
-            peer and rebar.decode_tokens_per_s / peer.decode_tokens_per_s, ">= 1.0x", None),
-        Row(f"prefill {PREFILL_LEN} tokens, TTFT s", rebar.prefill_ttft_s, peer and peer.prefill_ttft_s,
-            peer and rebar.prefill_ttft_s / peer.prefill_ttft_s, "<= 0.5x", None),
+        compared(f"decode tok/s (tg{config.gen_tokens})", rebar.decode_tokens_per_s,
+                 bench and bench.gen_tokens_per_s, config.decode_target, True),
+        compared(f"prefill {config.prompt_tokens} tokens, s (pp{config.prompt_tokens})", rebar.prefill_s,
+                 bench and bench.prefill_s, config.prefill_target, False),
+        compared(f"batched decode tok/s ({config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens})",
+                 rebar.batched_decode_tokens_per_s, batched and batched.decode_tokens_per_s, config.batched_target, True),
     ]
-    rows[0].passed = None if peer is None else rows[0].ratio >= 1.0
-    rows[1].passed = None if peer is None else rows[1].ratio <= 0.5
+    if memory is not None:
+        mib = 2**20
+        rows.append(Row("peak resident MiB (file + KV + 400 MiB)", memory.peak_bytes / mib, None, None,
+                        f"<= {memory.bound_bytes / mib:.0f}", memory.peak_bytes <= memory.bound_bytes))
     if http is not None:
-        ratio = http.output_tokens_per_s / peer.decode_tokens_per_s if peer else None
-        rows.append(Row(f"HTTP {http.concurrency} streams, output tok/s", http.output_tokens_per_s,
-                        peer and peer.decode_tokens_per_s, ratio, ">= 2.0x", None if ratio is None else ratio >= 2.0))
-        rows.append(Row(f"HTTP {http.concurrency} streams, p95 TTFT s", http.ttft_p95_s, None, None, "< 1 s",
-                        http.ttft_p95_s < 1.0 and http.num_failed == 0))
+        ours, theirs = http
+        rows.append(compared(f"HTTP {config.concurrency} streams, output tok/s", ours.output_tokens_per_s,
+                             theirs and theirs.output_tokens_per_s, config.http_target, True))
+        ttft = compared(f"HTTP {config.concurrency} streams, p95 TTFT s", ours.ttft_p95_s,
+                        theirs and theirs.ttft_p95_s, 1.0, False)
+        if ours.num_failed:
+            ttft.passed = False
+        rows.append(ttft)
     return rows
 
 
-def run_compare(model: str, threads: int, output_len: int = 128, repeats: int = 3, http: bool = True,
-                seed: int = 0, kv_cache_dtype: str = "float16") -> CompareReport:
-    from rebar.engine.engine_config import EngineConfig
+def run_compare(config: CompareConfig) -> CompareReport:
     from rebar.engine.llm import LLM
 
-    torch.set_num_threads(threads)
-    # The fast path: GGUF weights stay 4-bit and run on rebar's int4/int8 kernels, as llama.cpp's do.
-    # And its KV cache in float16 by default, as llama.cpp's (f16 unless told otherwise).
-    config = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache_dtype)
-    llm = LLM(model, engine_config=config, quantized_gguf=True)
+    torch.set_num_threads(config.threads)
+    llm = LLM(config.model)
     if llm.engine is None:
-        raise ValueError(f"{model} is an embedding model; compare needs a generator")
+        raise ValueError(f"{config.model} is an embedding model; compare needs a generator")
+    path = Path(llm.checkpoint.path)
     tokenizer = llm.tokenizer
-    special = {i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)}
-    rng = random.Random(seed)
-    prompts = [random_prompt(tokenizer.vocab_size, special, DECODE_PROMPT_LEN, rng) for _ in range(repeats)]
-    prefill_prompts = [random_prompt(tokenizer.vocab_size, special, PREFILL_LEN, rng) for _ in range(repeats)]
-
-    rebar_figures = measure_rebar(llm.engine, prompts, prefill_prompts, output_len)
-    gguf_path = Path(llm.checkpoint.path)
+    allowed = [t for t in range(tokenizer.vocab_size) if not tokenizer.is_special(t)]
+    rebar = measure_rebar(llm.engine, config, allowed, random.Random(config.seed))
     del llm
-    peer, note = (None, f"{gguf_path.name} is not a GGUF file") if gguf_path.suffix != ".gguf" else load_llamacpp(gguf_path, threads)
-    peer_figures = None
-    if peer is not None:
-        peer_figures = measure_llamacpp(peer, prompts, prefill_prompts, output_len)
-        del peer
-    http_figures = measure_http(model, threads, repeats=repeats, seed=seed, kv_cache_dtype=kv_cache_dtype) if http else None
-    return CompareReport(model, threads, rebar_figures, peer_figures, note, http_figures,
-                         build_rows(rebar_figures, peer_figures, http_figures), kv_cache_dtype)
+
+    notes: list[str] = []
+    bench = batched = None
+    if path.suffix != ".gguf":
+        notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
+    else:
+        tools = config.tools
+        bench = _peer(notes, "llama-bench", lambda: run_llama_bench(
+            find_tool("llama-bench", tools.get("llama-bench")), path, config.threads, config.prompt_tokens,
+            config.gen_tokens, config.repeats))
+        batched = _peer(notes, "llama-batched-bench", lambda: run_batched_bench(
+            find_tool("llama-batched-bench", tools.get("llama-batched-bench")), path, config.threads, config.batch,
+            config.batch_prompt_tokens, config.batch_gen_tokens))
+    memory = measure_memory(config.model, path, config.threads)
+    http = None
+    if config.http:
+        ours = measure_rebar_http(config.model, config)
+        theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config)) if path.suffix == ".gguf" else None
+        http = (ours, theirs)
+    return CompareReport(config.model, config.threads, build_rows(config, rebar, bench, batched, memory, http), notes)

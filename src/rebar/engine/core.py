@@ -77,7 +77,7 @@ class EngineCore:
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
-        kv_dtype = config.kv_dtype(dtype)
+        kv_dtype = config.kv_dtype(dtype, device)
         num_blocks = num_kv_blocks(config, model_config, kv_dtype, device)
         if num_blocks * config.block_size < self.max_model_len:
             raise InvalidRequestError(

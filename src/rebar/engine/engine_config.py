@@ -23,9 +23,10 @@ class EngineConfig:
 
     `kv_cache_memory` (bytes) wins when set; otherwise `kv_cache_fraction` of the device's available
     memory, capped at 2 GiB on CPU. `max_model_len` defaults to the model's context window.
-    `kv_cache_dtype` is how keys and values are stored: "auto" (the model's dtype) or one of
-    KV_CACHE_DTYPES. float16 halves the cache's memory and the bytes each decode step reads from it
-    (as llama.cpp's default f16 cache does); attention still computes in the model's dtype.
+    `kv_cache_dtype` is how keys and values are stored: "auto" (float16 for a float32 model on the
+    CPU, as llama.cpp's default f16 cache; else the model's dtype) or one of KV_CACHE_DTYPES.
+    float16 halves the cache's memory and the bytes each decode step reads from it; attention still
+    computes in the model's dtype.
     """
 
     block_size: int = 16
@@ -55,9 +56,11 @@ class EngineConfig:
             if not ok:
                 raise InvalidRequestError(f"invalid engine setting {name}={getattr(self, name)!r}", name)
 
-    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """The KV cache's storage dtype for a model running in `model_dtype`."""
-        return model_dtype if self.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[self.kv_cache_dtype]
+    def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
+        if self.kv_cache_dtype != "auto":
+            return KV_CACHE_DTYPES[self.kv_cache_dtype]
+        return torch.float16 if device.type == "cpu" and model_dtype == torch.float32 else model_dtype
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

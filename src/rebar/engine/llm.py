@@ -55,9 +55,9 @@ class _Collected:
 class LLM:
     """A loaded model. Decoder models generate; encoder (BERT) models embed.
 
-    Quantized weights of rebar's quantized checkpoints stay quantized in memory; GGUF Q4_0/Q4_1/Q8_0
-    weights do too with `quantized_gguf=True` (where a small-batch kernel exists), else they are
-    expanded to `dtype`. `dequantize=True` expands everything (the float reference).
+    Quantized weights (rebar's quantized checkpoints, GGUF block types) stay quantized in memory and
+    run on rebar's CPU kernels, where those exist for the device; `dequantize=True` expands
+    everything to `dtype` (the float reference).
     Everything is synchronous and runs in the calling thread.
     """
 
@@ -69,7 +69,6 @@ class LLM:
         max_model_len: int | None = None,
         engine_config: EngineConfig | None = None,
         dequantize: bool = False,
-        quantized_gguf: bool = False,
     ) -> None:
         started = time.perf_counter()
         self.checkpoint = open_checkpoint(model)
@@ -82,7 +81,6 @@ class LLM:
             engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
         self.model = build_model(
             self.checkpoint, self.dtype, self.device, attention_backend=engine_config.attention_backend, dequantize=dequantize,
-            quantized_gguf=quantized_gguf,
         )
         self.engine: EngineCore | None = None
         if self.config.is_decoder:

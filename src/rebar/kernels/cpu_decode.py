@@ -3,13 +3,13 @@
 A decode step of a small model is thousands of tiny operations around seven matmuls per layer; from
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
 whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
-(`csrc/decoder.cpp`): the same int8-activation int4/int8 matmuls QuantLinear runs, with norms,
+(`csrc/decoder.cpp`): the same int8-activation quantized matmuls QuantLinear runs (every GGUF block type), with norms,
 RoPE, the KV-cache write and paged attention in between (over a float32 or float16 cache), on
 rebar's worker pool. The embedding lookup, the final norm and the logits stay in the model's own
 Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
-CPU whose every layer linear runs on rebar's AVX2 kernels; `FusedDecoder.build` returns the reason
+CPU whose every layer linear runs on rebar's CPU kernels; `FusedDecoder.build` returns the reason
 otherwise, and the runner keeps the plain model path. Outputs agree with the unfused model to
 float32 round-off (tests/kernels/test_cpu_decode.py).
 """
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
-from rebar.kernels.cpu_quant.packing import PackedInt4
 from rebar.model.rope import rope_cos_sin
 
 _LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -76,11 +75,9 @@ class FusedDecoder:
 
 
 def _linear_args(module: torch.nn.Module) -> tuple:
-    packed = module.kernels[0].kernel.packed  # PackedInt4 or PackedInt8 (unsupported_reason checked)
-    bits = 4 if isinstance(packed, PackedInt4) else 8
-    offsets = packed.offsets if bits == 4 else None
+    packed = module.kernels[0].kernel.packed  # a PackedQuant (unsupported_reason checked)
     bias = None if module.bias is None else module.bias.detach().float().contiguous()
-    return (bits, packed.codes, packed.scales, offsets, bias, packed.out_features, packed.in_features)
+    return (packed.kernel_args(), bias)
 
 
 def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
@@ -102,6 +99,6 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
             name = f"layers.{index}.{path}"
             if not isinstance(module, QuantLinear):
                 return f"{name} is not quantized"
-            if module.kernels[0].kernel.name not in ("avx2-int4", "avx2-int8"):
-                return f"{name} does not run on rebar's AVX2 kernels ({module.kernels[0].kernel.name})"
+            if module.kernels[0].kernel.name != "native":
+                return f"{name} does not run on rebar's CPU kernels ({module.kernels[0].kernel.name})"
     return ""

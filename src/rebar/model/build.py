@@ -11,7 +11,7 @@ from rebar.model.bert import BertModel
 from rebar.model.llama import LlamaModel
 from rebar.model.loader.base import Checkpoint
 from rebar.quant.handler import keep_quantized, swap_in_quantized
-from rebar.quant.int_formats import QuantizedWeight
+from rebar.quant.qlinear import AnyQuantWeight
 
 _NON_PARAMETER_TENSORS = ("rope_freq_factors",)
 
@@ -22,13 +22,14 @@ def build_model(
     device: torch.device | str = "cpu",
     attention_backend: str | None = None,
     dequantize: bool = False,
-    quantized_gguf: bool = False,
 ) -> nn.Module:
     """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
 
     Weights the checkpoint holds as integer codes stay quantized (QuantLinear / QuantEmbedding,
     swapped in by `rebar.quant.handler`): always for rebar's quantized checkpoints, and for GGUF
-    tensors where a packed kernel exists for `device`. `dequantize=True` expands everything to
+    tensors where a packed kernel exists for `device` (every GGUF block type rebar reads, on the
+    CPU). Each is repacked for the kernels and its file pages released as it goes, so loading never
+    holds the file and its repacked copy in memory at once. `dequantize=True` expands everything to
     `dtype` instead (the float reference).
 
     Decoders run attention through the backend named `attention_backend` (None: the default for
@@ -64,22 +65,24 @@ def build_model(
             )
 
     device = torch.device(device)
-    quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device, quantized_gguf)
+    quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device)
     state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected if name not in quantized}
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     assert set(missing) == set(quantized), f"unloaded tensors {sorted(set(missing) - set(quantized))[:5]}"
-    swap_in_quantized(model, quantized, dtype)
+    for name, weight in quantized.items():
+        swap_in_quantized(model, {name: weight}, dtype)
+        checkpoint.release(name)
     # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
     return model.to(device).eval().requires_grad_(False)
 
 
-def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]], device: torch.device,
-                       quantized_gguf: bool) -> dict[str, QuantizedWeight]:
+def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]],
+                       device: torch.device) -> dict[str, AnyQuantWeight]:
     kept = {}
     for name, shape in names.items():
         if len(shape) != 2:
             continue
         weight = checkpoint.load_quantized(name)
-        if weight is not None and keep_quantized(weight, device, checkpoint.format, quantized_gguf):
+        if weight is not None and keep_quantized(weight, device, checkpoint.format):
             kept[name] = weight.to(device)
     return kept

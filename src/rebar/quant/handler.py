@@ -14,28 +14,24 @@ import torch
 from torch import nn
 
 from rebar.errors import ModelFormatError
-from rebar.quant.int_formats import QuantizedWeight
-from rebar.quant.qlinear import QuantEmbedding, QuantLinear, has_packed_kernel
+from rebar.quant.qlinear import AnyQuantWeight, QuantEmbedding, QuantLinear, has_packed_kernel
 
 TIED_EMBEDDING = "embed_tokens"
 QUANT_CHECKPOINT_FORMAT = "rebar-quant"  # Checkpoint.format of rebar's own quantized checkpoints
 
 
-def keep_quantized(weight: QuantizedWeight, device: torch.device, checkpoint_format: str, quantized_gguf: bool = False) -> bool:
+def keep_quantized(weight: AnyQuantWeight, device: torch.device, checkpoint_format: str) -> bool:
     """Whether to run `weight` quantized: always for rebar's own quantized checkpoints, and for
-    weights that merely arrive quantized (GGUF) when `quantized_gguf` asks for it and a small-batch
-    kernel exists for `device`.
-
-    GGUF weights are expanded to float by default: the quantized kernels round activations (to int8
-    or bf16), which moves greedy answers of a small model at near-ties; float keeps the numbers
-    checked against transformers and llama.cpp. `quantized_gguf` trades that for speed and memory.
+    weights that arrive quantized (GGUF) wherever a small-batch kernel exists for `device` (rebar's
+    CPU kernels take every GGUF block type rebar reads), as llama.cpp runs them: activations rounded
+    to int8 per block of 32. Elsewhere (a GPU) they are expanded to the model's dtype.
     """
     if checkpoint_format == QUANT_CHECKPOINT_FORMAT:
         return True
-    return quantized_gguf and has_packed_kernel(weight, device)
+    return has_packed_kernel(weight, device)
 
 
-def swap_in_quantized(model: nn.Module, weights: Mapping[str, QuantizedWeight], dtype: torch.dtype) -> None:
+def swap_in_quantized(model: nn.Module, weights: Mapping[str, AnyQuantWeight], dtype: torch.dtype) -> None:
     """Replace the owner of every `<module>.weight` in `weights` with its quantized counterpart.
 
     Biases stay the float tensors already loaded into the replaced module. Raises ModelFormatError

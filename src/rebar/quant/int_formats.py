@@ -46,6 +46,10 @@ class QuantizedWeight:
         return self.qweight.shape[1] * (2 if self.bits == 4 else 1)
 
     @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
     def num_groups(self) -> int:
         return self.scales.shape[1]
 

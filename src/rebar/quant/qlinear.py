@@ -1,12 +1,14 @@
 """Quantized drop-ins for nn.Linear and nn.Embedding, and the choice of matmul kernel.
 
-A QuantLinear holds a QuantizedWeight and a short list of kernels, each good up to some number of
+A QuantLinear holds a quantized weight (rebar's own int4 / int8 `QuantizedWeight`, or a GGUF
+`BlockWeight` in its file's format) and a short list of kernels, each good up to some number of
 rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
-int8 activations times int4/int8 weights, exact integer dot products) serve every step for int4
-weights and decode-sized steps for int8 ones; elsewhere torch's packed int8 / int4 weight-only
-kernels serve small steps; a dequantize-then-matmul in the activation dtype takes the rest. `scripts/bench_quant_kernels.py`
-and `scripts/bench_cpu_quant.py` measured the switch points (docs/quantization.md, docs/kernels.md).
-Every kernel agrees with `DequantizedMatmul`, the reference that runs on any device.
+int8 activations times 4- to 8-bit weights, exact integer dot products) serve every step for every
+format with unsigned codes and decode-sized steps for int8 ones; elsewhere torch's packed int8 /
+int4 weight-only kernels serve small steps of rebar's formats; a dequantize-then-matmul in the
+activation dtype takes the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
+measured the switch points (docs/quantization.md, docs/kernels.md). Every kernel agrees with
+`DequantizedMatmul`, the reference that runs on any device.
 
 The small-batch kernels give every row the same bits whatever the batch size (rebar's round each
 row's activations on their own; torch's compute in bfloat16), so decode outputs do not depend on
@@ -17,19 +19,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rebar.quant.block_weight import BlockWeight
 from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 
-# Largest number of rows for which rebar's AVX2 kernels beat dequantize-then-matmul (docs/kernels.md):
-# the int4 kernel wins at every batch size (at prefill sizes its int8 dot products do twice the
-# multiply-adds per instruction of float32 FMA); the int8 one, which needs a sign trick per
-# activation, up to 32.
-NATIVE_INT4_MAX_ROWS = math.inf
+if TYPE_CHECKING:
+    from rebar.kernels.cpu_quant import PackedQuant
+
+# A weight QuantLinear and QuantEmbedding run: rebar's own int4/int8 format or a GGUF block format.
+AnyQuantWeight = QuantizedWeight | BlockWeight
+
+# Largest number of rows for which rebar's CPU kernels beat dequantize-then-matmul (docs/kernels.md):
+# the kernels for unsigned codes (int4, every GGUF block type but Q8_0) win at every batch size (at
+# prefill sizes their int8 dot products do twice the multiply-adds per instruction of float32 FMA);
+# the int8 one, which needs a sign trick per activation, up to 32.
+NATIVE_UNSIGNED_MAX_ROWS = math.inf
 NATIVE_INT8_MAX_ROWS = 32
 # Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
@@ -58,7 +67,7 @@ class DequantizedMatmul:
 
     name = "dequant"
 
-    def __init__(self, weight: QuantizedWeight) -> None:
+    def __init__(self, weight: AnyQuantWeight) -> None:
         self.weight = weight
         self.rows_per_slice = max(16, DEQUANT_SLICE_ELEMENTS // weight.in_features)
 
@@ -110,44 +119,54 @@ class Int4PackedMatmul:
         return out.to(x.dtype)
 
 
-class NativeInt4Matmul:
-    """rebar's AVX2 int4 kernel: weights repacked once into 8-row tiles, activations rounded to int8 per block of 32."""
+class NativeMatmul:
+    """rebar's CPU kernels: the weight repacked once into 8-row tiles (`packed`, which the fused decode
+    step reads too), activations rounded to int8 per block of 32."""
 
-    name = "avx2-int4"
+    name = "native"
 
-    def __init__(self, weight: QuantizedWeight) -> None:
+    def __init__(self, weight: AnyQuantWeight) -> None:
         from rebar.kernels import cpu_quant
 
-        self._linear = cpu_quant.int4_linear_packed
-        self.packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
+        self._linear = cpu_quant.linear_packed
+        self.packed: PackedQuant = pack_for_cpu(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x.float(), self.packed).to(x.dtype)
 
 
-class NativeInt8Matmul:
-    """rebar's AVX2 int8 kernel (per-channel or grouped scales)."""
+def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
+    """`weight` in the tiled layout of rebar's CPU kernels."""
+    from rebar.kernels import cpu_quant
 
-    name = "avx2-int8"
+    if isinstance(weight, QuantizedWeight):
+        if weight.bits == 4:
+            return cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
+        return cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
+    blocks = weight.decode()
+    if blocks.kind == "int8":
+        return cpu_quant.pack_int8(blocks.codes, blocks.scales, 32)
+    if blocks.kind == "affine":
+        return cpu_quant.pack_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets, 32)
+    if blocks.kind == "super_affine":
+        return cpu_quant.pack_super_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets,
+                                           blocks.sub_scales, blocks.sub_mins)
+    return cpu_quant.pack_super_sym(blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point)
 
-    def __init__(self, weight: QuantizedWeight) -> None:
-        from rebar.kernels import cpu_quant
 
-        self._linear = cpu_quant.int8_linear_packed
-        self.packed = cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x.float(), self.packed).to(x.dtype)
+def _signed_int8(weight: AnyQuantWeight) -> bool:
+    return weight.bits == 8 if isinstance(weight, QuantizedWeight) else weight.type_name == "Q8_0"
 
 
-def has_native_kernel(weight: QuantizedWeight, device: torch.device) -> bool:
-    """Whether rebar's AVX2 kernels take `weight` on `device` (builds the extension on first call)."""
+def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
+    """Whether rebar's CPU kernels take `weight` on `device` (builds the extension on first call)."""
     if device.type != "cpu":
         return False
-    per_channel = weight.bits == 8 and weight.group_size == weight.in_features
-    grouped = weight.group_size % 32 == 0 and weight.in_features % weight.group_size == 0
-    if not (per_channel or grouped):
-        return False
+    if isinstance(weight, QuantizedWeight):
+        per_channel = weight.bits == 8 and weight.group_size == weight.in_features
+        grouped = weight.group_size % 32 == 0 and weight.in_features % weight.group_size == 0
+        if not (per_channel or grouped):
+            return False
     from rebar.kernels import cpu_quant
 
     return cpu_quant.available()
@@ -159,31 +178,34 @@ class KernelChoice:
     kernel: LinearKernel
 
 
-def has_packed_kernel(weight: QuantizedWeight, device: torch.device) -> bool:
+def has_packed_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
     """Whether `weight` can run through a small-batch kernel (rebar's or torch's packed) on `device`."""
     if device.type != "cpu":
         return False
     if has_native_kernel(weight, device):
         return True
+    if isinstance(weight, BlockWeight):
+        return False  # torch's packed kernels take only rebar's own layouts
     if weight.bits == 8:
         return weight.group_size == weight.in_features
     return weight.group_size in _INT4_CPU_GROUP_SIZES and weight.out_features % _INT4_CPU_OUT_MULTIPLE == 0
 
 
-def packed_kernel(weight: QuantizedWeight, device: torch.device) -> KernelChoice | None:
+def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice | None:
     """The small-batch kernel for `weight` on `device`, with the most rows it should serve, if one exists:
-    rebar's AVX2 kernel where it runs, else torch's packed kernel."""
+    rebar's CPU kernel where it runs, else torch's packed kernel."""
     if not has_packed_kernel(weight, device):
         return None
     if has_native_kernel(weight, device):
-        native = NativeInt4Matmul(weight) if weight.bits == 4 else NativeInt8Matmul(weight)
-        return KernelChoice(NATIVE_INT4_MAX_ROWS if weight.bits == 4 else NATIVE_INT8_MAX_ROWS, native)
+        max_rows = NATIVE_INT8_MAX_ROWS if _signed_int8(weight) else NATIVE_UNSIGNED_MAX_ROWS
+        return KernelChoice(max_rows, NativeMatmul(weight))
+    assert isinstance(weight, QuantizedWeight)
     if weight.bits == 8:
         return KernelChoice(INT8_PACKED_MAX_ROWS, Int8PackedMatmul(weight))
     return KernelChoice(INT4_PACKED_MAX_ROWS, Int4PackedMatmul(weight))
 
 
-def plan_kernels(weight: QuantizedWeight, device: torch.device) -> tuple[KernelChoice, ...]:
+def plan_kernels(weight: AnyQuantWeight, device: torch.device) -> tuple[KernelChoice, ...]:
     """Kernels by increasing row limit; the last one (dequantize-then-matmul) takes any batch."""
     packed = packed_kernel(weight, device)
     fallback = KernelChoice(math.inf, DequantizedMatmul(weight))
@@ -193,14 +215,14 @@ def plan_kernels(weight: QuantizedWeight, device: torch.device) -> tuple[KernelC
 
 
 class QuantLinear(nn.Module):
-    """`y = x W^T + b` with W a QuantizedWeight; same call signature as nn.Linear.
+    """`y = x W^T + b` with W a quantized weight; same call signature as nn.Linear.
 
     `kernels` overrides the plan (tests and benchmarks pin one kernel this way).
     """
 
     def __init__(
         self,
-        weight: QuantizedWeight,
+        weight: AnyQuantWeight,
         bias: torch.Tensor | None = None,
         kernels: tuple[KernelChoice, ...] | None = None,
     ) -> None:
@@ -209,7 +231,7 @@ class QuantLinear(nn.Module):
         self.in_features = weight.in_features
         self.out_features = weight.out_features
         self.bias = bias
-        self.kernels = kernels if kernels is not None else plan_kernels(weight, weight.qweight.device)
+        self.kernels = kernels if kernels is not None else plan_kernels(weight, weight.device)
 
     def kernel_for(self, num_rows: int) -> LinearKernel:
         return next(choice.kernel for choice in self.kernels if num_rows <= choice.max_rows)
@@ -227,9 +249,9 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """nn.Embedding over a QuantizedWeight: looks rows up, then dequantizes only those rows."""
+    """nn.Embedding over a quantized weight: looks rows up, then dequantizes only those rows."""
 
-    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+    def __init__(self, weight: AnyQuantWeight, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight_q = weight
         self.dtype = dtype

@@ -45,7 +45,7 @@ def load_models(settings: Settings) -> ServedModels:
     m = settings.models
     if m.chat:
         served.chat = LLM(m.chat, dtype=m.dtype, device=m.device, engine_config=settings.engine.to_engine_config(),
-                          quantized_gguf=m.quantized_gguf)
+                          dequantize=m.dequantize)
         served.chat_name = served_name(m.chat)
         served.engine = AsyncEngine(served.chat.engine)
         logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)

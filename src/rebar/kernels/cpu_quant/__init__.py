@@ -1,20 +1,24 @@
-"""Quantized-weight linear layers for x86 CPUs with AVX2 + FMA: y = x @ w.T with int4 or int8 w.
+"""Quantized-weight linear layers for x86 CPUs: y = x @ w.T with w in one of GGUF's block formats.
 
 Each activation row is quantized to int8 per block of 32 values (one float scale per block), and
-each weight block's dot product with it is computed exactly in integers with AVX2 byte
-multiply-adds, in the manner of llama.cpp's Q4_1 x Q8 kernels; per-block sums are then scaled in
-float32. Compared with float math on the dequantized weights, the result therefore carries the
-activation rounding error: at most sum_c |w[o, c]| * d_x(c) / 2 per output, d_x = max|x_block| / 127.
+each weight block's dot product with it is computed exactly in integers, with AVX-512 VNNI or
+AVX-VNNI dot-product instructions where the CPU has them and AVX2 byte multiply-adds otherwise, in
+the manner of llama.cpp's quantized dot products; per-block sums are then scaled in float32.
+Compared with float math on the dequantized weights, the result therefore carries the activation
+rounding error: at most sum_c |w[o, c]| * d_x(c) / 2 per output, d_x = max|x_block| / 127.
 
-Weights are rearranged once with `pack_int4` / `pack_int8` (cheap, pure torch) and multiplied with
-`int4_linear_packed` / `int8_linear_packed`, the decode-time path. `int4_linear` / `int8_linear`
-take the raw layout and pack on every call: for tests and one-off use.
+Weights are rearranged once by a `pack_*` function (cheap, pure torch) into a `PackedQuant` and
+multiplied with `linear_packed`, the decode-time path; the kinds (packing.WeightKind) cover GGUF's
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K exactly, and rebar's own int4 / int8 checkpoints.
+`int4_linear` / `int8_linear` take rebar's raw layouts and pack on every call: for tests and
+one-off use.
 
-The C++ extension is compiled on first use (~35 s on 2 cores, once per machine: cached in torch's
-extension directory, `TORCH_EXTENSIONS_DIR` when set). `available()` says whether it can be used;
-it is False on CPUs without AVX2/FMA/F16C, without a C++ compiler or ninja, when the build fails,
-or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1` (read once, at first use). The linear
-functions then raise `CpuKernelsUnavailable`, so callers check `available()` and keep a torch path.
+The C++ extension is compiled on first use (a minute or so on 2 cores, once per machine and
+instruction set: cached in torch's extension directory, `TORCH_EXTENSIONS_DIR` when set).
+`available()` says whether it can be used; it is False on CPUs without AVX2/FMA/F16C, without a C++
+compiler or ninja, when the build fails, or when the environment sets `REBAR_DISABLE_CPU_KERNELS=1`
+(read once, at first use). The linear functions then raise `CpuKernelsUnavailable`, so callers
+check `available()` and keep a torch path. `isa()` names the dot-product instruction set in use.
 Threads: as many as `torch.get_num_threads()`.
 """
 
@@ -22,21 +26,33 @@ from __future__ import annotations
 
 import torch
 
-from rebar.kernels.cpu_quant.build import DISABLE_ENV, load_extension
-from rebar.kernels.cpu_quant.packing import PackedInt4, PackedInt8, pack_int4, pack_int8
+from rebar.kernels.cpu_quant.build import DISABLE_ENV, ISA_ENV, load_extension
+from rebar.kernels.cpu_quant.packing import (
+    PackedQuant,
+    WeightKind,
+    pack_affine,
+    pack_int4,
+    pack_int8,
+    pack_super_affine,
+    pack_super_sym,
+)
 
 __all__ = [
     "DISABLE_ENV",
+    "ISA_ENV",
     "CpuKernelsUnavailable",
-    "PackedInt4",
-    "PackedInt8",
+    "PackedQuant",
+    "WeightKind",
     "available",
     "int4_linear",
-    "int4_linear_packed",
     "int8_linear",
-    "int8_linear_packed",
+    "isa",
+    "linear_packed",
+    "pack_affine",
     "pack_int4",
     "pack_int8",
+    "pack_super_affine",
+    "pack_super_sym",
     "quantize_activations",
 ]
 
@@ -60,20 +76,17 @@ def _extension():
     return result.module
 
 
-def int4_linear_packed(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int4`.
+def isa() -> str:
+    """The integer dot-product instruction set the kernels were built for ("avx512-vnni", "avx-vnni" or "avx2")."""
+    return _extension().isa()
+
+
+def linear_packed(x: torch.Tensor, packed: PackedQuant) -> torch.Tensor:
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for a weight packed by a `pack_*` function.
 
     Raises ValueError for a wrong dtype, device or width of x.
     """
-    return _extension().int4_linear_packed(x, packed.codes, packed.scales, packed.offsets, packed.out_features)
-
-
-def int8_linear_packed(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out] float32 = x @ w.T for weights packed by `pack_int8`.
-
-    Raises ValueError for a wrong dtype, device or width of x.
-    """
-    return _extension().int8_linear_packed(x, packed.codes, packed.scales, packed.out_features, packed.in_features)
+    return _extension().linear_packed(x, packed.kernel_args())
 
 
 def int4_linear(
@@ -81,26 +94,27 @@ def int4_linear(
 ) -> torch.Tensor:
     """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g] (layout: `pack_int4`).
 
-    Packs the weights on every call; pack once and use `int4_linear_packed` on a hot path.
+    Packs the weights on every call; pack once and use `linear_packed` on a hot path.
     """
     _extension()  # fail on an unusable extension before spending time packing
-    return int4_linear_packed(x, pack_int4(qweight, scales, offsets, group_size))
+    return linear_packed(x, pack_int4(qweight, scales, offsets, group_size))
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] (layout: `pack_int8`).
 
-    Packs the weights on every call; pack once and use `int8_linear_packed` on a hot path.
+    Packs the weights on every call; pack once and use `linear_packed` on a hot path.
     """
     _extension()
-    return int8_linear_packed(x, pack_int8(qweight, scales, group_size))
+    return linear_packed(x, pack_int8(qweight, scales, group_size))
 
 
 def quantize_activations(
     x: torch.Tensor, group_size: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The activations exactly as the kernels see them: x [rows, in] float32 ->
     (q int8 [rows, blocks * 32] zero-padded, d float32 [rows, blocks], group sums float32
-    [rows, in // group_size] or None), with x ~= q * d per block of 32."""
-    blocks_per_group = 0 if group_size is None else group_size // 32
-    return _extension().quantize_activations(x, blocks_per_group)
+    [rows, in // group_size] or None, sums of q over each half-block int32 [rows, blocks * 2]), with
+    x ~= q * d per block of 32."""
+    blocks_per_sum = 0 if group_size is None else group_size // 32
+    return _extension().quantize_activations(x, blocks_per_sum)

@@ -5,6 +5,12 @@ into torch's extension directory (`TORCH_EXTENSIONS_DIR` when set), so later pro
 it. Nothing here raises: a CPU without AVX2/FMA, a missing compiler or ninja, a failed build, or
 `REBAR_DISABLE_CPU_KERNELS=1` (read once, on first use) make `load_extension()` return no module,
 and the reason is logged once.
+
+The build is for the CPU it runs on: the widest integer dot products `/proc/cpuinfo` lists are
+chosen (AVX-512 VNNI, else AVX-VNNI, else AVX2's byte multiply-adds), and the extension's name
+carries the flags, so each instruction set has its own cached build. `REBAR_CPU_ISA=avx2` (or
+`avx-vnni`, `avx512-vnni`) asks for a narrower one, e.g. to compare them; asking for one the CPU
+lacks falls back to what it has, with a warning.
 """
 
 from __future__ import annotations
@@ -24,13 +30,22 @@ import torch
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
+ISA_ENV = "REBAR_CPU_ISA"
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decoder.cpp",
            "elementwise.cpp", "worker_pool.cpp")
-HEADERS = ("kernels.h", "simd.h", "decoder.h", "elementwise.h", "worker_pool.h")
+HEADERS = ("kernels.h", "simd.h", "block_dots.h", "decoder.h", "elementwise.h", "worker_pool.h")
 # OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
 # thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp"]
+BASE_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp")
+# Integer dot-product instruction sets, widest first: (name, /proc/cpuinfo flags needed, extra compiler flags).
+# AVX-512 is used on 256-bit vectors (VL), which keeps the AVX2 kernels' layout and clock speed.
+ISAS = (
+    ("avx512-vnni", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+     ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256")),
+    ("avx-vnni", {"avx_vnni"}, ("-mavxvnni",)),
+    ("avx2", set(), ()),
+)
 
 _build_lock = threading.Lock()
 
@@ -69,13 +84,33 @@ def missing_requirement() -> str:
     return ""
 
 
-def extension_name() -> str:
-    """A name that changes with the sources, so an edited kernel never loads a stale build."""
+def chosen_isa(flags: set[str] | None = None) -> str:
+    """The instruction set to build for: the widest the CPU has, or the narrower one REBAR_CPU_ISA asks for."""
+    flags = cpu_flags() if flags is None else flags
+    available = [name for name, needs, _ in ISAS if needs <= flags]
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if not wanted:
+        return available[0]
+    if wanted in available:
+        return wanted
+    known = [name for name, _, _ in ISAS]
+    why = "is not one of " + ", ".join(known) if wanted not in known else "is not supported by this CPU"
+    logger.warning("%s=%s %s; building for %s", ISA_ENV, wanted, why, available[0])
+    return available[0]
+
+
+def compiler_flags(isa: str) -> list[str]:
+    return [*BASE_CFLAGS, *next(extra for name, _, extra in ISAS if name == isa)]
+
+
+def extension_name(isa: str) -> str:
+    """A name that changes with the sources and flags, so an edited kernel never loads a stale build
+    and each instruction set keeps its own."""
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update((CSRC / name).read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
-    return f"rebar_cpu_quant_{digest.hexdigest()[:12]}"
+    digest.update(" ".join(compiler_flags(isa)).encode())
+    return f"rebar_cpu_quant_{isa.replace('-', '_')}_{digest.hexdigest()[:12]}"
 
 
 @functools.cache
@@ -97,12 +132,13 @@ def _build_locked() -> BuildResult:
         return BuildResult(None, reason)
     from torch.utils import cpp_extension
 
-    logger.info("loading rebar CPU quantized kernels (the first build on a machine takes half a minute or more)")
+    isa = chosen_isa()
+    logger.info("loading rebar CPU quantized kernels for %s (the first build on a machine takes a minute or more)", isa)
     try:
         module = cpp_extension.load(
-            name=extension_name(),
+            name=extension_name(isa),
             sources=[str(CSRC / name) for name in SOURCES],
-            extra_cflags=CFLAGS,
+            extra_cflags=compiler_flags(isa),
             extra_ldflags=["-pthread", "-fopenmp"],
             verbose=False,
         )
@@ -110,7 +146,7 @@ def _build_locked() -> BuildResult:
         reason = f"building the extension failed: {type(exc).__name__}: {str(exc)[-2000:]}"
         logger.warning("rebar CPU quantized kernels unavailable: %s", reason)
         return BuildResult(None, reason)
-    logger.info("rebar CPU quantized kernels loaded (%s, torch %s)", module.__name__, torch.__version__)
+    logger.info("rebar CPU quantized kernels loaded (%s, %s, torch %s)", module.__name__, module.isa(), torch.__version__)
     return BuildResult(module, "")
 
 

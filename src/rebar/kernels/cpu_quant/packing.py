@@ -2,46 +2,69 @@
 
 Output rows are grouped in tiles of 8 (one AVX2 float lane per row); inside a tile the rows' blocks
 of 32 columns are interleaved, so the kernel reads each tile's weights front to back. See
-csrc/kernels.h for the exact layout. Pure torch: cheap (well under a second for SmolLM2's 135M
-weights) and usable without the compiled extension.
+csrc/kernels.h for the weight kinds and the exact layout. Pure torch: cheap (well under a second for
+SmolLM2's 135M weights) and usable without the compiled extension.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 import torch.nn.functional as F
 
 BLOCK = 32  # columns per activation-quantization block
 TILE_ROWS = 8  # output rows per tile
-# int4 codes of one tile and block are stored as 4 chunks of 32 bytes: byte 4 * row + j of chunk c
-# holds the codes of columns 4c + j (low nibble) and 16 + 4c + j (high nibble) of that row, so the
-# kernel's integer sums land in one lane per output row (see csrc/quant_linear.cpp).
-INT4_CHUNKS = 4
+CODE_VECTORS = 8  # per tile and block: code vector k holds columns 4k..4k+3 of the tile's 8 rows
+SUPER_BLOCK = 256  # columns per super-block of the K-quant kinds
+
+
+class WeightKind(IntEnum):
+    """The kernels' weight kinds (csrc/kernels.h), one per family of exactly mapped GGUF types."""
+
+    INT8 = 0  # w = scale[g] * q, q signed int8 (Q8_0, rebar int8)
+    AFFINE = 1  # w = scale[g] * q + offset[g], q unsigned (Q4_0, Q4_1, Q5_0, Q5_1, rebar int4)
+    SUPER_AFFINE = 2  # w = d * sc[b] * q - dmin * m[b] (Q4_K, Q5_K)
+    SUPER_SYM = 3  # w = d * sc[h] * (q - zero_point), sc per 16 columns (Q6_K)
+
 
 @dataclass(frozen=True, slots=True)
-class PackedInt4:
-    """4-bit weights with a scale and an offset per group: w = scale * q + offset, q in 0..15."""
+class PackedQuant:
+    """A weight `[out_features, in_features]` in the kernels' tiled layout.
 
-    codes: torch.Tensor  # [num_tiles, num_blocks, 4, 32] uint8: chunk c, byte 4 * row + j holds columns
-    # 4c + j (low nibble) and 16 + 4c + j (high nibble)
-    scales: torch.Tensor  # [num_tiles, num_groups, 8] float16 or float32
-    offsets: torch.Tensor  # [num_tiles, num_groups, 8], same dtype as scales
+    `codes`: unsigned kinds `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then
+    `code_bits - 4` vectors of high bits); INT8 `[tiles, blocks, 8, 32]` int8. `scales` (and
+    `offsets`) `[tiles, groups, 8]`, with `group_size` columns per group (a super-block's 256 for the
+    super kinds, whose `scales` / `offsets` are float16 d / dmin); `sub_scales` / `sub_mins`
+    `[tiles, groups, subs, 8]` 8-bit.
+    """
+
+    kind: WeightKind
+    code_bits: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+    sub_scales: torch.Tensor | None
+    sub_mins: torch.Tensor | None
+    zero_point: int
     out_features: int
     in_features: int
     group_size: int
 
+    def kernel_args(self) -> tuple:
+        """The weight as the compiled kernels take it (bindings.cpp's WeightArgs)."""
+        return (int(self.kind), self.code_bits, self.codes, self.scales, self.offsets, self.sub_scales,
+                self.sub_mins, self.zero_point, self.out_features, self.in_features)
 
-@dataclass(frozen=True, slots=True)
-class PackedInt8:
-    """8-bit symmetric weights with a scale per group: w = scale * q, q in -128..127."""
+    @property
+    def num_bytes(self) -> int:
+        parts = [self.codes, self.scales, self.offsets, self.sub_scales, self.sub_mins]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    codes: torch.Tensor  # [num_tiles, num_blocks, 8, 32] int8 (zero past in_features)
-    scales: torch.Tensor  # [num_tiles, num_groups, 8] float16 or float32
-    out_features: int
-    in_features: int
-    group_size: int
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight `[out, in]` these codes stand for (tests; the reference of the kernels)."""
+        return _dequantize_packed(self).to(dtype)
 
 
 def _num_tiles(out_features: int) -> int:
@@ -55,29 +78,77 @@ def _scale_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
+def _pad_rows(t: torch.Tensor, out_features: int) -> torch.Tensor:
+    pad = _num_tiles(out_features) * TILE_ROWS - out_features
+    return F.pad(t, (0, 0, 0, pad)) if pad else t
+
+
 def _tile_scales(scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[out, groups] -> [tiles, groups, 8], zero rows past `out`."""
     out_features, num_groups = scales.shape
-    padded = F.pad(scales.to(dtype), (0, 0, 0, _num_tiles(out_features) * TILE_ROWS - out_features))
+    padded = _pad_rows(scales.to(dtype), out_features)
     return padded.reshape(-1, TILE_ROWS, num_groups).transpose(1, 2).contiguous()
 
 
-def _tile_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """[out, in] 8-bit codes -> [tiles, num_blocks, 8, 32], zero-padded to whole tiles and blocks."""
+def _tile_sub_scales(values: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """[out, groups * subs] 8-bit -> [tiles, groups, subs, 8], zero rows past `out`."""
+    out_features = values.shape[0]
+    padded = _pad_rows(values, out_features)
+    return padded.reshape(-1, TILE_ROWS, num_groups, values.shape[1] // num_groups).permute(0, 2, 3, 1).contiguous()
+
+
+def _tile_int8_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """[out, in] int8 codes -> [tiles, num_blocks, 8, 32], zero-padded to whole tiles and blocks."""
     out_features, in_features = codes.shape
-    pad_rows = _num_tiles(out_features) * TILE_ROWS - out_features
-    padded = F.pad(codes, (0, num_blocks * BLOCK - in_features, 0, pad_rows))
+    padded = _pad_rows(F.pad(codes, (0, num_blocks * BLOCK - in_features)), out_features)
     return padded.reshape(-1, TILE_ROWS, num_blocks, BLOCK).transpose(1, 2).contiguous()
 
 
-def _interleave_int4_tiles(qweight: torch.Tensor, num_tiles: int) -> torch.Tensor:
-    """[out, in // 2] bytes holding columns (2k, 2k+1) -> [tiles, blocks, 4, 32] in the kernel's layout."""
-    out_features = qweight.shape[0]
-    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(out_features, -1)  # [out, in]
-    codes = F.pad(codes, (0, 0, 0, num_tiles * TILE_ROWS - out_features))
-    # [tiles, row, block, half (cols 0-15 | 16-31), chunk, j] -> [tiles, block, chunk, row, j]
-    split = codes.reshape(num_tiles, TILE_ROWS, -1, 2, INT4_CHUNKS, 4).permute(0, 2, 3, 4, 1, 5)
-    return (split[:, :, 0] | (split[:, :, 1] << 4)).reshape(num_tiles, -1, INT4_CHUNKS, TILE_ROWS * 4).contiguous()
+def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4..6) ->
+    `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits.
+
+    Byte `4 * row + j` of code vector k is the code of column `4k + j` of that row; chunk c holds code
+    vectors c (low nibble) and 4 + c (high nibble); the e = bits - 4 high bits of code vector k sit in
+    high vector `k // (8 // e)` at bit `e * (k % (8 // e))`.
+    """
+    if bits not in (4, 5, 6):
+        raise ValueError(f"unsigned codes have 4 to 6 bits, got {bits}")
+    out_features, in_features = codes.shape
+    if in_features % BLOCK:
+        raise ValueError(f"in_features {in_features} is not a multiple of {BLOCK}")
+    num_tiles = _num_tiles(out_features)
+    padded = _pad_rows(codes.to(torch.uint8), out_features)
+    # [tiles, row, block, k, j] -> [tiles, block, k, row, j] -> code vectors [tiles, blocks, 8, 32]
+    vectors = padded.reshape(num_tiles, TILE_ROWS, -1, CODE_VECTORS, 4).permute(0, 2, 3, 1, 4)
+    vectors = vectors.reshape(num_tiles, -1, CODE_VECTORS, TILE_ROWS * 4)
+    low = vectors & 0x0F
+    parts = [low[:, :, :4] | (low[:, :, 4:] << 4)]
+    extra = bits - 4
+    if extra:
+        per_vector = CODE_VECTORS // extra
+        high = (vectors >> 4) & ((1 << extra) - 1)
+        for v in range(extra):
+            plane = torch.zeros_like(high[:, :, 0])
+            for k in range(v * per_vector, (v + 1) * per_vector):
+                plane |= high[:, :, k] << (extra * (k % per_vector))
+            parts.append(plane.unsqueeze(2))
+    return torch.cat(parts, dim=2).contiguous()
+
+
+def untile_codes(codes: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """Inverse of `tile_codes`: `[tiles, blocks, bits, 32]` -> uint8 `[out, in]`."""
+    num_tiles, num_blocks = codes.shape[:2]
+    chunks = codes[:, :, :4]
+    vectors = torch.cat([chunks & 0x0F, chunks >> 4], dim=2)  # [tiles, blocks, 8, 32]
+    extra = bits - 4
+    if extra:
+        per_vector = CODE_VECTORS // extra
+        for k in range(CODE_VECTORS):
+            plane = codes[:, :, 4 + k // per_vector]
+            vectors[:, :, k] |= ((plane >> (extra * (k % per_vector))) & ((1 << extra) - 1)) << 4
+    values = vectors.reshape(num_tiles, num_blocks, CODE_VECTORS, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    return values.reshape(num_tiles * TILE_ROWS, num_blocks * BLOCK)[:out_features]
 
 
 def _check_group_size(in_features: int, group_size: int) -> None:
@@ -87,37 +158,69 @@ def _check_group_size(in_features: int, group_size: int) -> None:
         )
 
 
-def _check_scales(name: str, scales: torch.Tensor, out_features: int, num_groups: int) -> None:
-    if tuple(scales.shape) != (out_features, num_groups):
-        raise ValueError(f"{name} must have shape [{out_features}, {num_groups}], got {list(scales.shape)}")
+def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
 
 
-def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> PackedInt4:
-    """Pack `qweight` uint8 [out, in // 2] (column 2j in the low nibble, 2j+1 in the high one) with
-    `scales` and `offsets` [out, in // group_size], w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g].
-
-    Scales keep their dtype (float16 or float32; mixed dtypes become float32).
-    """
-    if qweight.dim() != 2 or qweight.dtype != torch.uint8:
-        raise ValueError(f"qweight must be uint8 [out, in // 2], got {qweight.dtype} {list(qweight.shape)}")
-    out_features, in_features = qweight.shape[0], qweight.shape[1] * 2
+def pack_affine(codes: torch.Tensor, bits: int, scales: torch.Tensor, offsets: torch.Tensor,
+                group_size: int) -> PackedQuant:
+    """Unsigned `codes` uint8 `[out, in]` (4 or 5 bits) with `scales`, `offsets` `[out, in // group_size]`:
+    w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g]. Scales keep their dtype (float16 or
+    float32; mixed dtypes become float32)."""
+    if codes.dim() != 2 or bits not in (4, 5):
+        raise ValueError(f"affine codes must be 2-D with 4 or 5 bits, got {list(codes.shape)}, {bits} bits")
+    out_features, in_features = codes.shape
     _check_group_size(in_features, group_size)
     num_groups = in_features // group_size
-    _check_scales("scales", scales, out_features, num_groups)
-    _check_scales("offsets", offsets, out_features, num_groups)
-    codes = _interleave_int4_tiles(qweight, _num_tiles(out_features))
+    _check_shape("scales", scales, (out_features, num_groups))
+    _check_shape("offsets", offsets, (out_features, num_groups))
     dtype = _scale_dtype(scales, offsets)
-    return PackedInt4(
-        codes=codes,
-        scales=_tile_scales(scales, dtype),
-        offsets=_tile_scales(offsets, dtype),
-        out_features=out_features,
-        in_features=in_features,
-        group_size=group_size,
-    )
+    return PackedQuant(WeightKind.AFFINE, bits, tile_codes(codes, bits), _tile_scales(scales, dtype),
+                       _tile_scales(offsets, dtype), None, None, 0, out_features, in_features, group_size)
 
 
-def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedInt8:
+def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> PackedQuant:
+    """rebar's int4 layout: `qweight` uint8 [out, in // 2] (column 2j in the low nibble, 2j+1 in the high
+    one) with `scales` and `offsets` [out, in // group_size]."""
+    if qweight.dim() != 2 or qweight.dtype != torch.uint8:
+        raise ValueError(f"qweight must be uint8 [out, in // 2], got {qweight.dtype} {list(qweight.shape)}")
+    codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(qweight.shape[0], -1)
+    return pack_affine(codes, 4, scales, offsets, group_size)
+
+
+def pack_super_affine(codes: torch.Tensor, bits: int, d: torch.Tensor, dmin: torch.Tensor, sub_scales: torch.Tensor,
+                      sub_mins: torch.Tensor) -> PackedQuant:
+    """Q4_K / Q5_K: w = d[o, s] * sc[o, b] * q - dmin[o, s] * m[o, b], with `d`, `dmin` float16
+    `[out, in // 256]` per super-block s and `sub_scales`, `sub_mins` uint8 `[out, in // 32]` per block b."""
+    out_features, in_features = codes.shape
+    _check_group_size(in_features, SUPER_BLOCK)
+    num_groups = in_features // SUPER_BLOCK
+    for name, t in (("d", d), ("dmin", dmin)):
+        _check_shape(name, t, (out_features, num_groups))
+    for name, t in (("sub_scales", sub_scales), ("sub_mins", sub_mins)):
+        _check_shape(name, t, (out_features, in_features // BLOCK))
+    return PackedQuant(WeightKind.SUPER_AFFINE, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16),
+                       _tile_scales(dmin, torch.float16), _tile_sub_scales(sub_scales.to(torch.uint8), num_groups),
+                       _tile_sub_scales(sub_mins.to(torch.uint8), num_groups), 0, out_features, in_features,
+                       SUPER_BLOCK)
+
+
+def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: torch.Tensor,
+                   zero_point: int) -> PackedQuant:
+    """Q6_K: w = d[o, s] * sc[o, h] * (q - zero_point), `d` float16 `[out, in // 256]`, `sub_scales`
+    int8 `[out, in // 16]` per half-block h of 16 columns."""
+    out_features, in_features = codes.shape
+    _check_group_size(in_features, SUPER_BLOCK)
+    num_groups = in_features // SUPER_BLOCK
+    _check_shape("d", d, (out_features, num_groups))
+    _check_shape("sub_scales", sub_scales, (out_features, in_features // (BLOCK // 2)))
+    return PackedQuant(WeightKind.SUPER_SYM, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16), None,
+                       _tile_sub_scales(sub_scales.to(torch.int8), num_groups), None, zero_point, out_features,
+                       in_features, SUPER_BLOCK)
+
+
+def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
     """Pack `qweight` int8 [out, in] with `scales` [out, in // group_size], w = scales[o, c // g] * q.
 
     `group_size` is `in` (one scale per output channel; any `in`) or a multiple of 32 dividing `in`.
@@ -128,12 +231,36 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
     if group_size != in_features:
         _check_group_size(in_features, group_size)
     num_groups = in_features // group_size
-    _check_scales("scales", scales, out_features, num_groups)
+    _check_shape("scales", scales, (out_features, num_groups))
     num_blocks = -(-in_features // BLOCK)
-    return PackedInt8(
-        codes=_tile_blocks(qweight, num_blocks),
-        scales=_tile_scales(scales, _scale_dtype(scales)),
-        out_features=out_features,
-        in_features=in_features,
-        group_size=group_size,
-    )
+    return PackedQuant(WeightKind.INT8, 8, _tile_int8_blocks(qweight, num_blocks), _tile_scales(scales, _scale_dtype(scales)),
+                       None, None, None, 0, out_features, in_features, group_size)
+
+
+def _untile(t: torch.Tensor, out_features: int) -> torch.Tensor:
+    """[tiles, groups, (subs,) 8] -> [out, groups * subs]."""
+    rows_last = t.movedim(-1, 1)  # [tiles, 8, groups, (subs)]
+    return rows_last.reshape(t.shape[0] * TILE_ROWS, -1)[:out_features]
+
+
+def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
+    out, cols = p.out_features, p.in_features
+    if p.kind == WeightKind.INT8:
+        num_blocks = p.codes.shape[1]
+        codes = p.codes.transpose(1, 2).reshape(-1, num_blocks * BLOCK)[:out, :cols].float()
+        return codes * _untile(p.scales, out).float().repeat_interleave(p.group_size, dim=1)[:, :cols]
+    codes = untile_codes(p.codes, p.code_bits, out).float()
+
+    def per_column(t: torch.Tensor, width: int) -> torch.Tensor:
+        return _untile(t, out).float().repeat_interleave(width, dim=1)
+
+    if p.kind == WeightKind.AFFINE:
+        return codes * per_column(p.scales, p.group_size) + per_column(p.offsets, p.group_size)
+    d = _untile(p.scales, out).float().repeat_interleave(SUPER_BLOCK, dim=1)
+    if p.kind == WeightKind.SUPER_AFFINE:
+        dmin = _untile(p.offsets, out).float().repeat_interleave(SUPER_BLOCK, dim=1)
+        sc = per_column(p.sub_scales, BLOCK)
+        m = per_column(p.sub_mins, BLOCK)
+        return (d * sc) * codes - dmin * m
+    sc = _untile(p.sub_scales.view(torch.int8), out).float().repeat_interleave(BLOCK // 2, dim=1)
+    return (d * sc) * (codes - p.zero_point)

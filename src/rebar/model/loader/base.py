@@ -13,6 +13,7 @@ from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from rebar.quant.block_weight import BlockWeight
     from rebar.quant.int_formats import QuantizedWeight
 
 
@@ -34,7 +35,9 @@ class Checkpoint:
     `load_tensor(name, dtype)` reads (memory-mapped) and, for quantized files, dequantizes one
     tensor straight into `dtype`; loaders never build a second full copy of the weights.
     `load_quantized(name)` returns the tensor as integer codes instead, when the file stores it in
-    a format rebar's quantized layers run (GGUF Q4_0/Q4_1/Q8_0, rebar's own quantized checkpoints).
+    a format rebar's quantized layers run (GGUF block types, rebar's own quantized checkpoints): a
+    view of the file, not a copy. `release(name)` then lets the tensor's file pages leave resident
+    memory once its weight has been repacked (a no-op for loaders that copy).
     """
 
     path: Path
@@ -45,10 +48,15 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     _load: Callable[[str, torch.dtype], torch.Tensor] = field(repr=False)
     metadata: dict[str, str] = field(default_factory=dict)
-    _load_quantized: Callable[[str], QuantizedWeight | None] | None = field(default=None, repr=False)
+    _load_quantized: Callable[[str], QuantizedWeight | BlockWeight | None] | None = field(default=None, repr=False)
+    _release: Callable[[str], None] | None = field(default=None, repr=False)
 
     def load_tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._load(name, dtype)
 
-    def load_quantized(self, name: str) -> QuantizedWeight | None:
+    def load_quantized(self, name: str) -> QuantizedWeight | BlockWeight | None:
         return None if self._load_quantized is None else self._load_quantized(name)
+
+    def release(self, name: str) -> None:
+        if self._release is not None:
+            self._release(name)

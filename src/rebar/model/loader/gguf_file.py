@@ -1,9 +1,11 @@
 """GGUF v3 loader for Llama-family checkpoints (the `llama` and `qwen2` GGUF architectures).
 
-Metadata becomes a `ModelConfig` and a `Tokenizer`; tensors are read from the memory-mapped file
-and dequantized one at a time into their final dtype. llama.cpp stores the Q and K projections of
-`llama` models with rows interleaved for its pairwise RoPE; rebar undoes that permutation here so
-the model uses the same half-split RoPE layout for GGUF and HF weights.
+Metadata becomes a `ModelConfig` and a `Tokenizer`. Quantized 2-D tensors are handed over as
+`BlockWeight`s, views of the memory-mapped file that rebar's kernels repack; everything else (and
+everything, with `--dequantize`) is dequantized one tensor at a time into its final dtype. llama.cpp
+stores the Q and K projections of `llama` models with rows interleaved for its pairwise RoPE; rebar
+undoes that permutation here so the model uses the same half-split RoPE layout for GGUF and HF
+weights.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ import torch
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig, RopeScaling
 from rebar.model.loader.base import Checkpoint, TensorInfo
-from rebar.model.loader.ggml_dequant import SUPPORTED_TYPES, dequantize
-from rebar.model.loader.gguf_reader import GGUFFile
+from rebar.model.loader.ggml_dequant import BLOCK_TYPES, SUPPORTED_TYPES, dequantize
+from rebar.model.loader.gguf_reader import GGUFFile, GGUFTensor
 from rebar.model.tokenizer import Tokenizer
-from rebar.quant.ggml_blocks import GGML_INT_BLOCK_BYTES, from_ggml_blocks
-from rebar.quant.int_formats import QuantizedWeight
+from rebar.quant.block_weight import BlockWeight
 
 # GGUF architectures rebar runs, and whether llama.cpp permuted their Q/K rows.
 _ARCHITECTURES = {"llama": True, "qwen2": False}
@@ -154,10 +155,7 @@ def load_gguf(path: Path) -> Checkpoint:
         name = rebar_name(file_name)
         if name is None:
             raise UnsupportedModelError(f"GGUF tensor {file_name!r} has no place in a {config.source_architecture} model")
-        if tensor.qtype not in SUPPORTED_TYPES:
-            raise UnsupportedModelError(
-                f"GGUF tensor {file_name!r} uses type {tensor.qtype.name}, which rebar cannot decode"
-            )
+        _check_storage(file_name, tensor)
         infos[name] = TensorInfo(name, file_name, tensor.shape, tensor.qtype.name, tensor.num_bytes)
 
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -166,18 +164,18 @@ def load_gguf(path: Path) -> Checkpoint:
         heads = _row_heads(name, config) if permuted else None
         return values if heads is None else _unpermute_rows(values, heads)
 
-    def load_quantized(name: str) -> QuantizedWeight | None:
+    def load_quantized(name: str) -> BlockWeight | None:
         tensor = gguf.tensors[infos[name].file_name]
-        if tensor.qtype.name not in GGML_INT_BLOCK_BYTES or len(tensor.shape) != 2:
+        if tensor.qtype not in BLOCK_TYPES or len(tensor.shape) != 2:
             return None
-        # Copy the packed bytes out of the read-only mapping; they are the weight from now on.
-        raw = torch.from_numpy(np.array(tensor.data(gguf.buffer)))
-        weight = from_ggml_blocks(raw, tensor.qtype.name, tensor.shape)
+        weight = BlockWeight(tensor.qtype.name, gguf.raw_rows(tensor), tensor.shape[1])
         heads = _row_heads(name, config) if permuted else None
         if heads is None:
             return weight
-        order = _unpermute_rows(torch.arange(tensor.shape[0]), heads)
-        return weight.select_rows(order)
+        return weight.select_rows(_unpermute_rows(torch.arange(tensor.shape[0]), heads))
+
+    def release(name: str) -> None:
+        gguf.release(gguf.tensors[infos[name].file_name])
 
     template = meta.get("tokenizer.chat_template")
     return Checkpoint(
@@ -189,8 +187,27 @@ def load_gguf(path: Path) -> Checkpoint:
         tensors=infos,
         _load=load,
         _load_quantized=load_quantized,
+        _release=release,
         metadata={k: _summary(v) for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
     )
+
+
+_SUPPORTED_NAMES = ", ".join(sorted(qtype.name for qtype in SUPPORTED_TYPES))
+
+
+def _check_storage(file_name: str, tensor: GGUFTensor) -> None:
+    """A clear error for a tensor type rebar does not run, or one that does not suit the tensor."""
+    if tensor.qtype not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(
+            f"GGUF tensor {file_name!r} uses type {tensor.qtype.name}, which rebar does not run (it runs "
+            f"{_SUPPORTED_NAMES}); re-quantize the original weights to one of them with llama.cpp, e.g. "
+            f"`llama-quantize model-f16.gguf model-Q4_K_M.gguf Q4_K_M`"
+        )
+    if tensor.qtype in BLOCK_TYPES and len(tensor.shape) != 2:
+        raise ModelFormatError(
+            f"GGUF tensor {file_name!r} has shape {list(tensor.shape)} but is stored as {tensor.qtype.name}: "
+            f"block-quantized types hold 2-D weights only (norms and biases are F32)"
+        )
 
 
 def _summary(value: Any) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from rebar.errors import ModelFormatError, UnsupportedModelError
@@ -98,6 +100,7 @@ class GGUFFile:
                 mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:  # ValueError: empty file
             raise ModelFormatError(f"cannot map {path}: {exc}") from exc
+        self._mapped = mapped
         self.buffer = np.frombuffer(mapped, dtype=np.uint8)
         cursor = _Cursor(mapped, path)
         if mapped[:4] != GGUF_MAGIC:
@@ -129,6 +132,24 @@ class GGUFFile:
                     f"the file has {len(mapped)}"
                 )
             self.tensors[name] = tensor
+
+    def raw_rows(self, tensor: GGUFTensor) -> torch.Tensor:
+        """The tensor's bytes as uint8 `[rows, bytes per row]`, a view of the mapping (no copy; read-only
+        memory: never write to it)."""
+        rows = math.prod(tensor.shape[:-1])
+        with warnings.catch_warnings():  # torch warns that the mapping is not writable; it is never written
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(self._mapped, dtype=torch.uint8, count=tensor.num_bytes, offset=tensor.offset)
+        return flat.view(rows, -1)
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """Drop the tensor's pages from this process's resident memory (once its bytes have been copied
+        or packed elsewhere); a later read maps them in again from the page cache."""
+        page = mmap.PAGESIZE
+        start = tensor.offset // page * page
+        end = min(len(self._mapped), -(-(tensor.offset + tensor.num_bytes) // page) * page)
+        if hasattr(mmap, "MADV_DONTNEED") and end > start:
+            self._mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     @staticmethod
     def _tensor_info(cursor: _Cursor) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:

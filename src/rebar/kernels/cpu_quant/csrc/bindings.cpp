@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "decoder.h"
 #include "elementwise.h"
 #include "kernels.h"
+#include "simd.h"
 
 namespace rebar_cpu_quant {
 namespace {
@@ -22,32 +24,36 @@ namespace {
 struct QuantizedScratch {
   std::vector<int8_t> q;
   std::vector<float> d, group_sums;
+  std::vector<int32_t> half_sums;
 };
 
 constexpr int64_t kQuantizeGrainRows = 64;
 
-// blocks_per_group == 0: no group sums (the int8 kernel has no offset term).
-QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_group) {
+// blocks_per_sum == 0: no float sums (only the affine kinds' offsets need them).
+QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_sum) {
   thread_local QuantizedScratch scratch;
   const int64_t in = x.size(-1), rows = x.numel() / std::max<int64_t>(in, 1);
   scratch.q.resize(rows * num_blocks * kBlock);
   scratch.d.resize(rows * num_blocks);
+  scratch.half_sums.resize(rows * num_blocks * 2);
+  const int64_t num_groups = blocks_per_sum > 0 ? num_blocks / blocks_per_sum : 0;
   float* group_sums = nullptr;
-  if (blocks_per_group > 0) {
-    scratch.group_sums.resize(rows * (num_blocks / blocks_per_group));
+  if (blocks_per_sum > 0) {
+    scratch.group_sums.resize(rows * num_groups);
     group_sums = scratch.group_sums.data();
   }
-  const int64_t num_groups = blocks_per_group > 0 ? num_blocks / blocks_per_group : 0;
   // Rows are independent: a prefill's activations are quantized on torch's threads (below the
   // grain, on this one). The lambda must not name `scratch`: on another thread that is its own.
   const float* x_data = x.data_ptr<float>();
   int8_t* q = scratch.q.data();
   float* d = scratch.d.data();
+  int32_t* half_sums = scratch.half_sums.data();
   at::parallel_for(0, rows, kQuantizeGrainRows, [&](int64_t begin, int64_t end) {
-    quantize_rows(x_data + begin * in, end - begin, in, num_blocks, blocks_per_group, q + begin * num_blocks * kBlock,
-                  d + begin * num_blocks, group_sums ? group_sums + begin * num_groups : nullptr);
+    quantize_rows(x_data + begin * in, end - begin, in, num_blocks, blocks_per_sum, q + begin * num_blocks * kBlock,
+                  d + begin * num_blocks, group_sums ? group_sums + begin * num_groups : nullptr,
+                  half_sums + begin * num_blocks * 2);
   });
-  return {scratch.q.data(), scratch.d.data(), group_sums, rows, num_blocks};
+  return {q, d, group_sums, half_sums, rows, num_blocks};
 }
 
 // x [..., in] float32 on the CPU, as a contiguous tensor.
@@ -65,27 +71,74 @@ at::Tensor output_like(const at::Tensor& x, int64_t out_features) {
   return at::empty(shape, x.options());
 }
 
-// The codes' trailing dimensions per tile and block: int4 [4 chunks, 32 bytes], int8 [8 rows, 32 bytes].
-PackedWeights packed_view(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor* offsets, int64_t bits,
-                          int64_t out_features) {
-  const int64_t inner = bits == 4 ? 4 : kTileRows;
-  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == inner && codes.size(3) == 32 && codes.is_contiguous(),
-              "codes must be contiguous [tiles, blocks, ", inner, ", 32]");
-  TORCH_CHECK(codes.element_size() == 1, "codes must be 8-bit");
-  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == codes.size(0) && scales.size(2) == kTileRows &&
-                  scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf),
-              "scales must be contiguous float32/float16 [tiles, groups, 8]");
-  TORCH_CHECK(codes.size(1) % scales.size(1) == 0, "groups must tile the row");
-  TORCH_CHECK(out_features > (codes.size(0) - 1) * kTileRows && out_features <= codes.size(0) * kTileRows,
-              "out_features does not match the number of tiles");
+// A packed weight as Python hands it over (packing.py's `kernel_args`):
+// (kind, code_bits, codes, scales, offsets or None, sub_scales or None, sub_mins or None, zero_point,
+//  out_features, in_features).
+using WeightArgs = std::tuple<int64_t, int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>,
+                              std::optional<at::Tensor>, std::optional<at::Tensor>, int64_t, int64_t, int64_t>;
+
+void check_per_tile(const at::Tensor& t, const at::Tensor& codes, int64_t groups, int64_t subs, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 4 && t.size(0) == codes.size(0) && t.size(1) == groups && t.size(2) == subs &&
+                        t.size(3) == kTileRows && t.is_contiguous() && t.element_size() == 1,
+                    name, " must be contiguous 8-bit [tiles, ", groups, ", ", subs, ", 8], got ", t.sizes());
+}
+
+// Checks every shape and dtype (a bad layout must fail here, never read out of bounds) and returns
+// the weight's view for the kernels, plus its in_features.
+PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr) {
+  const auto& [kind_value, bits, codes, scales, offsets, sub_scales, sub_mins, zero_point, out, in] = args;
+  TORCH_CHECK_VALUE(kind_value >= 0 && kind_value <= 3, "unknown weight kind ", kind_value);
+  const auto kind = static_cast<WeightKind>(kind_value);
+  const bool is_int8 = kind == WeightKind::kInt8, is_super = kind >= WeightKind::kSuperAffine;
+  const bool bits_ok = is_int8 ? bits == 8
+                       : kind == WeightKind::kSuperSym ? bits == 6
+                                                       : bits == 4 || bits == 5;
+  TORCH_CHECK_VALUE(bits_ok, "weight kind ", kind_value, " does not take ", bits, "-bit codes");
+  const int64_t inner = is_int8 ? kTileRows : bits;
+  TORCH_CHECK_VALUE(codes.dim() == 4 && codes.size(2) == inner && codes.size(3) == 32 && codes.is_contiguous() &&
+                        codes.element_size() == 1,
+                    "codes must be contiguous 8-bit [tiles, blocks, ", inner, ", 32], got ", codes.sizes());
+  TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == codes.size(0) && scales.size(2) == kTileRows &&
+                        scales.is_contiguous() && scales.size(1) > 0 && codes.size(1) % scales.size(1) == 0,
+                    "scales must be contiguous [tiles, groups, 8] with groups tiling the row, got ", scales.sizes());
+  const bool half = scales.scalar_type() == at::kHalf;
+  TORCH_CHECK_VALUE(half || (scales.scalar_type() == at::kFloat && !is_super),
+                    "scales must be float16 (or float32 for the affine kinds), got ", scales.scalar_type());
+  const int64_t groups = scales.size(1), per_group = codes.size(1) / groups;
+  const bool wants_offsets = kind == WeightKind::kAffine || kind == WeightKind::kSuperAffine;
+  TORCH_CHECK_VALUE(offsets.has_value() == wants_offsets, "weight kind ", kind_value,
+                    wants_offsets ? " needs offsets" : " has no offsets");
   if (offsets) {
-    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->scalar_type() == scales.scalar_type() &&
-                    offsets->is_contiguous(),
-                "offsets must match scales in shape and dtype");
+    TORCH_CHECK_VALUE(offsets->sizes() == scales.sizes() && offsets->scalar_type() == scales.scalar_type() &&
+                          offsets->is_contiguous(),
+                      "offsets must match scales in shape and dtype");
   }
-  return {codes.data_ptr(), scales.data_ptr(), offsets ? offsets->data_ptr() : nullptr,
-          scales.scalar_type() == at::kHalf, codes.size(0), codes.size(1),
-          codes.size(1) / scales.size(1), out_features};
+  TORCH_CHECK_VALUE(sub_scales.has_value() == is_super, "sub_scales are given exactly for the super-block kinds");
+  TORCH_CHECK_VALUE(sub_mins.has_value() == (kind == WeightKind::kSuperAffine),
+                    "sub_mins are given exactly for kSuperAffine");
+  const int64_t subs = kind == WeightKind::kSuperSym ? 2 * per_group : per_group;
+  if (sub_scales) check_per_tile(*sub_scales, codes, groups, subs, "sub_scales");
+  if (sub_mins) check_per_tile(*sub_mins, codes, groups, per_group, "sub_mins");
+  TORCH_CHECK_VALUE(out > (codes.size(0) - 1) * kTileRows && out <= codes.size(0) * kTileRows,
+                    "out_features does not match the number of tiles");
+  // Unsigned codes cover whole blocks; per-channel int8 rows may have a ragged last block.
+  TORCH_CHECK_VALUE(in > (codes.size(1) - 1) * kBlock && in <= codes.size(1) * kBlock &&
+                        (is_int8 || in == codes.size(1) * kBlock),
+                    "in_features does not match the packed codes");
+  if (in_features) *in_features = in;
+  return {kind,
+          static_cast<int>(bits),
+          codes.data_ptr(),
+          scales.data_ptr(),
+          offsets ? offsets->data_ptr() : nullptr,
+          sub_scales ? static_cast<const uint8_t*>(sub_scales->data_ptr()) : nullptr,
+          sub_mins ? static_cast<const uint8_t*>(sub_mins->data_ptr()) : nullptr,
+          half,
+          static_cast<int>(zero_point),
+          codes.size(0),
+          codes.size(1),
+          per_group,
+          out};
 }
 
 // Threads for one call: waking a sleeping helper costs tens of microseconds, more than a small
@@ -118,47 +171,35 @@ void run_linear(const LinearJob& job, int64_t rows) {
   }
 }
 
-at::Tensor int4_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
-                              const at::Tensor& offsets, int64_t out_features) {
-  const PackedWeights w = packed_view(codes, scales, &offsets, 4, out_features);
-  const at::Tensor x = checked_input(x_in, w.num_blocks * kBlock);
-  at::Tensor y = output_like(x, out_features);
-  if (y.numel() > 0) {
-    const QuantizedRows rows = quantize(x, w.num_blocks, w.blocks_per_group);
-    run_linear({&rows, &w, 4, y.data_ptr<float>()}, rows.rows);
-  }
-  return y;
-}
-
-at::Tensor int8_linear_packed(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
-                              int64_t out_features, int64_t in_features) {
-  const PackedWeights w = packed_view(codes, scales, nullptr, 8, out_features);
-  // Per-channel int8 weights may have a ragged last block: x keeps its real width.
-  TORCH_CHECK(in_features > (w.num_blocks - 1) * kBlock && in_features <= w.num_blocks * kBlock,
-              "in_features does not match the packed codes");
+at::Tensor linear_packed(const at::Tensor& x_in, const WeightArgs& weight) {
+  int64_t in_features = 0;
+  const PackedWeights w = packed_view(weight, &in_features);
   const at::Tensor x = checked_input(x_in, in_features);
-  at::Tensor y = output_like(x, out_features);
+  at::Tensor y = output_like(x, w.out_features);
   if (y.numel() > 0) {
-    const QuantizedRows rows = quantize(x, w.num_blocks, 0);
-    run_linear({&rows, &w, 8, y.data_ptr<float>()}, rows.rows);
+    const QuantizedRows rows = quantize(x, w.num_blocks, blocks_per_sum(w));
+    run_linear({&rows, &w, y.data_ptr<float>()}, rows.rows);
   }
   return y;
 }
 
 // For tests: the exact int8 activations and block scales the kernels compute with, as
-// (q [rows, blocks * 32], d [rows, blocks], group sums [rows, groups] or None).
-std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> quantize_activations(const at::Tensor& x_in,
-                                                                                 int64_t blocks_per_group) {
+// (q [rows, blocks * 32], d [rows, blocks], group sums [rows, groups] or None, half-block sums of q
+// [rows, blocks * 2]).
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> quantize_activations(
+    const at::Tensor& x_in, int64_t blocks_per_sum) {
   const at::Tensor x = checked_input(x_in, x_in.size(-1)).reshape({-1, x_in.size(-1)});
   const int64_t num_blocks = (x.size(1) + kBlock - 1) / kBlock;
-  TORCH_CHECK_VALUE(blocks_per_group == 0 || num_blocks % blocks_per_group == 0, "groups must tile the row");
-  const QuantizedRows q = quantize(x, num_blocks, blocks_per_group);
+  TORCH_CHECK_VALUE(blocks_per_sum >= 0 && (blocks_per_sum == 0 || num_blocks % blocks_per_sum == 0),
+                    "groups must tile the row");
+  const QuantizedRows q = quantize(x, num_blocks, blocks_per_sum);
   const auto copy = [](const auto* data, std::vector<int64_t> shape, at::ScalarType type) {
     return at::from_blob(const_cast<void*>(static_cast<const void*>(data)), shape, at::TensorOptions(type)).clone();
   };
   std::optional<at::Tensor> sums;
-  if (q.group_sums) sums = copy(q.group_sums, {q.rows, num_blocks / blocks_per_group}, at::kFloat);
-  return {copy(q.q, {q.rows, num_blocks * kBlock}, at::kChar), copy(q.d, {q.rows, num_blocks}, at::kFloat), sums};
+  if (q.group_sums) sums = copy(q.group_sums, {q.rows, num_blocks / blocks_per_sum}, at::kFloat);
+  return {copy(q.q, {q.rows, num_blocks * kBlock}, at::kChar), copy(q.d, {q.rows, num_blocks}, at::kFloat), sums,
+          copy(q.half_sums, {q.rows, num_blocks * 2}, at::kInt)};
 }
 
 // ---- Element-wise steps of the model's own forward (elementwise.h) -----------------------------
@@ -212,9 +253,8 @@ void rope_op(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
 
 // ---- The fused decode step (decoder.h) ---------------------------------------------------------
 
-// (bits, codes, scales, offsets (int4) or None, bias or None, out_features, in_features)
-using LinearArgs = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>,
-                              int64_t, int64_t>;
+// (weight, bias or None)
+using LinearArgs = std::tuple<WeightArgs, std::optional<at::Tensor>>;
 
 void check_float_vector(const at::Tensor& t, int64_t size, const char* name) {
   TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 1 && t.size(0) == size &&
@@ -314,25 +354,23 @@ class FusedDecoder {
 
  private:
   QuantLinearRef linear_ref(const LinearArgs& args, int64_t out_features, int64_t in_features) {
-    const auto& [bits, codes, scales, offsets, bias, out, in] = args;
-    TORCH_CHECK_VALUE(out == out_features && in == in_features, "linear is [", out, ", ", in, "], expected [",
-                      out_features, ", ", in_features, "]");
-    TORCH_CHECK_VALUE(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
-    TORCH_CHECK_VALUE((bits == 4) == offsets.has_value(), "int4 linears need offsets, int8 ones have none");
-    const PackedWeights w = packed_view(codes, scales, offsets ? &*offsets : nullptr, bits, out);
-    TORCH_CHECK_VALUE(in > (w.num_blocks - 1) * kBlock && in <= w.num_blocks * kBlock &&
-                          (bits == 8 || in == w.num_blocks * kBlock),
-                      "in_features does not match the packed codes");
+    const auto& [weight, bias] = args;
+    int64_t in = 0;
+    const PackedWeights w = packed_view(weight, &in);
+    TORCH_CHECK_VALUE(w.out_features == out_features && in == in_features, "linear is [", w.out_features, ", ", in,
+                      "], expected [", out_features, ", ", in_features, "]");
     const float* bias_data = nullptr;
     if (bias) {
-      check_float_vector(*bias, out, "bias");
+      check_float_vector(*bias, out_features, "bias");
       bias_data = bias->data_ptr<float>();
       keep_alive_.push_back(*bias);
     }
-    keep_alive_.push_back(codes);
-    keep_alive_.push_back(scales);
-    if (offsets) keep_alive_.push_back(*offsets);
-    return {w, static_cast<int>(bits), in, bias_data};
+    const auto& [kind, bits, codes, scales, offsets, sub_scales, sub_mins, zero_point, out, in_] = weight;
+    for (const at::Tensor& t : {codes, scales}) keep_alive_.push_back(t);
+    for (const auto* t : {&offsets, &sub_scales, &sub_mins}) {
+      if (t->has_value()) keep_alive_.push_back(**t);
+    }
+    return {w, in, bias_data};
   }
 
   DecoderShape shape_{};
@@ -344,10 +382,10 @@ class FusedDecoder {
 }  // namespace rebar_cpu_quant
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_linear_packed", &rebar_cpu_quant::int4_linear_packed, "y = x @ w.T for packed int4 weights");
-  m.def("int8_linear_packed", &rebar_cpu_quant::int8_linear_packed, "y = x @ w.T for packed int8 weights");
+  m.def("linear_packed", &rebar_cpu_quant::linear_packed, "y = x @ w.T for a packed quantized weight");
   m.def("quantize_activations", &rebar_cpu_quant::quantize_activations,
-        "x -> (int8 codes, per-block scales, per-group sums)");
+        "x -> (int8 codes, per-block scales, per-group sums, half-block sums)");
+  m.def("isa", [] { return std::string(rebar_cpu_quant::isa_name()); }, "the integer instruction set built for");
   m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
   m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")

@@ -35,32 +35,34 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, float 
   for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv_rms);
 }
 
-// One linear's input, quantized as its kernel reads it (int4 needs per-group sums for the offsets).
+// One linear's input, quantized as its kernel reads it (the affine kinds need float sums for their
+// offsets).
 struct QuantizedInput {
   std::vector<int8_t> q;
   std::vector<float> d, group_sums;
+  std::vector<int32_t> half_sums;
   QuantizedRows rows{};
 
   void quantize(const float* x, int64_t num_rows, const QuantLinearRef& linear) {
     const PackedWeights& w = linear.weights;
-    const int64_t blocks_per_group = linear.bits == 4 ? w.blocks_per_group : 0;
+    const int64_t per_sum = blocks_per_sum(w);
     q.resize(num_rows * w.num_blocks * kBlock);
     d.resize(num_rows * w.num_blocks);
+    half_sums.resize(num_rows * w.num_blocks * 2);
     float* sums = nullptr;
-    if (blocks_per_group > 0) {
-      group_sums.resize(num_rows * (w.num_blocks / blocks_per_group));
+    if (per_sum > 0) {
+      group_sums.resize(num_rows * (w.num_blocks / per_sum));
       sums = group_sums.data();
     }
-    quantize_rows(x, num_rows, linear.in_features, w.num_blocks, blocks_per_group, q.data(), d.data(), sums);
-    rows = {q.data(), d.data(), sums, num_rows, w.num_blocks};
+    quantize_rows(x, num_rows, linear.in_features, w.num_blocks, per_sum, q.data(), d.data(), sums, half_sums.data());
+    rows = {q.data(), d.data(), sums, half_sums.data(), num_rows, w.num_blocks};
   }
 };
 
-// Whether two linears read an input alike: the same blocks and, for int4, the same groups (whose sums
+// Whether two linears read an input alike: the same blocks and the same float sums (whose groups
 // the offsets need). Then one quantized copy of the input serves both.
 bool reads_alike(const QuantLinearRef& a, const QuantLinearRef& b) {
-  const auto groups = [](const QuantLinearRef& l) { return l.bits == 4 ? l.weights.blocks_per_group : 0; };
-  return a.weights.num_blocks == b.weights.num_blocks && groups(a) == groups(b);
+  return a.weights.num_blocks == b.weights.num_blocks && blocks_per_sum(a.weights) == blocks_per_sum(b.weights);
 }
 
 // The input x of `linear`, quantized: `first_input` (x quantized for `first`) when the two read it
@@ -74,7 +76,7 @@ const QuantizedInput& input_for(const QuantLinearRef& linear, const float* x, in
 
 // One of a layer's linears on its quantized input.
 LinearJob job(const QuantLinearRef& linear, const QuantizedInput& input, float* y) {
-  return {&input.rows, &linear.weights, linear.bits, y};
+  return {&input.rows, &linear.weights, y};
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {

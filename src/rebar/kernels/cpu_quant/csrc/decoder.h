@@ -10,7 +10,8 @@
 //   h = rms_norm(x) * input_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);  RoPE on q, k
 //   K/V written at the row's cache slot;  a = softmax(q K^T * scale) V over the row's context
 //   x += a Wo^T (+ bias);  h = rms_norm(x) * post_attn_norm;  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
-// with the same int8 activation rounding and the same kernels as the unfused quantized linears.
+// with the same int8 activation rounding and the same kernels as the unfused quantized linears, for
+// every weight kind of kernels.h.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,6 @@ namespace rebar_cpu_quant {
 
 struct QuantLinearRef {
   PackedWeights weights;
-  int bits;             // 4 or 8
   int64_t in_features;  // columns of x the layer reads (int8 per-channel rows may be ragged)
   const float* bias;    // [out_features] or null
 };

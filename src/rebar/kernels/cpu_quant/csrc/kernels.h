@@ -1,18 +1,32 @@
-// Quantized-weight linear kernels for x86 CPUs with AVX2 + FMA.
+// Quantized-weight linear kernels for x86 CPUs: AVX2 + FMA, with AVX-512 VNNI or AVX-VNNI integer
+// dot products where the CPU has them (simd.h; the build picks the widest, build.py).
 //
-// Activations are quantized to int8 per block of 32 values (one float scale per block), weights are
-// 4-bit (with a per-group scale and offset) or 8-bit (per-group scale); the dot product of a weight
-// block with an activation block is computed exactly in integers with _mm256_maddubs_epi16 and only
-// the per-block sums are scaled in float.
+// Activations are quantized to int8 per block of 32 values (one float scale per block); weights are
+// small unsigned codes with float scales (kinds below) or signed int8 codes. The dot product of a
+// weight block with an activation block is computed exactly in integers and only per-block sums are
+// scaled in float.
+//
+// Weight kinds, each mapping one family of GGUF block types exactly (w = the value llama.cpp
+// decodes):
+//   kAffine       w = scale[g] * q + offset[g], q in 0..2^bits - 1, one (scale, offset) per group of
+//                 blocks_per_group blocks, float32 or float16: Q4_0 (offset = -8 d), Q4_1, Q5_0
+//                 (offset = -16 d), Q5_1 and rebar's own int4 checkpoints.
+//   kSuperAffine  w = d * sc[b] * q - dmin * m[b]: float16 d and dmin per super-block of
+//                 blocks_per_group (8) blocks, 6-bit sc and m per block of 32: Q4_K, Q5_K.
+//   kSuperSym     w = d * sc[h] * (q - zero_point): float16 d per super-block, int8 sc per half-block
+//                 of 16: Q6_K (zero point 32).
+//   kInt8         w = scale[g] * q, q signed int8: Q8_0 and rebar's int8 checkpoints.
 //
 // Packed weight layout (built in Python by packing.py): output rows are grouped in tiles of
 // kTileRows = 8, so that one AVX2 float register holds the 8 outputs of a tile and no horizontal sum
 // is needed per output. Within a tile, the blocks of all 8 rows are interleaved so a tile's weights are
 // one sequential stream:
-//   int4 codes   [num_tiles, num_blocks, 4, 32] uint8: in chunk c, byte 4 * row + j = code of column
-//                                                 4c + j (low nibble) | code of column 16 + 4c + j (high)
-//   int8 codes   [num_tiles, num_blocks, 8, 32] int8
-//   scales/offs  [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
+//   unsigned codes [num_tiles, num_blocks, bits, 32] uint8: in chunk c < 4, byte 4 * row + j = low 4
+//                  bits of the code of column 4c + j (low nibble) | of column 16 + 4c + j (high
+//                  nibble); then bits - 4 vectors of the codes' high bits (load_codes, block_dots.h)
+//   int8 codes     [num_tiles, num_blocks, 8, 32] int8, rows in natural order
+//   scales/offs    [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
+//   sub-scales     [num_tiles, num_groups, subs, 8] uint8 (kSuperAffine: subs 8) or int8 (kSuperSym: 16)
 // Rows past the real output size are zero-filled and never stored.
 #pragma once
 
@@ -24,35 +38,51 @@ namespace rebar_cpu_quant {
 constexpr int64_t kBlock = 32;    // activation quantization block, in values
 constexpr int64_t kTileRows = 8;  // output rows per tile: one lane of a __m256 each
 
+enum class WeightKind : int { kInt8 = 0, kAffine = 1, kSuperAffine = 2, kSuperSym = 3 };
+
 // Activations of `rows` rows quantized per block of 32: q = round(x / d), d = max|x| / 127.
 struct QuantizedRows {
   const int8_t* q;           // [rows, num_blocks * 32], zero past `in`
   const float* d;            // [rows, num_blocks]
-  const float* group_sums;   // [rows, num_groups] exact float sums of x per weight group; may be null
+  const float* group_sums;   // [rows, num_blocks / blocks_per_sum] sums of the rounded x (d * q); may be null
+  const int32_t* half_sums;  // [rows, num_blocks * 2] sums of q over each half-block of 16
   int64_t rows;
   int64_t num_blocks;
 };
 
-// Quantize x [rows, in] (row-major). `blocks_per_group` sizes group_sums (null: not computed).
-void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t num_blocks,
-                   int64_t blocks_per_group, int8_t* q, float* d, float* group_sums);
+// Quantize x [rows, in] (row-major). `blocks_per_sum` sizes group_sums (0: not computed).
+void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t num_blocks, int64_t blocks_per_sum, int8_t* q,
+                   float* d, float* group_sums, int32_t* half_sums);
 
 struct PackedWeights {
-  const void* codes;       // int4: uint8 [tiles, blocks, 4, 32]; int8: int8 [tiles, blocks, 8, 32]
-  const void* scales;      // [tiles, groups, 8]
-  const void* offsets;     // [tiles, groups, 8], int4 only
-  bool half_scales;        // scales/offsets are float16 bits (else float32)
+  WeightKind kind;
+  int code_bits;               // unsigned kinds: 4, 5 or 6; kInt8: 8
+  const void* codes;           // unsigned kinds: uint8 [tiles, blocks, code_bits, 32]; kInt8: int8 [tiles, blocks, 8, 32]
+  const void* scales;          // kInt8/kAffine: [tiles, groups, 8]; super kinds: d [tiles, groups, 8] float16
+  const void* offsets;         // kAffine: [tiles, groups, 8]; kSuperAffine: dmin [tiles, groups, 8] float16
+  const uint8_t* sub_scales;   // super kinds: [tiles, groups, subs, 8]
+  const uint8_t* sub_mins;     // kSuperAffine: [tiles, groups, 8, 8]
+  bool half_scales;            // scales/offsets are float16 bits (else float32); always true for super kinds
+  int zero_point;              // kSuperSym
   int64_t num_tiles;
   int64_t num_blocks;        // blocks of 32 input columns per row
-  int64_t blocks_per_group;  // blocks sharing one scale
+  int64_t blocks_per_group;  // blocks sharing one scale (a super-block's blocks for the super kinds)
   int64_t out_features;      // rows of y actually written (<= num_tiles * 8)
 };
 
-// One y [rows, out_features] = x @ w.T (bits 4 or 8).
+// Blocks per sum of the rounded x that the kind's offsets multiply (0: it needs none).
+inline int64_t blocks_per_sum(const PackedWeights& w) {
+  switch (w.kind) {
+    case WeightKind::kAffine: return w.blocks_per_group;
+    case WeightKind::kSuperAffine: return 1;
+    default: return 0;
+  }
+}
+
+// One y [rows, out_features] = x @ w.T.
 struct LinearJob {
   const QuantizedRows* x;
   const PackedWeights* w;
-  int bits;
   float* y;
 };
 
@@ -65,16 +95,16 @@ void run_linears(const LinearJob* jobs, int num_jobs, int num_threads);
 int64_t linear_chunks(const LinearJob* jobs, int num_jobs, int num_threads);
 void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_t num_chunks);
 
-// Tiles [tile_begin, tile_end) of y = x @ w.T (bits 4 or 8) on the calling thread, for callers that
-// schedule several linears inside one parallel region.
-void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, int bits, float* y, int64_t tile_begin,
+// Tiles [tile_begin, tile_end) of y = x @ w.T on the calling thread, for callers that schedule
+// several linears inside one parallel region.
+void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                        int64_t tile_end);
 
-// linear_tile_range for int4 weights and many rows (quant_gemm.cpp): the same results, scheduled for
-// compute-bound batches; used from kInt4GemmMinRows rows on.
-constexpr int64_t kInt4GemmMinRows = 64;
-void int4_gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
-                          int64_t tile_end);
+// linear_tile_range for unsigned-code weights and many rows (quant_gemm.cpp): the same results,
+// scheduled for compute-bound batches; used from kGemmMinRows rows on.
+constexpr int64_t kGemmMinRows = 64;
+void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
+                     int64_t tile_end);
 
 // The contiguous share [begin, end) of `count` items that thread `thread` of `num_threads` takes.
 struct TileRange {

@@ -1,12 +1,12 @@
-// y = x @ w.T for int4 weights and many activation rows (prefill): the compute-bound case.
+// y = x @ w.T for unsigned-code weights and many activation rows (prefill): the compute-bound case.
 //
-// Same arithmetic as the int4 kernel in quant_linear.cpp (exact int32 block dots of int8 activations
-// with 4-bit codes, then float scales and offsets, in the same order), so a row's result does not
-// depend on which of the two computed it. What differs is the schedule:
-//   - a tile's codes are expanded once to one byte per code, into a thread-local buffer that stays
-//     in L1, so each further row pays one load per 32 codes instead of a load, two masks and a shift;
-//   - rows go through a tile two at a time with every weight vector shared by both, which keeps the
-//     live registers (two int16 sums, two float accumulators) well below AVX2's 16;
+// Same arithmetic as the small-batch kernel in quant_linear.cpp (the functions of block_dots.h, in
+// the same order), so a row's result does not depend on which of the two computed it. What differs
+// is the schedule:
+//   - a tile's codes are expanded once to one byte per code (high bits merged), and its scales to
+//     one float vector per block, into a thread-local buffer that stays in L1, so each further row
+//     pays one load per four columns and no unpacking;
+//   - rows go through a tile a few at a time with every weight vector shared by all of them;
 //   - rows are taken in panels whose activations fit in L2, and each panel sweeps the thread's tiles.
 #include <immintrin.h>
 
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "block_dots.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -24,39 +25,61 @@ namespace {
 // here, shared with the expanded tile and the output rows).
 constexpr int64_t kPanelBytes = 256 * 1024;
 
-// A tile expanded for the row loop: for block b, vector k holds columns 4k..4k+3 of the 8 rows
-// (byte 4 * row + j = code of column 4k + j) as bytes 0..15; the scales as float32, repeated for
-// every block of a group (so the row loop has no group loop), and the offsets per group.
+// Rows sharing each expanded weight vector. With VNNI each row keeps two chains of dot-product
+// instructions (several cycles of latency each) and AVX-512's 32 registers hold four rows' worth;
+// AVX2's int16 sums are one-cycle adds and 16 registers fit two rows.
+#if defined(REBAR_VNNI)
+constexpr int kRowsAtOnce = 4;
+#else
+constexpr int kRowsAtOnce = 2;
+#endif
+
+// One tile expanded for the row loop.
 struct ExpandedTile {
-  std::vector<__m256i> codes;        // [num_blocks * 8]
-  std::vector<__m256> block_scales;  // [num_blocks]
-  std::vector<__m256> offsets;       // [num_groups]
+  std::vector<__m256i> codes;        // [num_blocks * 8]: load_codes' vectors
+  std::vector<__m256> block_scales;  // [num_blocks]: kAffine the group's scale, kSuperAffine d sc, kSuperSym d
+  std::vector<__m256> block_mins;    // [num_blocks]: kSuperAffine dmin m
+  std::vector<__m256> offsets;       // [num_groups]: kAffine
+  std::vector<__m256i> sub_scales;   // [num_blocks * 2]: kSuperSym sc of each half-block
 };
 
+template <WeightKind kKind, int kBits>
 void expand_tile(const PackedWeights& w, int64_t tile, ExpandedTile& out) {
-  const int64_t num_groups = w.num_blocks / w.blocks_per_group;
+  constexpr int64_t kBytes = kCodeBlockBytes<kBits>;
+  const int64_t num_groups = w.num_blocks / w.blocks_per_group, per_group = w.blocks_per_group;
   out.codes.resize(w.num_blocks * 8);
   out.block_scales.resize(w.num_blocks);
-  out.offsets.resize(num_groups);
-  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + tile * w.num_blocks * 4 * 32;
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-  for (int64_t b = 0; b < w.num_blocks; ++b) {
-    for (int c = 0; c < 4; ++c) {  // the packed layout (kernels.h): chunk c = columns 4c.. and 16 + 4c..
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 4 + c) * 32));
-      out.codes[b * 8 + c] = _mm256_and_si256(raw, low_nibbles);
-      out.codes[b * 8 + 4 + c] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-    }
-  }
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + tile * w.num_blocks * kBytes;
+  for (int64_t b = 0; b < w.num_blocks; ++b) load_codes<kBits>(codes + b * kBytes, &out.codes[b * 8]);
+
   const int64_t scale_base = tile * num_groups * kTileRows;
+  if constexpr (kKind == WeightKind::kAffine) out.offsets.resize(num_groups);
+  if constexpr (kKind == WeightKind::kSuperAffine) out.block_mins.resize(w.num_blocks);
+  if constexpr (kKind == WeightKind::kSuperSym) out.sub_scales.resize(w.num_blocks * 2);
   for (int64_t g = 0; g < num_groups; ++g) {
-    const __m256 scale = load_scales(w.scales, scale_base + g * kTileRows, w.half_scales);
-    std::fill_n(&out.block_scales[g * w.blocks_per_group], w.blocks_per_group, scale);
-    out.offsets[g] = load_scales(w.offsets, scale_base + g * kTileRows, w.half_scales);
+    const int64_t at = scale_base + g * kTileRows;
+    const __m256 scale = load_scales(w.scales, at, w.half_scales);
+    for (int64_t i = 0; i < per_group; ++i) {
+      const int64_t b = g * per_group + i;
+      if constexpr (kKind == WeightKind::kSuperAffine) {
+        out.block_scales[b] = _mm256_mul_ps(scale, u8x8_to_ps(w.sub_scales + at * per_group + i * kTileRows));
+        out.block_mins[b] = _mm256_mul_ps(load_scales(w.offsets, at, true),
+                                          u8x8_to_ps(w.sub_mins + at * per_group + i * kTileRows));
+      } else {
+        out.block_scales[b] = scale;
+      }
+      if constexpr (kKind == WeightKind::kSuperSym) {
+        const uint8_t* subs = w.sub_scales + at * per_group * 2;
+        out.sub_scales[2 * b] = i8x8_to_epi32(subs + 2 * i * kTileRows);
+        out.sub_scales[2 * b + 1] = i8x8_to_epi32(subs + (2 * i + 1) * kTileRows);
+      }
+    }
+    if constexpr (kKind == WeightKind::kAffine) out.offsets[g] = load_scales(w.offsets, at, w.half_scales);
   }
 }
 
-// R rows (1 or 2) starting at `row` against one expanded tile; writes their 8 outputs.
-template <int R>
+// R rows starting at `row` against one expanded tile; writes their 8 outputs.
+template <WeightKind kKind, int kBits, int R>
 void rows_times_tile(const QuantizedRows& x, const PackedWeights& w, const ExpandedTile& tile, int64_t tile_index,
                      int64_t row, float* y) {
   const int64_t num_groups = w.num_blocks / w.blocks_per_group;
@@ -66,30 +89,32 @@ void rows_times_tile(const QuantizedRows& x, const PackedWeights& w, const Expan
     xq[r] = x.q + (row + r) * x.num_blocks * kBlock;
     xd[r] = x.d + (row + r) * x.num_blocks;
   }
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i* codes = tile.codes.data();
   for (int64_t b = 0; b < w.num_blocks; ++b) {
-    // maddubs: unsigned codes (0..15) x signed activations (|q| <= 127) summed in pairs; each int16
-    // lane gathers 8 pairs, at most 8 * 2 * 15 * 127 = 30480: within int16.
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_maddubs_epi16(codes[b * 8], broadcast4(xq[r] + b * kBlock));
-#pragma GCC unroll 8
-    for (int k = 1; k < 8; ++k) {
-      const __m256i wk = codes[b * 8 + k];
-      for (int r = 0; r < R; ++r) {
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(wk, broadcast4(xq[r] + b * kBlock + 4 * k)));
+    const int8_t* x_block[R];
+    for (int r = 0; r < R; ++r) x_block[r] = xq[r] + b * kBlock;
+    HalfDot<kBits> lo[R], hi[R];
+    block_dots<kBits, R>(&tile.codes[b * 8], x_block, lo, hi);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kKind == WeightKind::kSuperSym) {
+        const int32_t* sums = x.half_sums + ((row + r) * x.num_blocks + b) * 2;
+        acc[r] = add_sym16_dot(acc[r], lo[r].total(), hi[r].total(), tile.sub_scales[2 * b], tile.sub_scales[2 * b + 1],
+                               w.zero_point * sums[0], w.zero_point * sums[1], tile.block_scales[b], xd[r][b]);
+      } else {
+        acc[r] = add_scaled_dot(acc[r], block_total(lo[r], hi[r]), tile.block_scales[b], xd[r][b]);
+      }
+      if constexpr (kKind == WeightKind::kSuperAffine) {
+        acc[r] = _mm256_fnmadd_ps(tile.block_mins[b], _mm256_set1_ps(x.group_sums[(row + r) * x.num_blocks + b]),
+                                  acc[r]);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
-      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(tile.block_scales[b], _mm256_set1_ps(xd[r][b])), acc[r]);
-    }
   }
-  for (int64_t g = 0; g < num_groups; ++g) {
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(tile.offsets[g], _mm256_set1_ps(x.group_sums[(row + r) * num_groups + g]), acc[r]);
+  if constexpr (kKind == WeightKind::kAffine) {
+    for (int64_t g = 0; g < num_groups; ++g) {
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(tile.offsets[g], _mm256_set1_ps(x.group_sums[(row + r) * num_groups + g]), acc[r]);
+      }
     }
   }
   const int64_t first_out = tile_index * kTileRows;
@@ -97,20 +122,42 @@ void rows_times_tile(const QuantizedRows& x, const PackedWeights& w, const Expan
   for (int r = 0; r < R; ++r) store_lanes(y + (row + r) * w.out_features + first_out, acc[r], count);
 }
 
-}  // namespace
-
-void int4_gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
-                          int64_t tile_end) {
+template <WeightKind kKind, int kBits>
+void gemm_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end) {
   thread_local ExpandedTile tile;
-  const int64_t panel_rows = std::max<int64_t>(2, kPanelBytes / (x.num_blocks * kBlock));
+  const int64_t panel_rows = std::max<int64_t>(kRowsAtOnce, kPanelBytes / (x.num_blocks * kBlock));
   for (int64_t panel = 0; panel < x.rows; panel += panel_rows) {
     const int64_t panel_end = std::min(x.rows, panel + panel_rows);
     for (int64_t t = tile_begin; t < tile_end; ++t) {
-      expand_tile(w, t, tile);
+      expand_tile<kKind, kBits>(w, t, tile);
       int64_t row = panel;
-      for (; row + 2 <= panel_end; row += 2) rows_times_tile<2>(x, w, tile, t, row, y);
-      if (row < panel_end) rows_times_tile<1>(x, w, tile, t, row, y);
+      for (; row + kRowsAtOnce <= panel_end; row += kRowsAtOnce) {
+        rows_times_tile<kKind, kBits, kRowsAtOnce>(x, w, tile, t, row, y);
+      }
+      switch (panel_end - row) {  // the ragged end
+        case 3: if constexpr (kRowsAtOnce > 3) rows_times_tile<kKind, kBits, 3>(x, w, tile, t, row, y); break;
+        case 2: if constexpr (kRowsAtOnce > 2) rows_times_tile<kKind, kBits, 2>(x, w, tile, t, row, y); break;
+        case 1: rows_times_tile<kKind, kBits, 1>(x, w, tile, t, row, y); break;
+        default: break;
+      }
     }
+  }
+}
+
+}  // namespace
+
+void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end) {
+  switch (w.kind) {
+    case WeightKind::kAffine:
+      if (w.code_bits == 5) return gemm_range<WeightKind::kAffine, 5>(x, w, y, tile_begin, tile_end);
+      return gemm_range<WeightKind::kAffine, 4>(x, w, y, tile_begin, tile_end);
+    case WeightKind::kSuperAffine:
+      if (w.code_bits == 5) return gemm_range<WeightKind::kSuperAffine, 5>(x, w, y, tile_begin, tile_end);
+      return gemm_range<WeightKind::kSuperAffine, 4>(x, w, y, tile_begin, tile_end);
+    case WeightKind::kSuperSym:
+      return gemm_range<WeightKind::kSuperSym, 6>(x, w, y, tile_begin, tile_end);
+    case WeightKind::kInt8:
+      break;  // never here: int8 weights keep the small-batch kernel (linear_tile_range)
   }
 }
 

@@ -6,7 +6,35 @@
 #include <cstdint>
 #include <cstring>
 
+// Integer dot products of unsigned and signed bytes in one instruction (vpdpbusd), from AVX-512 VNNI
+// (on 256-bit vectors, with AVX-512 VL) or AVX-VNNI; build.py passes the flags when the CPU has them.
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define REBAR_VNNI 1
+#endif
+
 namespace rebar_cpu_quant {
+
+#if defined(REBAR_VNNI)
+// acc + the sums of four u8 x s8 products per int32 lane, exactly (no int16 saturation).
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
+
+// The integer instruction set the kernels were built for (reported to Python).
+inline const char* isa_name() {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx512-vnni";
+#elif defined(__AVXVNNI__)
+  return "avx-vnni";
+#else
+  return "avx2";
+#endif
+}
 
 // Eight scales of a tile, from float32 or float16 storage.
 inline __m256 load_scales(const void* base, int64_t index, bool half) {

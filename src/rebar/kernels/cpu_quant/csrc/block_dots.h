@@ -1,0 +1,124 @@
+// The arithmetic of one tile (8 output rows) and one block of 32 columns, shared by the small-batch
+// schedule (quant_linear.cpp) and the prefill one (quant_gemm.cpp): both call these same inline
+// functions in the same order, so a row gets the same bits whichever of them computed it.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace rebar_cpu_quant {
+
+// Bytes of one tile and block of unsigned codes: four chunks of low nibbles, then bits - 4 vectors of
+// high bits.
+template <int kBits>
+constexpr int64_t kCodeBlockBytes = 32 * kBits;
+
+// The 8 code vectors of one tile and block: w[k] byte 4 * row + j = the code of column 4k + j, so code
+// vector k multiplies activation dword k (columns 4k..4k+3) broadcast to every row.
+//
+// Chunk c's low nibbles are columns 4c + j, its high nibbles columns 16 + 4c + j. For 5- and 6-bit
+// codes, the e = bits - 4 extra bits of code vector k sit in high-bit vector k / (8 / e), at bit
+// e * (k % (8 / e)) of the byte: one vector of 8 single bits, or two of 4 bit pairs.
+template <int kBits>
+inline void load_codes(const uint8_t* block, __m256i w[8]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    w[c] = _mm256_and_si256(raw, low4);
+    w[4 + c] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  }
+  if constexpr (kBits > 4) {
+    constexpr int kExtra = kBits - 4, kPerVector = 8 / kExtra;
+    const __m256i mask = _mm256_set1_epi8(static_cast<char>(((1 << kExtra) - 1) << 4));
+    __m256i high[kExtra];
+    for (int v = 0; v < kExtra; ++v) high[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * v));
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      // Move the code's extra bits to bits 4.. of its byte. A 16-bit shift carries bits across the
+      // byte boundary only into positions the mask clears (shift + extra bits <= 8).
+      const int shift = kExtra * (k % kPerVector);
+      const __m256i h = high[k / kPerVector];
+      const __m256i moved = shift >= 4 ? _mm256_srli_epi16(h, shift - 4) : _mm256_slli_epi16(h, 4 - shift);
+      w[k] = _mm256_or_si256(w[k], _mm256_and_si256(moved, mask));
+    }
+  }
+}
+
+// Sums of unsigned code x signed activation byte products, four per int32 lane, over up to four code
+// vectors of kBits-bit codes (half a block).
+template <int kBits>
+struct HalfDot {
+#if defined(REBAR_VNNI)
+  __m256i acc = _mm256_setzero_si256();
+  inline void add(__m256i codes, __m256i x) { acc = dpbusd(acc, codes, x); }
+  inline __m256i total() const { return acc; }
+#else
+  // maddubs pair sums are at most 2 * (2^kBits - 1) * 127: four of them fit int16 up to 5-bit codes
+  // (31496), so those widen once; 6-bit codes widen after every product.
+  static constexpr bool kInt16 = kBits <= 5;
+  __m256i acc = _mm256_setzero_si256();
+  inline void add(__m256i codes, __m256i x) {
+    const __m256i pairs = _mm256_maddubs_epi16(codes, x);
+    acc = kInt16 ? _mm256_add_epi16(acc, pairs) : _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  inline __m256i total() const { return kInt16 ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc; }
+#endif
+};
+
+// The whole block's dot products (int32 per row lane).
+template <int kBits>
+inline __m256i block_total(const HalfDot<kBits>& lo, const HalfDot<kBits>& hi) {
+#if !defined(REBAR_VNNI)
+  if constexpr (kBits == 4) {  // eight products of 4-bit codes fit int16 (30480): widen once
+    return _mm256_madd_epi16(_mm256_add_epi16(lo.acc, hi.acc), _mm256_set1_epi16(1));
+  }
+#endif
+  return _mm256_add_epi32(lo.total(), hi.total());
+}
+
+// Code vectors w[0..8) against R activation rows' block x[r] (32 int8 each): columns 0..15 into lo,
+// 16..31 into hi.
+template <int kBits, int R>
+inline void block_dots(const __m256i w[8], const int8_t* const x[R], HalfDot<kBits> lo[R], HalfDot<kBits> hi[R]) {
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) lo[r].add(w[k], broadcast4(x[r] + 4 * k));
+  }
+#pragma GCC unroll 4
+  for (int k = 4; k < 8; ++k) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) hi[r].add(w[k], broadcast4(x[r] + 4 * k));
+  }
+}
+
+// acc + dot * (scale * dx): the affine kinds' block term (scale per row lane, dx the activation block's).
+inline __m256 add_scaled_dot(__m256 acc, __m256i dot, __m256 scale, float dx) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc);
+}
+
+// Eight unsigned / signed bytes (one per row of a tile) widened.
+inline __m256 u8x8_to_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256i i8x8_to_epi32(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// kSuperSym: acc + (sc_lo (lo - z sum_lo) + sc_hi (hi - z sum_hi)) * (d * dx), where z sum_h is the
+// zero point times the half-block's sum of activation codes, so the bracket is the exact integer dot
+// product of (q - z) with the activations: at most 2 * 16 * 32 * 127 * 128 < 2^24, exact in float.
+inline __m256 add_sym16_dot(__m256 acc, __m256i lo, __m256i hi, __m256i sc_lo, __m256i sc_hi, int32_t z_sum_lo,
+                            int32_t z_sum_hi, __m256 d, float dx) {
+  const __m256i lo_dot = _mm256_mullo_epi32(_mm256_sub_epi32(lo, _mm256_set1_epi32(z_sum_lo)), sc_lo);
+  const __m256i hi_dot = _mm256_mullo_epi32(_mm256_sub_epi32(hi, _mm256_set1_epi32(z_sum_hi)), sc_hi);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo_dot, hi_dot)), _mm256_mul_ps(d, _mm256_set1_ps(dx)),
+                         acc);
+}
+
+}  // namespace rebar_cpu_quant

@@ -1,0 +1,127 @@
+"""The CPU kernels for GGUF's 5- and 6-bit and K-quant weight kinds, against float64 references.
+
+Same references as test_cpu_quant_linear.py: against the activations rounded as the kernel rounds
+them only float32 round-off remains; against the unrounded ones the error is activation rounding
+noise. Also: a row gets the same bits alone, in a batch and in a prefill-sized call (which takes
+the other schedule, quant_gemm.cpp), and the AVX2 build gives the same bits as the VNNI one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from cpu_quant_helpers import KINDS, random_activations, random_kind, reference, require_kernels
+from test_cpu_quant_linear import assert_matches
+
+from rebar.kernels import cpu_quant
+from rebar.kernels.cpu_quant.build import ISAS, cpu_flags
+
+# (out, in): the 1 B model's attention and MLP shapes scaled down, a partial last tile, one super-block.
+SHAPES = [(576, 512), (13, 256), (200, 1536), (64, 2048)]
+ROWS = [1, 3, 4, 5, 16, 67]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_kernels() -> None:
+    require_kernels()
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("out_f,in_f", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_kind_matches_reference(kind: str, out_f: int, in_f: int, rows: int) -> None:
+    gen = torch.Generator().manual_seed(out_f * 3 + in_f + rows)
+    case = random_kind(kind, out_f, in_f, gen)
+    x = random_activations(rows, in_f, gen)
+    assert_matches(cpu_quant.linear_packed(x, case.packed), x, case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_dequantize_is_the_weight(kind: str) -> None:
+    """PackedQuant.dequantize (the fallback's and the tests' view of the packed bytes) is the weight."""
+    case = random_kind(kind, 21, 512, torch.Generator().manual_seed(1))
+    assert torch.allclose(case.packed.dequantize().double(), case.dense, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_are_batch_invariant(kind: str) -> None:
+    """A row's bits do not depend on the batch, on the schedule (64+ rows take the prefill one) or on
+    the thread count."""
+    gen = torch.Generator().manual_seed(7)
+    case = random_kind(kind, 40, 512, gen)
+    x = random_activations(70, 512, gen)
+    batched = cpu_quant.linear_packed(x, case.packed)
+    for i in (0, 1, 2, 3, 4, 5, 63, 64, 69):
+        assert torch.equal(cpu_quant.linear_packed(x[i : i + 1], case.packed), batched[i : i + 1])
+    assert torch.equal(cpu_quant.linear_packed(x[:5], case.packed), batched[:5])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_quant.linear_packed(x, case.packed), batched)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_layouts_raise_value_errors() -> None:
+    case = random_kind("super_sym6", 16, 256, torch.Generator().manual_seed(2))
+    packed = case.packed
+    x = torch.randn(2, 256)
+    broken = [
+        (6, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 256),  # unknown kind
+        (3, 5, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 256),  # wrong bits
+        (3, 6, packed.codes, packed.scales, None, None, None, 32, 16, 256),  # no sub-scales
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales[:, :, :8], None, 32, 16, 256),  # short
+        (3, 6, packed.codes, packed.scales.float(), None, packed.sub_scales, None, 32, 16, 256),  # fp32 d
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 17, 256),  # out_features
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 224),  # in_features
+    ]
+    for args in broken:
+        with pytest.raises(ValueError):
+            cpu_quant._extension().linear_packed(x, args)
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason="needs an AVX2 CPU")
+def test_avx2_build_gives_the_same_bits() -> None:
+    """The AVX2 fallback (REBAR_CPU_ISA=avx2, its own build) computes every kind exactly as the build
+    for this CPU's widest instruction set: the integer dots are exact either way and the float steps
+    are the same."""
+    if cpu_quant.isa() == "avx2":
+        pytest.skip("this CPU has no VNNI: the default build is the AVX2 one")
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import torch
+        sys.path.insert(0, sys.argv[1])
+        from cpu_quant_helpers import KINDS, random_activations, random_kind
+        from rebar.kernels import cpu_quant
+        out = {"isa": cpu_quant.isa()}
+        for kind in KINDS + ["int4"]:
+            gen = torch.Generator().manual_seed(11)
+            if kind == "int4":
+                codes = torch.randint(0, 16, (24, 512), generator=gen, dtype=torch.uint8)
+                packed = cpu_quant.pack_affine(codes, 4, torch.full((24, 16), 0.01).half(),
+                                               torch.full((24, 16), -0.08).half(), 32)
+            else:
+                packed = random_kind(kind, 24, 512, gen).packed
+            x = random_activations(70, 512, gen)
+            out[kind] = cpu_quant.linear_packed(x, packed).double().tolist()
+        print(json.dumps(out))
+        """
+    )
+    here = os.path.dirname(__file__)
+    results = {}
+    for isa in ("avx2", ISAS[0][0] if ISAS[0][1] <= cpu_flags() else "avx-vnni"):
+        env = {**os.environ, "REBAR_CPU_ISA": isa}
+        done = subprocess.run([sys.executable, "-c", script, here], capture_output=True, text=True, timeout=900, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[isa] = json.loads(done.stdout.strip().splitlines()[-1])
+    (narrow, narrow_out), (wide, wide_out) = results.items()
+    assert narrow_out.pop("isa") == "avx2" and wide_out.pop("isa") != "avx2"
+    for kind in narrow_out:
+        assert narrow_out[kind] == wide_out[kind], kind
