@@ -125,3 +125,22 @@ def test_prefill_calls_share_torchs_openmp_runtime() -> None:
     assert result.returncode == 0, result.stderr
     libraries = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(libraries) == 1 and "torch" in libraries[0], libraries
+
+
+def test_packing_in_row_chunks_gives_the_same_tiles() -> None:
+    """pack_in_row_chunks (how GGUF tensors are repacked, a few MiB at a time) fills the same tensors
+    as packing the whole weight at once, including a partial last tile."""
+    gen = torch.Generator().manual_seed(9)
+    codes = torch.randint(0, 32, (37, 512), generator=gen, dtype=torch.uint8)
+    d, dmin = torch.rand(37, 2, generator=gen).half(), torch.rand(37, 2, generator=gen).half()
+    sc, m = (torch.randint(0, 64, (37, 16), generator=gen, dtype=torch.uint8) for _ in range(2))
+
+    def rows(start: int, end: int) -> cpu_quant.PackedQuant:
+        return cpu_quant.pack_super_affine(codes[start:end], 5, d[start:end], dmin[start:end], sc[start:end], m[start:end])
+
+    whole, chunked = rows(0, 37), cpu_quant.pack_in_row_chunks(37, 16, rows)
+    for name in ("codes", "scales", "offsets", "sub_scales", "sub_mins"):
+        assert torch.equal(getattr(chunked, name), getattr(whole, name)), name
+    assert chunked.out_features == 37 and torch.equal(chunked.dequantize(), whole.dequantize())
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cpu_quant.pack_in_row_chunks(37, 12, rows)

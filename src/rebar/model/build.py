@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rebar import heap
 from rebar.errors import ModelFormatError
 from rebar.kernels.backends import default_attention_backend
 from rebar.model.bert import BertModel
@@ -72,6 +73,7 @@ def build_model(
     for name, weight in quantized.items():
         swap_in_quantized(model, {name: weight}, dtype)
         checkpoint.release(name)
+        heap.trim()  # the repacking's temporaries, so they never pile up beside the packed weights
     # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
     return model.to(device).eval().requires_grad_(False)
 

