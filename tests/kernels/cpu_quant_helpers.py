@@ -107,11 +107,18 @@ class PackedCase:
 
 
 def random_kind(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> PackedCase:
-    """A random weight of `kind`: "affine5" (Q5_0/Q5_1), "super_affine4" / "super_affine5" (Q4_K /
-    Q5_K), "super_sym6" (Q6_K), with scales of realistic size so outputs are O(1)."""
+    """A random weight of `kind`: "sym4" / "sym5" / "sym8" (Q4_0 / Q5_0 / Q8_0), "affine5" (Q5_1),
+    "super_affine4" / "super_affine5" (Q4_K / Q5_K), "super_sym6" (Q6_K), with scales of realistic
+    size so outputs are O(1)."""
     bits = int(kind[-1])
     codes = torch.randint(0, 1 << bits, (out_f, in_f), generator=gen, dtype=torch.uint8)
     q = codes.double()
+    if kind.startswith("sym"):
+        scales = ((torch.rand(out_f, in_f // 32, generator=gen) + 0.5) * (0.08 / (1 << bits))).half()
+        zero_point = 1 << (bits - 1)
+        packed = cpu_quant.pack_sym(codes, bits, scales, 32, zero_point)
+        zeros = torch.zeros(out_f, in_f, dtype=torch.float64)
+        return PackedCase(kind, packed, _expand(scales, 32, in_f) * (q - zero_point), zeros)
     if kind == "affine5":
         scales = ((torch.rand(out_f, in_f // 32, generator=gen) + 0.5) * 0.005).half()
         offsets = (-scales.float() * 16).half()
@@ -133,4 +140,4 @@ def random_kind(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> Packe
     return PackedCase(kind, packed, scale * (q - 32), torch.zeros(out_f, in_f, dtype=torch.float64))
 
 
-KINDS = ["affine5", "super_affine4", "super_affine5", "super_sym6"]
+KINDS = ["sym4", "sym5", "sym8", "affine5", "super_affine4", "super_affine5", "super_sym6"]

@@ -12,6 +12,7 @@ from rebar.kernels.cpu_decode import FusedDecoder, unsupported_reason
 from rebar.kernels.cpu_quant.build import load_extension
 from rebar.quant.handler import swap_in_quantized
 from rebar.quant.int_formats import quantize_int4, quantize_int8
+from rebar.quant.qlinear import DequantizedMatmul, KernelChoice
 from tests.kernels.cpu_quant_helpers import require_kernels
 from tests.tiny_engine import tiny_config, tiny_model
 
@@ -236,14 +237,16 @@ def test_unsupported_models_say_why() -> None:
 
 
 def test_row_limit_is_what_the_model_paths_kernels_serve() -> None:
-    """int4 kernels serve any number of rows, int8 ones up to NATIVE_INT8_MAX_ROWS: a fused step takes
-    as many decode rows as the model's own path would run on the same kernels."""
-    from rebar.quant.qlinear import NATIVE_INT8_MAX_ROWS
-
+    """rebar's kernels serve any number of rows, int4 and int8 alike; a plan that caps a linear's rows
+    (a test pinning a kernel) caps the fused step's too, so decode rows take the path the model's
+    own forward would take on the same kernels."""
     all_int4 = quantized_model(mixed_bits=False)
     mixed = quantized_model(mixed_bits=True)
     assert FusedDecoder.build(all_int4, new_cache(all_int4)).decoder.max_rows == math.inf
-    assert FusedDecoder.build(mixed, new_cache(mixed)).decoder.max_rows == NATIVE_INT8_MAX_ROWS
+    assert FusedDecoder.build(mixed, new_cache(mixed)).decoder.max_rows == math.inf
+    linear = mixed.layers[1].mlp.up_proj
+    linear.kernels = (KernelChoice(24, linear.kernels[0].kernel), KernelChoice(math.inf, DequantizedMatmul(linear.weight_q)))
+    assert FusedDecoder.build(mixed, new_cache(mixed)).decoder.max_rows == 24
 
 
 class TestBadStepsFailCleanly:

@@ -43,13 +43,19 @@ def test_int4_layout_round_trips() -> None:
     assert not packed.scales.transpose(1, 2).reshape(16, 3)[13:].any()  # padding rows contribute 0
 
 
-def test_int8_layout_pads_rows_and_columns() -> None:
+def test_int8_is_stored_as_unsigned_codes_with_zero_point_128() -> None:
+    """Signed int8 weights become q + 128 with zero point 128 (one layout for every kind); a per-channel
+    row of 40 columns is padded to two blocks with the zero point, so the padding decodes to 0."""
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(-128, 128, (10, 40), generator=gen, dtype=torch.int8)
-    packed = cpu_quant.pack_int8(codes, torch.rand(10, 1, generator=gen), 40)
+    scales = torch.rand(10, 1, generator=gen)
+    packed = cpu_quant.pack_int8(codes, scales, 40)
+    assert packed.kind == cpu_quant.WeightKind.SYM and packed.zero_point == 128 and packed.code_bits == 8
     assert packed.codes.shape == (2, 2, 8, 32)
-    dense = packed.codes.transpose(1, 2).reshape(16, 64)
-    assert torch.equal(dense[:10, :40], codes) and not dense[10:].any() and not dense[:, 40:].any()
+    stored = cpu_quant.packing.untile_codes(packed.codes, 8, 10)
+    assert torch.equal(stored[:, :40].to(torch.int16) - 128, codes.to(torch.int16))
+    assert (stored[:, 40:] == 128).all()
+    assert torch.equal(packed.dequantize(), scales * codes.float())
 
 
 def test_mixed_scale_dtypes_become_float32() -> None:

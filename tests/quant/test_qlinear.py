@@ -156,19 +156,15 @@ def test_dequantize_path_expands_large_weights_a_slice_at_a_time() -> None:
 
 @pytest.mark.skipif(not cpu_quant.available(), reason="rebar's CPU kernels do not run on this machine")
 @pytest.mark.parametrize("name", ["int8", "int4-g32", "int4-g64"])
-def test_plan_prefers_rebars_cpu_kernels_for_small_batches(name: str) -> None:
+def test_plan_prefers_rebars_cpu_kernels_for_every_batch(name: str) -> None:
     weight = WEIGHTS[name]
     layer = QuantLinear(weight)
-    expected = "native"
-    assert layer.kernel_for(1).name == expected
-    if weight.bits == 8:
-        assert layer.kernel_for(qlinear.NATIVE_INT8_MAX_ROWS).name == expected
-        assert layer.kernel_for(qlinear.NATIVE_INT8_MAX_ROWS + 1).name == "dequant"
-    else:  # the int4 kernel serves prefill-sized steps too
-        assert layer.kernel_for(4096).name == expected
+    assert layer.kernel_for(1).name == "native" and layer.kernel_for(4096).name == "native"
+    assert len(layer.kernels) == 1  # no fallback: the kernels serve prefill-sized steps too
     x = X[:5]
     reference = x.double() @ weight.dequantize(torch.float64).T
     # int8 activations per block of 32: about 1% of each output's scale
     assert (layer(x).double() - reference).abs().max() < 0.02 * reference.abs().max()
     assert torch.equal(layer(X[:1]), layer(X[:17])[:1])  # a row's bits do not depend on the batch
+    assert torch.equal(layer(X[:1]), layer(torch.cat([X, X]))[:1])  # nor on the schedule (64+ rows: the prefill one)
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16

@@ -39,9 +39,8 @@ class FusedDecoder:
         config = model.config
         self.model = model
         # The runner sends steps of at most this many one-token rows: as many as every layer linear's
-        # AVX2 kernel serves in the model's own path (int4: any number; int8: up to
-        # rebar.quant.qlinear.NATIVE_INT8_MAX_ROWS, beyond which it dequantizes), so a decode row's
-        # numbers do not depend on which path its step took.
+        # CPU kernel serves in the model's own path (any number, unless a test pins another plan), so
+        # a decode row's numbers do not depend on which path its step took.
         self.max_rows = min(layer.get_submodule(path).kernels[0].max_rows for layer in model.layers for path in _LINEARS)
         self._decoder = extension.FusedDecoder(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,

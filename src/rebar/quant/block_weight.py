@@ -39,9 +39,9 @@ Q6_K_ZERO_POINT = 32
 class DecodedBlocks:
     """A block-format weight as unsigned codes and scales (kinds as in rebar.kernels.cpu_quant).
 
-    - "int8" (Q8_0): w = scales * q, codes int8, scales float16 `[rows, in // 32]`
-    - "affine" (Q4_0, Q4_1, Q5_0, Q5_1): w = scales * q + offsets, per block of 32 (float16
-      `[rows, in // 32]`)
+    - "sym" (Q4_0, Q5_0, Q8_0): w = scales * (q - zero_point), scales float16 `[rows, in // 32]`;
+      Q8_0's signed codes are stored plus 128, with zero point 128
+    - "affine" (Q4_1, Q5_1): w = scales * q + offsets, per block of 32 (float16 `[rows, in // 32]`)
     - "super_affine" (Q4_K, Q5_K): w = d * sub_scales * q - dmin * sub_mins; d = scales, dmin = offsets
       float16 `[rows, in // 256]`, sub_scales / sub_mins uint8 `[rows, in // 32]`
     - "super_sym" (Q6_K): w = d * sub_scales * (q - zero_point); sub_scales int8 `[rows, in // 16]`
@@ -49,7 +49,7 @@ class DecodedBlocks:
 
     kind: str
     bits: int
-    codes: torch.Tensor  # uint8 [rows, in] (int8 for "int8")
+    codes: torch.Tensor  # uint8 [rows, in]
     scales: torch.Tensor
     offsets: torch.Tensor | None = None
     sub_scales: torch.Tensor | None = None
@@ -63,8 +63,8 @@ class DecodedBlocks:
         def per_column(t: torch.Tensor) -> torch.Tensor:
             return t.float().repeat_interleave(q.shape[1] // t.shape[1], dim=1)
 
-        if self.kind == "int8":
-            return per_column(self.scales) * q
+        if self.kind == "sym":
+            return per_column(self.scales) * (q - self.zero_point)
         if self.kind == "affine":
             return per_column(self.scales) * q + per_column(self.offsets)
         d, sc = per_column(self.scales), per_column(self.sub_scales)
@@ -84,20 +84,14 @@ def _bits_of(words: torch.Tensor) -> torch.Tensor:
     return ((words.unsqueeze(-1) >> shifts) & 1).reshape(words.shape[0], 32)
 
 
-def _decode_legacy(blocks: torch.Tensor, bits: int, with_min: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0 / Q4_1 / Q5_0 / Q5_1 -> (codes [n, 32], d [n], offset [n])."""
-    d = _fp16(blocks, 0)
-    start = 4 if with_min else 2
+def _legacy_codes(blocks: torch.Tensor, bits: int, start: int) -> torch.Tensor:
+    """The 32 codes [n, 32] of Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks whose code bytes (qh, qs) start at `start`."""
     if bits == 5:
         high = _bits_of(blocks[:, start : start + 4])
         start += 4
     qs = blocks[:, start : start + 16]
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=1)
-    if bits == 5:
-        codes |= high << 4
-    # Without a min, w = d (q - 2^(bits-1)): offset = -8 d or -16 d, exact in float16.
-    offsets = _fp16(blocks, 2) if with_min else (-(1 << (bits - 1)) * d.float()).half()
-    return codes, d, offsets
+    return codes | (high << 4) if bits == 5 else codes
 
 
 def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,13 +142,17 @@ def decode_blocks(type_name: str, raw: torch.Tensor) -> DecodedBlocks:
     def per_row(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(rows, -1)
 
+    d = _fp16(blocks, 0)
     if type_name == "Q8_0":
-        codes = blocks[:, 2:34].contiguous().view(torch.int8)
-        return DecodedBlocks("int8", 8, per_row(codes), per_row(_fp16(blocks, 0)))
-    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        codes = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        return DecodedBlocks("sym", 8, per_row(codes), per_row(d), zero_point=128)
+    if type_name in ("Q4_0", "Q5_0"):  # w = d (q - 2^(bits - 1))
         bits = int(type_name[1])
-        codes, d, offsets = _decode_legacy(blocks, bits, with_min=type_name.endswith("_1"))
-        return DecodedBlocks("affine", bits, per_row(codes), per_row(d), per_row(offsets))
+        return DecodedBlocks("sym", bits, per_row(_legacy_codes(blocks, bits, 2)), per_row(d), zero_point=1 << (bits - 1))
+    if type_name in ("Q4_1", "Q5_1"):
+        bits = int(type_name[1])
+        codes = _legacy_codes(blocks, bits, 4)
+        return DecodedBlocks("affine", bits, per_row(codes), per_row(d), per_row(_fp16(blocks, 2)))
     if type_name == "Q6_K":
         codes, d, scales = _decode_q6_k(blocks)
         return DecodedBlocks("super_sym", 6, per_row(codes), per_row(d), sub_scales=per_row(scales),

@@ -3,8 +3,8 @@
 A QuantLinear holds a quantized weight (rebar's own int4 / int8 `QuantizedWeight`, or a GGUF
 `BlockWeight` in its file's format) and a short list of kernels, each good up to some number of
 rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
-int8 activations times 4- to 8-bit weights, exact integer dot products) serve every step for every
-format with unsigned codes and decode-sized steps for int8 ones; elsewhere torch's packed int8 /
+int8 activations times 4- to 8-bit weights, exact integer dot products) serve every step of every
+format; elsewhere torch's packed int8 /
 int4 weight-only kernels serve small steps of rebar's formats; a dequantize-then-matmul in the
 activation dtype takes the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
 measured the switch points (docs/quantization.md, docs/kernels.md). Every kernel agrees with
@@ -34,12 +34,10 @@ if TYPE_CHECKING:
 # A weight QuantLinear and QuantEmbedding run: rebar's own int4/int8 format or a GGUF block format.
 AnyQuantWeight = QuantizedWeight | BlockWeight
 
-# Largest number of rows for which rebar's CPU kernels beat dequantize-then-matmul (docs/kernels.md):
-# the kernels for unsigned codes (int4, every GGUF block type but Q8_0) win at every batch size (at
-# prefill sizes their int8 dot products do twice the multiply-adds per instruction of float32 FMA);
-# the int8 one, which needs a sign trick per activation, up to 32.
-NATIVE_UNSIGNED_MAX_ROWS = math.inf
-NATIVE_INT8_MAX_ROWS = 32
+# rebar's CPU kernels serve steps of every size (docs/kernels.md): at prefill sizes their int8 dot
+# products do twice or more the multiply-adds per instruction of float32 FMA, and they read the
+# weights in their own format instead of expanding them.
+NATIVE_MAX_ROWS = math.inf
 # Largest number of rows for which the packed kernels beat dequantize-then-matmul on CPU
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 8
@@ -153,18 +151,14 @@ def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
 def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:
     from rebar.kernels import cpu_quant
 
-    if blocks.kind == "int8":
-        return cpu_quant.pack_int8(blocks.codes, blocks.scales, 32)
+    if blocks.kind == "sym":
+        return cpu_quant.pack_sym(blocks.codes, blocks.bits, blocks.scales, 32, blocks.zero_point)
     if blocks.kind == "affine":
         return cpu_quant.pack_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets, 32)
     if blocks.kind == "super_affine":
         return cpu_quant.pack_super_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets,
                                            blocks.sub_scales, blocks.sub_mins)
     return cpu_quant.pack_super_sym(blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point)
-
-
-def _signed_int8(weight: AnyQuantWeight) -> bool:
-    return weight.bits == 8 if isinstance(weight, QuantizedWeight) else weight.type_name == "Q8_0"
 
 
 def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
@@ -206,8 +200,7 @@ def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice 
     if not has_packed_kernel(weight, device):
         return None
     if has_native_kernel(weight, device):
-        max_rows = NATIVE_INT8_MAX_ROWS if _signed_int8(weight) else NATIVE_UNSIGNED_MAX_ROWS
-        return KernelChoice(max_rows, NativeMatmul(weight))
+        return KernelChoice(NATIVE_MAX_ROWS, NativeMatmul(weight))
     assert isinstance(weight, QuantizedWeight)
     if weight.bits == 8:
         return KernelChoice(INT8_PACKED_MAX_ROWS, Int8PackedMatmul(weight))

@@ -9,7 +9,8 @@ rounding error: at most sum_c |w[o, c]| * d_x(c) / 2 per output, d_x = max|x_blo
 
 Weights are rearranged once by a `pack_*` function (cheap, pure torch) into a `PackedQuant` and
 multiplied with `linear_packed`, the decode-time path; the kinds (packing.WeightKind) cover GGUF's
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K exactly, and rebar's own int4 / int8 checkpoints.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K exactly, and rebar's own int4 / int8 checkpoints,
+every one at any number of rows.
 `int4_linear` / `int8_linear` take rebar's raw layouts and pack on every call: for tests and
 one-off use.
 
@@ -36,6 +37,7 @@ from rebar.kernels.cpu_quant.packing import (
     pack_int8,
     pack_super_affine,
     pack_super_sym,
+    pack_sym,
 )
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "pack_int8",
     "pack_super_affine",
     "pack_super_sym",
+    "pack_sym",
     "quantize_activations",
 ]
 

@@ -24,8 +24,8 @@ SUPER_BLOCK = 256  # columns per super-block of the K-quant kinds
 class WeightKind(IntEnum):
     """The kernels' weight kinds (csrc/kernels.h), one per family of exactly mapped GGUF types."""
 
-    INT8 = 0  # w = scale[g] * q, q signed int8 (Q8_0, rebar int8)
-    AFFINE = 1  # w = scale[g] * q + offset[g], q unsigned (Q4_0, Q4_1, Q5_0, Q5_1, rebar int4)
+    SYM = 0  # w = scale[g] * (q - zero_point) (Q4_0, Q5_0, Q8_0 and rebar int8 as q + 128)
+    AFFINE = 1  # w = scale[g] * q + offset[g] (Q4_1, Q5_1, rebar int4)
     SUPER_AFFINE = 2  # w = d * sc[b] * q - dmin * m[b] (Q4_K, Q5_K)
     SUPER_SYM = 3  # w = d * sc[h] * (q - zero_point), sc per 16 columns (Q6_K)
 
@@ -34,8 +34,8 @@ class WeightKind(IntEnum):
 class PackedQuant:
     """A weight `[out_features, in_features]` in the kernels' tiled layout.
 
-    `codes`: unsigned kinds `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then
-    `code_bits - 4` vectors of high bits); INT8 `[tiles, blocks, 8, 32]` int8. `scales` (and
+    `codes`: `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then `code_bits - 4`
+    vectors of high bits; every code is unsigned). `scales` (and
     `offsets`) `[tiles, groups, 8]`, with `group_size` columns per group (a super-block's 256 for the
     super kinds, whose `scales` / `offsets` are float16 d / dmin); `sub_scales` / `sub_mins`
     `[tiles, groups, subs, 8]` 8-bit.
@@ -98,23 +98,16 @@ def _tile_sub_scales(values: torch.Tensor, num_groups: int) -> torch.Tensor:
     return padded.reshape(-1, TILE_ROWS, num_groups, values.shape[1] // num_groups).permute(0, 2, 3, 1).contiguous()
 
 
-def _tile_int8_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """[out, in] int8 codes -> [tiles, num_blocks, 8, 32], zero-padded to whole tiles and blocks."""
-    out_features, in_features = codes.shape
-    padded = _pad_rows(F.pad(codes, (0, num_blocks * BLOCK - in_features)), out_features)
-    return padded.reshape(-1, TILE_ROWS, num_blocks, BLOCK).transpose(1, 2).contiguous()
-
-
 def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4..6) ->
+    """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4, 5, 6 or 8) ->
     `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits.
 
     Byte `4 * row + j` of code vector k is the code of column `4k + j` of that row; chunk c holds code
     vectors c (low nibble) and 4 + c (high nibble); the e = bits - 4 high bits of code vector k sit in
     high vector `k // (8 // e)` at bit `e * (k % (8 // e))`.
     """
-    if bits not in (4, 5, 6):
-        raise ValueError(f"unsigned codes have 4 to 6 bits, got {bits}")
+    if bits not in (4, 5, 6, 8):
+        raise ValueError(f"codes have 4, 5, 6 or 8 bits, got {bits}")
     out_features, in_features = codes.shape
     if in_features % BLOCK:
         raise ValueError(f"in_features {in_features} is not a multiple of {BLOCK}")
@@ -221,21 +214,31 @@ def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: 
                        in_features, SUPER_BLOCK)
 
 
-def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
-    """Pack `qweight` int8 [out, in] with `scales` [out, in // group_size], w = scales[o, c // g] * q.
-
-    `group_size` is `in` (one scale per output channel; any `in`) or a multiple of 32 dividing `in`.
-    """
-    if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.shape[1] == 0:
-        raise ValueError(f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}")
-    out_features, in_features = qweight.shape
+def pack_sym(codes: torch.Tensor, bits: int, scales: torch.Tensor, group_size: int, zero_point: int) -> PackedQuant:
+    """Unsigned `codes` uint8 `[out, in]` (4, 5 or 8 bits) with `scales` `[out, in // group_size]`:
+    w[o, c] = scales[o, c // g] * (q[o, c] - zero_point). `group_size` is a multiple of 32 dividing
+    `in`, or `in` itself (one scale per row; then any `in`: the last block is padded)."""
+    if codes.dim() != 2 or bits not in (4, 5, 8) or not 0 <= zero_point < 2**bits:
+        raise ValueError(f"symmetric codes must be 2-D with 4, 5 or 8 bits and a zero point below 2^bits, got "
+                         f"{list(codes.shape)}, {bits} bits, zero point {zero_point}")
+    out_features, in_features = codes.shape
     if group_size != in_features:
         _check_group_size(in_features, group_size)
     num_groups = in_features // group_size
     _check_shape("scales", scales, (out_features, num_groups))
-    num_blocks = -(-in_features // BLOCK)
-    return PackedQuant(WeightKind.INT8, 8, _tile_int8_blocks(qweight, num_blocks), _tile_scales(scales, _scale_dtype(scales)),
-                       None, None, None, 0, out_features, in_features, group_size)
+    padded = F.pad(codes, (0, -in_features % BLOCK), value=zero_point)
+    return PackedQuant(WeightKind.SYM, bits, tile_codes(padded, bits), _tile_scales(scales, _scale_dtype(scales)),
+                       None, None, None, zero_point, out_features, in_features, group_size)
+
+
+def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
+    """Signed `qweight` int8 [out, in] with `scales` [out, in // group_size], w = scales[o, c // g] * q,
+    stored as q + 128 with zero point 128. `group_size` is `in` (per output channel; any `in`) or a
+    multiple of 32 dividing `in`."""
+    if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.shape[1] == 0:
+        raise ValueError(f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}")
+    codes = (qweight.to(torch.int16) + 128).to(torch.uint8)
+    return pack_sym(codes, 8, scales, group_size, 128)
 
 
 _TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales", "sub_mins")  # [tiles, ...] each
@@ -273,22 +276,17 @@ def _untile(t: torch.Tensor, out_features: int) -> torch.Tensor:
 
 def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
     out, cols = p.out_features, p.in_features
-    if p.kind == WeightKind.INT8:
-        num_blocks = p.codes.shape[1]
-        codes = p.codes.transpose(1, 2).reshape(-1, num_blocks * BLOCK)[:out, :cols].float()
-        return codes * _untile(p.scales, out).float().repeat_interleave(p.group_size, dim=1)[:, :cols]
-    codes = untile_codes(p.codes, p.code_bits, out).float()
+    codes = untile_codes(p.codes, p.code_bits, out)[:, :cols].float()
 
     def per_column(t: torch.Tensor, width: int) -> torch.Tensor:
-        return _untile(t, out).float().repeat_interleave(width, dim=1)
+        return _untile(t, out).float().repeat_interleave(width, dim=1)[:, :cols]
 
+    if p.kind == WeightKind.SYM:
+        return per_column(p.scales, p.group_size) * (codes - p.zero_point)
     if p.kind == WeightKind.AFFINE:
         return codes * per_column(p.scales, p.group_size) + per_column(p.offsets, p.group_size)
-    d = _untile(p.scales, out).float().repeat_interleave(SUPER_BLOCK, dim=1)
+    d = per_column(p.scales, SUPER_BLOCK)
     if p.kind == WeightKind.SUPER_AFFINE:
-        dmin = _untile(p.offsets, out).float().repeat_interleave(SUPER_BLOCK, dim=1)
-        sc = per_column(p.sub_scales, BLOCK)
-        m = per_column(p.sub_mins, BLOCK)
-        return (d * sc) * codes - dmin * m
+        return (d * per_column(p.sub_scales, BLOCK)) * codes - per_column(p.offsets, SUPER_BLOCK) * per_column(p.sub_mins, BLOCK)
     sc = _untile(p.sub_scales.view(torch.int8), out).float().repeat_interleave(BLOCK // 2, dim=1)
     return (d * sc) * (codes - p.zero_point)

@@ -89,21 +89,25 @@ PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr
   const auto& [kind_value, bits, codes, scales, offsets, sub_scales, sub_mins, zero_point, out, in] = args;
   TORCH_CHECK_VALUE(kind_value >= 0 && kind_value <= 3, "unknown weight kind ", kind_value);
   const auto kind = static_cast<WeightKind>(kind_value);
-  const bool is_int8 = kind == WeightKind::kInt8, is_super = kind >= WeightKind::kSuperAffine;
-  const bool bits_ok = is_int8 ? bits == 8
-                       : kind == WeightKind::kSuperSym ? bits == 6
-                                                       : bits == 4 || bits == 5;
+  const bool is_super = kind >= WeightKind::kSuperAffine;
+  const bool bits_ok = kind == WeightKind::kSuperSym ? bits == 6
+                       : kind == WeightKind::kSym    ? bits == 4 || bits == 5 || bits == 8
+                                                     : bits == 4 || bits == 5;
   TORCH_CHECK_VALUE(bits_ok, "weight kind ", kind_value, " does not take ", bits, "-bit codes");
-  const int64_t inner = is_int8 ? kTileRows : bits;
-  TORCH_CHECK_VALUE(codes.dim() == 4 && codes.size(2) == inner && codes.size(3) == 32 && codes.is_contiguous() &&
-                        codes.element_size() == 1,
-                    "codes must be contiguous 8-bit [tiles, blocks, ", inner, ", 32], got ", codes.sizes());
+  const bool zero_point_ok = kind == WeightKind::kSym || kind == WeightKind::kSuperSym
+                                 ? zero_point >= 0 && zero_point < (int64_t{1} << bits)
+                                 : zero_point == 0;
+  TORCH_CHECK_VALUE(zero_point_ok, "zero point ", zero_point, " does not suit weight kind ", kind_value);
+  TORCH_CHECK_VALUE(codes.dim() == 4 && codes.size(2) == bits && codes.size(3) == 32 && codes.is_contiguous() &&
+                        codes.scalar_type() == at::kByte,
+                    "codes must be contiguous uint8 [tiles, blocks, ", bits, ", 32], got ", codes.scalar_type(), " ",
+                    codes.sizes());
   TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == codes.size(0) && scales.size(2) == kTileRows &&
                         scales.is_contiguous() && scales.size(1) > 0 && codes.size(1) % scales.size(1) == 0,
                     "scales must be contiguous [tiles, groups, 8] with groups tiling the row, got ", scales.sizes());
   const bool half = scales.scalar_type() == at::kHalf;
   TORCH_CHECK_VALUE(half || (scales.scalar_type() == at::kFloat && !is_super),
-                    "scales must be float16 (or float32 for the affine kinds), got ", scales.scalar_type());
+                    "scales must be float16 (or float32 for the per-group kinds), got ", scales.scalar_type());
   const int64_t groups = scales.size(1), per_group = codes.size(1) / groups;
   const bool wants_offsets = kind == WeightKind::kAffine || kind == WeightKind::kSuperAffine;
   TORCH_CHECK_VALUE(offsets.has_value() == wants_offsets, "weight kind ", kind_value,
@@ -121,14 +125,15 @@ PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr
   if (sub_mins) check_per_tile(*sub_mins, codes, groups, per_group, "sub_mins");
   TORCH_CHECK_VALUE(out > (codes.size(0) - 1) * kTileRows && out <= codes.size(0) * kTileRows,
                     "out_features does not match the number of tiles");
-  // Unsigned codes cover whole blocks; per-channel int8 rows may have a ragged last block.
+  // Rows may end in a ragged block only with one scale per row (rebar's per-channel int8): the
+  // activations' padding is zero, so the padded codes never count.
   TORCH_CHECK_VALUE(in > (codes.size(1) - 1) * kBlock && in <= codes.size(1) * kBlock &&
-                        (is_int8 || in == codes.size(1) * kBlock),
+                        (groups == 1 || in == codes.size(1) * kBlock),
                     "in_features does not match the packed codes");
   if (in_features) *in_features = in;
   return {kind,
           static_cast<int>(bits),
-          codes.data_ptr(),
+          static_cast<const uint8_t*>(codes.data_ptr()),
           scales.data_ptr(),
           offsets ? offsets->data_ptr() : nullptr,
           sub_scales ? static_cast<const uint8_t*>(sub_scales->data_ptr()) : nullptr,
@@ -269,7 +274,8 @@ class FusedDecoder {
   FusedDecoder(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
                double norm_eps, double attn_scale, int64_t sliding_window) {
     TORCH_CHECK_VALUE(hidden > 0 && head_dim > 0 && head_dim % 8 == 0 && intermediate > 0 && num_kv_heads > 0 &&
-                          num_heads % num_kv_heads == 0 && sliding_window >= 0,
+                          num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= kMaxGroupSize &&
+                          sliding_window >= 0,
                       "invalid decoder shape");
     shape_ = {hidden, num_heads, num_kv_heads, head_dim, intermediate, 0, 0,
               static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window};

@@ -12,17 +12,17 @@
 
 namespace rebar_cpu_quant {
 
-// Bytes of one tile and block of unsigned codes: four chunks of low nibbles, then bits - 4 vectors of
-// high bits.
+// Bytes of one tile and block of codes: four chunks of low nibbles, then bits - 4 vectors of high bits.
 template <int kBits>
 constexpr int64_t kCodeBlockBytes = 32 * kBits;
 
 // The 8 code vectors of one tile and block: w[k] byte 4 * row + j = the code of column 4k + j, so code
 // vector k multiplies activation dword k (columns 4k..4k+3) broadcast to every row.
 //
-// Chunk c's low nibbles are columns 4c + j, its high nibbles columns 16 + 4c + j. For 5- and 6-bit
-// codes, the e = bits - 4 extra bits of code vector k sit in high-bit vector k / (8 / e), at bit
-// e * (k % (8 / e)) of the byte: one vector of 8 single bits, or two of 4 bit pairs.
+// Chunk c's low nibbles are columns 4c + j, its high nibbles columns 16 + 4c + j. For wider codes,
+// the e = bits - 4 extra bits of code vector k sit in high-bit vector k / (8 / e), at bit
+// e * (k % (8 / e)) of the byte: one vector of 8 single bits (5-bit codes), two of 4 bit pairs (6),
+// or four of 2 nibbles (8).
 template <int kBits>
 inline void load_codes(const uint8_t* block, __m256i w[8]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -59,12 +59,22 @@ struct HalfDot {
   inline __m256i total() const { return acc; }
 #else
   // maddubs pair sums are at most 2 * (2^kBits - 1) * 127: four of them fit int16 up to 5-bit codes
-  // (31496), so those widen once; 6-bit codes widen after every product.
+  // (31496), so those widen once; 6-bit codes widen after every product; 8-bit ones would saturate
+  // maddubs itself, so they are multiplied a nibble at a time (16 * high + low).
   static constexpr bool kInt16 = kBits <= 5;
   __m256i acc = _mm256_setzero_si256();
   inline void add(__m256i codes, __m256i x) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (kBits == 8) {
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      const __m256i low = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low4), x), ones);
+      const __m256i high = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low4), x), ones);
+      acc = _mm256_add_epi32(acc, _mm256_add_epi32(low, _mm256_slli_epi32(high, 4)));
+      return;
+    }
     const __m256i pairs = _mm256_maddubs_epi16(codes, x);
-    acc = kInt16 ? _mm256_add_epi16(acc, pairs) : _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    acc = kInt16 ? _mm256_add_epi16(acc, pairs) : _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
   }
   inline __m256i total() const { return kInt16 ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc; }
 #endif
@@ -100,6 +110,13 @@ inline void block_dots(const __m256i w[8], const int8_t* const x[R], HalfDot<kBi
 // acc + dot * (scale * dx): the affine kinds' block term (scale per row lane, dx the activation block's).
 inline __m256 add_scaled_dot(__m256 acc, __m256i dot, __m256 scale, float dx) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc);
+}
+
+// kSym: acc + (dot - z sum) * (scale * dx), where z sum is the zero point times the block's sum of
+// activation codes: the bracket is the exact integer dot product of (q - z) with the activations, at
+// most 32 * 128 * 127 < 2^24, exact in float.
+inline __m256 add_sym_dot(__m256 acc, __m256i dot, int32_t z_sum, __m256 scale, float dx) {
+  return add_scaled_dot(acc, _mm256_sub_epi32(dot, _mm256_set1_epi32(z_sum)), scale, dx);
 }
 
 // Eight unsigned / signed bytes (one per row of a tile) widened.

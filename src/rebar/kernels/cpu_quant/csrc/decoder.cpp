@@ -15,19 +15,6 @@
 namespace rebar_cpu_quant {
 namespace {
 
-// Applies `f` (8 floats -> 8 floats) to x[0..n) in place; the ragged end goes through a padded copy.
-template <typename F>
-void map8(float* x, int64_t n, F f) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, f(_mm256_loadu_ps(x + i)));
-  if (i < n) {
-    alignas(32) float tail[8] = {};
-    std::memcpy(tail, x + i, sizeof(float) * (n - i));
-    _mm256_store_ps(tail, f(_mm256_load_ps(tail)));
-    std::memcpy(x + i, tail, sizeof(float) * (n - i));
-  }
-}
-
 void rms_norm(const float* x, const float* weight, float* out, int64_t n, float eps) {
   double sum_squares = 0.0;
   for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
@@ -192,6 +179,105 @@ class SlotCursor {
   int64_t block_size_, block_, offset_;
 };
 
+// x[t] = e^(x[t] - shift) for t < n, returning their sum: two vector accumulators, so the sum is not
+// one chain of n dependent adds (that chain alone was a sixth of the attention's time).
+inline float exp_and_sum(float* x, int64_t n, float shift) {
+  const __m256 offset = _mm256_set1_ps(shift);
+  __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), offset));
+    _mm256_storeu_ps(x + i, e);
+    sums[(i / 8) % 2] = _mm256_add_ps(sums[(i / 8) % 2], e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(sums[0], sums[1]));
+  float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  if (i < n) {  // the ragged end, through a zero-padded copy
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, x + i, sizeof(float) * (n - i));
+    _mm256_store_ps(tail, exp256(_mm256_sub_ps(_mm256_load_ps(tail), offset)));
+    std::memcpy(x + i, tail, sizeof(float) * (n - i));
+    for (int64_t t = 0; t < n - i; ++t) total += tail[t];
+  }
+  return total;
+}
+
+// Scores (q . k) * scale of eight keys for H query heads, out[h][j]: each slice of a key is widened
+// once for all H heads (it was once per head, three times the conversions for SmolLM2's groups).
+// Each (head, key) sum runs over head_dim in order, as a single head's would.
+#if defined(__AVX512VL__)
+constexpr int64_t kScoreHeads = 3;  // 3 x 8 accumulators of the 32 registers
+#else
+constexpr int64_t kScoreHeads = 1;  // 8 accumulators of the 16 registers
+#endif
+
+template <int H, typename T>
+inline void score_keys(const T* const keys[8], const float* queries, int64_t head_dim, __m256 scale,
+                       float out[][8]) {
+  __m256 partial[H][8];
+  for (int h = 0; h < H; ++h) {
+    for (int j = 0; j < 8; ++j) partial[h][j] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    __m256 q[H];
+    for (int h = 0; h < H; ++h) q[h] = _mm256_loadu_ps(queries + h * head_dim + i);
+    for (int j = 0; j < 8; ++j) {
+      const __m256 k = load8(keys[j] + i);
+      for (int h = 0; h < H; ++h) partial[h][j] = _mm256_fmadd_ps(q[h], k, partial[h][j]);
+    }
+  }
+  for (int h = 0; h < H; ++h) _mm256_store_ps(out[h], _mm256_mul_ps(sum_lanes_of_8_ps(partial[h]), scale));
+}
+
+inline void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) {
+    _mm_prefetch(static_cast<const char*>(row) + line, _MM_HINT_T0);
+  }
+}
+
+// out[h][i] = sum_t p[h][t] * v_t[i] for H query heads, each sum taken in position order. Each
+// position's values are loaded once for all H heads, a pass covering S 8-wide slices of head_dim, so
+// H * S independent accumulators hide the multiply-adds' latency (one chain per slice, as an
+// accumulator per slice over all positions would be, was latency-bound: half the attention time).
+#if defined(__AVX512VL__)
+constexpr int64_t kValueSlices = 4;  // 32 vector registers: 4 heads x 4 slices of accumulators
+#else
+constexpr int64_t kValueSlices = 2;  // 16 registers
+#endif
+constexpr int64_t kHeadsAtOnce = 4;
+
+template <int H, int S, typename T>
+inline void weighted_value_slices(const T* value_cache, const int64_t* offsets, int64_t count, int64_t i0,
+                                  const float* const p[], float* const out[]) {
+  __m256 acc[H][S];
+  for (int h = 0; h < H; ++h) {
+    for (int s = 0; s < S; ++s) acc[h][s] = _mm256_setzero_ps();
+  }
+  for (int64_t t = 0; t < count; ++t) {
+    const T* v = value_cache + offsets[t] + i0;
+    __m256 values[S];
+    for (int s = 0; s < S; ++s) values[s] = load8(v + 8 * s);
+    for (int h = 0; h < H; ++h) {
+      const __m256 weight = _mm256_set1_ps(p[h][t]);
+      for (int s = 0; s < S; ++s) acc[h][s] = _mm256_fmadd_ps(weight, values[s], acc[h][s]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int s = 0; s < S; ++s) _mm256_storeu_ps(out[h] + i0 + 8 * s, acc[h][s]);
+  }
+}
+
+template <int H, typename T>
+void weighted_values(const T* value_cache, const int64_t* offsets, int64_t count, int64_t head_dim,
+                     const float* const p[], float* const out[]) {
+  int64_t i0 = 0;
+  for (; i0 + 8 * kValueSlices <= head_dim; i0 += 8 * kValueSlices) {
+    weighted_value_slices<H, kValueSlices>(value_cache, offsets, count, i0, p, out);
+  }
+  for (; i0 < head_dim; i0 += 8) weighted_value_slices<H, 1>(value_cache, offsets, count, i0, p, out);
+}
+
 // Softmax attention, over one row's (windowed) context, of the query heads that share KV head
 // `kv_head` (grouped-query attention): each key and value is read once for all of them. `queries`
 // and `out` hold those heads one after another, [group, head_dim]; head_dim is a multiple of 8.
@@ -225,48 +311,53 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
 
   const __m256 scale = _mm256_set1_ps(s.attn_scale);
   for (int64_t g = 0; g < group; ++g) max_scores[g] = -std::numeric_limits<float>::infinity();
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t t = 0; t < std::min<int64_t>(8, count); ++t) prefetch_row(key_cache + offsets[t], row_bytes);
   for (int64_t t0 = 0; t0 < count; t0 += 8) {
     const int64_t n = std::min<int64_t>(8, count - t0);
     const T* keys[8];
     for (int64_t j = 0; j < 8; ++j) keys[j] = key_cache + offsets[t0 + std::min(j, n - 1)];  // pad: repeat
-    for (int64_t g = 0; g < group; ++g) {
-      const float* query = queries + g * head_dim;
-      __m256 partial[8];
-      for (int j = 0; j < 8; ++j) partial[j] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < head_dim; i += 8) {
-        const __m256 q = _mm256_loadu_ps(query + i);
-        for (int j = 0; j < 8; ++j) partial[j] = _mm256_fmadd_ps(q, load8(keys[j] + i), partial[j]);
+    // The cache rows of a context are scattered over its blocks, too irregular for the hardware
+    // prefetcher: without these the attention waited on memory most of its time. Fetch the next
+    // eight keys, and these eight positions' values for the weighted sum below.
+    for (int64_t j = 0; j < 8 && t0 + 8 + j < count; ++j) prefetch_row(key_cache + offsets[t0 + 8 + j], row_bytes);
+    for (int64_t j = 0; j < n; ++j) prefetch_row(value_cache + offsets[t0 + j], row_bytes);
+    for (int64_t g0 = 0; g0 < group; g0 += kScoreHeads) {
+      const int64_t heads = std::min(kScoreHeads, group - g0);
+      alignas(32) float block[kScoreHeads][8];
+      switch (heads) {
+        case 1: score_keys<1>(keys, queries + g0 * head_dim, head_dim, scale, block); break;
+        case 2: if constexpr (kScoreHeads > 2) score_keys<2>(keys, queries + g0 * head_dim, head_dim, scale, block); break;
+        default: if constexpr (kScoreHeads > 2) score_keys<3>(keys, queries + g0 * head_dim, head_dim, scale, block); break;
       }
-      alignas(32) float block[8];
-      _mm256_store_ps(block, _mm256_mul_ps(sum_lanes_of_8_ps(partial), scale));
-      for (int64_t j = 0; j < n; ++j) {
-        scores[g * count + t0 + j] = block[j];
-        max_scores[g] = std::max(max_scores[g], block[j]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    const __m256 shift = _mm256_set1_ps(max_scores[g]);
-    map8(scores + g * count, count, [&](__m256 z) { return exp256(_mm256_sub_ps(z, shift)); });
-  }
-
-  constexpr int64_t kHeadsAtOnce = 4;
-  for (int64_t g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
-    const int64_t heads = std::min(kHeadsAtOnce, group - g0);
-    for (int64_t i = 0; i < head_dim; i += 8) {
-      __m256 acc[kHeadsAtOnce] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t t = 0; t < count; ++t) {
-        const __m256 value = load8(value_cache + offsets[t] + i);
-        for (int64_t k = 0; k < heads; ++k) {
-          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(scores[(g0 + k) * count + t]), value, acc[k]);
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = 0; j < n; ++j) {
+          scores[(g0 + h) * count + t0 + j] = block[h][j];
+          max_scores[g0 + h] = std::max(max_scores[g0 + h], block[h][j]);
         }
       }
-      for (int64_t k = 0; k < heads; ++k) _mm256_storeu_ps(out + (g0 + k) * head_dim + i, acc[k]);
+    }
+  }
+  float totals[kMaxGroupSize];
+  for (int64_t g = 0; g < group; ++g) totals[g] = exp_and_sum(scores + g * count, count, max_scores[g]);
+
+  for (int64_t g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+    const float* weights[kHeadsAtOnce];
+    float* outs[kHeadsAtOnce];
+    const int64_t heads = std::min(kHeadsAtOnce, group - g0);
+    for (int64_t k = 0; k < kHeadsAtOnce; ++k) {
+      weights[k] = scores + (g0 + std::min(k, heads - 1)) * count;
+      outs[k] = out + (g0 + std::min(k, heads - 1)) * head_dim;
+    }
+    switch (heads) {
+      case 1: weighted_values<1>(value_cache, offsets, count, head_dim, weights, outs); break;
+      case 2: weighted_values<2>(value_cache, offsets, count, head_dim, weights, outs); break;
+      case 3: weighted_values<3>(value_cache, offsets, count, head_dim, weights, outs); break;
+      default: weighted_values<4>(value_cache, offsets, count, head_dim, weights, outs); break;
     }
   }
   for (int64_t g = 0; g < group; ++g) {
-    float total = 0.0f;
-    for (int64_t t = 0; t < count; ++t) total += scores[g * count + t];
+    const float total = totals[g];
     if (stats) {
       stats[2 * g] = max_scores[g];
       stats[2 * g + 1] = total;

@@ -21,6 +21,9 @@
 
 namespace rebar_cpu_quant {
 
+// Most query heads sharing one KV head (grouped-query attention) that the fused step takes.
+constexpr int64_t kMaxGroupSize = 64;
+
 struct QuantLinearRef {
   PackedWeights weights;
   int64_t in_features;  // columns of x the layer reads (int8 per-channel rows may be ragged)

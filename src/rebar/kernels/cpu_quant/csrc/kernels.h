@@ -2,29 +2,30 @@
 // dot products where the CPU has them (simd.h; the build picks the widest, build.py).
 //
 // Activations are quantized to int8 per block of 32 values (one float scale per block); weights are
-// small unsigned codes with float scales (kinds below) or signed int8 codes. The dot product of a
-// weight block with an activation block is computed exactly in integers and only per-block sums are
-// scaled in float.
+// unsigned codes with float scales (kinds below). The dot product of a weight block with an
+// activation block is computed exactly in integers and only per-block sums are scaled in float.
 //
 // Weight kinds, each mapping one family of GGUF block types exactly (w = the value llama.cpp
-// decodes):
-//   kAffine       w = scale[g] * q + offset[g], q in 0..2^bits - 1, one (scale, offset) per group of
-//                 blocks_per_group blocks, float32 or float16: Q4_0 (offset = -8 d), Q4_1, Q5_0
-//                 (offset = -16 d), Q5_1 and rebar's own int4 checkpoints.
+// decodes); every code is unsigned, q in 0..2^bits - 1:
+//   kSym          w = scale[g] * (q - zero_point), one scale per group of blocks_per_group blocks,
+//                 float32 or float16: Q4_0 (4 bits, zero point 8), Q5_0 (5, 16), Q8_0 and rebar's
+//                 int8 checkpoints (8 bits: the signed code plus 128, zero point 128).
+//   kAffine       w = scale[g] * q + offset[g], one (scale, offset) per group: Q4_1, Q5_1 and
+//                 rebar's own int4 checkpoints.
 //   kSuperAffine  w = d * sc[b] * q - dmin * m[b]: float16 d and dmin per super-block of
 //                 blocks_per_group (8) blocks, 6-bit sc and m per block of 32: Q4_K, Q5_K.
 //   kSuperSym     w = d * sc[h] * (q - zero_point): float16 d per super-block, int8 sc per half-block
 //                 of 16: Q6_K (zero point 32).
-//   kInt8         w = scale[g] * q, q signed int8: Q8_0 and rebar's int8 checkpoints.
+// Zero points are applied in integers (the dot product of q - z is the dot of q minus z times the
+// activation codes' sum), so the symmetric kinds need no offset term at all.
 //
 // Packed weight layout (built in Python by packing.py): output rows are grouped in tiles of
 // kTileRows = 8, so that one AVX2 float register holds the 8 outputs of a tile and no horizontal sum
 // is needed per output. Within a tile, the blocks of all 8 rows are interleaved so a tile's weights are
 // one sequential stream:
-//   unsigned codes [num_tiles, num_blocks, bits, 32] uint8: in chunk c < 4, byte 4 * row + j = low 4
+//   codes          [num_tiles, num_blocks, bits, 32] uint8: in chunk c < 4, byte 4 * row + j = low 4
 //                  bits of the code of column 4c + j (low nibble) | of column 16 + 4c + j (high
 //                  nibble); then bits - 4 vectors of the codes' high bits (load_codes, block_dots.h)
-//   int8 codes     [num_tiles, num_blocks, 8, 32] int8, rows in natural order
 //   scales/offs    [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
 //   sub-scales     [num_tiles, num_groups, subs, 8] uint8 (kSuperAffine: subs 8) or int8 (kSuperSym: 16)
 // Rows past the real output size are zero-filled and never stored.
@@ -38,7 +39,7 @@ namespace rebar_cpu_quant {
 constexpr int64_t kBlock = 32;    // activation quantization block, in values
 constexpr int64_t kTileRows = 8;  // output rows per tile: one lane of a __m256 each
 
-enum class WeightKind : int { kInt8 = 0, kAffine = 1, kSuperAffine = 2, kSuperSym = 3 };
+enum class WeightKind : int { kSym = 0, kAffine = 1, kSuperAffine = 2, kSuperSym = 3 };
 
 // Activations of `rows` rows quantized per block of 32: q = round(x / d), d = max|x| / 127.
 struct QuantizedRows {
@@ -56,14 +57,14 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t num_blocks,
 
 struct PackedWeights {
   WeightKind kind;
-  int code_bits;               // unsigned kinds: 4, 5 or 6; kInt8: 8
-  const void* codes;           // unsigned kinds: uint8 [tiles, blocks, code_bits, 32]; kInt8: int8 [tiles, blocks, 8, 32]
-  const void* scales;          // kInt8/kAffine: [tiles, groups, 8]; super kinds: d [tiles, groups, 8] float16
+  int code_bits;               // 4, 5, 6 or 8
+  const uint8_t* codes;        // [tiles, blocks, code_bits, 32]
+  const void* scales;          // kSym/kAffine: [tiles, groups, 8]; super kinds: d [tiles, groups, 8] float16
   const void* offsets;         // kAffine: [tiles, groups, 8]; kSuperAffine: dmin [tiles, groups, 8] float16
   const uint8_t* sub_scales;   // super kinds: [tiles, groups, subs, 8]
   const uint8_t* sub_mins;     // kSuperAffine: [tiles, groups, 8, 8]
   bool half_scales;            // scales/offsets are float16 bits (else float32); always true for super kinds
-  int zero_point;              // kSuperSym
+  int zero_point;              // kSym, kSuperSym
   int64_t num_tiles;
   int64_t num_blocks;        // blocks of 32 input columns per row
   int64_t blocks_per_group;  // blocks sharing one scale (a super-block's blocks for the super kinds)
@@ -100,8 +101,8 @@ void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_
 void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                        int64_t tile_end);
 
-// linear_tile_range for unsigned-code weights and many rows (quant_gemm.cpp): the same results,
-// scheduled for compute-bound batches; used from kGemmMinRows rows on.
+// linear_tile_range for many rows (quant_gemm.cpp): the same results, scheduled for compute-bound
+// batches; used from kGemmMinRows rows on.
 constexpr int64_t kGemmMinRows = 64;
 void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                      int64_t tile_end);

@@ -1,4 +1,4 @@
-// y = x @ w.T for unsigned-code weights and many activation rows (prefill): the compute-bound case.
+// y = x @ w.T for many activation rows (prefill): the compute-bound case.
 //
 // Same arithmetic as the small-batch kernel in quant_linear.cpp (the functions of block_dots.h, in
 // the same order), so a row's result does not depend on which of the two computed it. What differs
@@ -37,7 +37,7 @@ constexpr int kRowsAtOnce = 2;
 // One tile expanded for the row loop.
 struct ExpandedTile {
   std::vector<__m256i> codes;        // [num_blocks * 8]: load_codes' vectors
-  std::vector<__m256> block_scales;  // [num_blocks]: kAffine the group's scale, kSuperAffine d sc, kSuperSym d
+  std::vector<__m256> block_scales;  // [num_blocks]: kSym/kAffine the group's scale, kSuperAffine d sc, kSuperSym d
   std::vector<__m256> block_mins;    // [num_blocks]: kSuperAffine dmin m
   std::vector<__m256> offsets;       // [num_groups]: kAffine
   std::vector<__m256i> sub_scales;   // [num_blocks * 2]: kSuperSym sc of each half-block
@@ -97,10 +97,13 @@ void rows_times_tile(const QuantizedRows& x, const PackedWeights& w, const Expan
     HalfDot<kBits> lo[R], hi[R];
     block_dots<kBits, R>(&tile.codes[b * 8], x_block, lo, hi);
     for (int r = 0; r < R; ++r) {
+      const int32_t* sums = x.half_sums + ((row + r) * x.num_blocks + b) * 2;
       if constexpr (kKind == WeightKind::kSuperSym) {
-        const int32_t* sums = x.half_sums + ((row + r) * x.num_blocks + b) * 2;
         acc[r] = add_sym16_dot(acc[r], lo[r].total(), hi[r].total(), tile.sub_scales[2 * b], tile.sub_scales[2 * b + 1],
                                w.zero_point * sums[0], w.zero_point * sums[1], tile.block_scales[b], xd[r][b]);
+      } else if constexpr (kKind == WeightKind::kSym) {
+        acc[r] = add_sym_dot(acc[r], block_total(lo[r], hi[r]), w.zero_point * (sums[0] + sums[1]),
+                             tile.block_scales[b], xd[r][b]);
       } else {
         acc[r] = add_scaled_dot(acc[r], block_total(lo[r], hi[r]), tile.block_scales[b], xd[r][b]);
       }
@@ -147,17 +150,20 @@ void gemm_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_
 }  // namespace
 
 void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end) {
+  const int64_t b = tile_begin, e = tile_end;
   switch (w.kind) {
+    case WeightKind::kSym:
+      if (w.code_bits == 8) return gemm_range<WeightKind::kSym, 8>(x, w, y, b, e);
+      if (w.code_bits == 5) return gemm_range<WeightKind::kSym, 5>(x, w, y, b, e);
+      return gemm_range<WeightKind::kSym, 4>(x, w, y, b, e);
     case WeightKind::kAffine:
-      if (w.code_bits == 5) return gemm_range<WeightKind::kAffine, 5>(x, w, y, tile_begin, tile_end);
-      return gemm_range<WeightKind::kAffine, 4>(x, w, y, tile_begin, tile_end);
+      if (w.code_bits == 5) return gemm_range<WeightKind::kAffine, 5>(x, w, y, b, e);
+      return gemm_range<WeightKind::kAffine, 4>(x, w, y, b, e);
     case WeightKind::kSuperAffine:
-      if (w.code_bits == 5) return gemm_range<WeightKind::kSuperAffine, 5>(x, w, y, tile_begin, tile_end);
-      return gemm_range<WeightKind::kSuperAffine, 4>(x, w, y, tile_begin, tile_end);
+      if (w.code_bits == 5) return gemm_range<WeightKind::kSuperAffine, 5>(x, w, y, b, e);
+      return gemm_range<WeightKind::kSuperAffine, 4>(x, w, y, b, e);
     case WeightKind::kSuperSym:
-      return gemm_range<WeightKind::kSuperSym, 6>(x, w, y, tile_begin, tile_end);
-    case WeightKind::kInt8:
-      break;  // never here: int8 weights keep the small-batch kernel (linear_tile_range)
+      return gemm_range<WeightKind::kSuperSym, 6>(x, w, y, b, e);
   }
 }
 

@@ -1,10 +1,10 @@
 // y = x @ w.T for every weight kind of kernels.h, on a few activation rows (decode, short chunks).
 //
 // For one tile of 8 output rows and one activation row, with q_x, d_x the row's int8 blocks:
+//   kSym          y[o] = sum_b scale[o, g(b)] * d_x[b] * dot_b(q_w - z, q_x)
 //   kAffine       y[o] = sum_b scale[o, g(b)] * d_x[b] * dot_b(q_w, q_x) + sum_g offset[o, g] * sum_{b in g} d_x[b] sum(q_x[b])
 //   kSuperAffine  y[o] = sum_b (d[o] sc[o, b]) * d_x[b] * dot_b(q_w, q_x) - sum_b (dmin[o] m[o, b]) * d_x[b] sum(q_x[b])
 //   kSuperSym     y[o] = sum_b (d[o] * d_x[b]) * sum_{h in b} sc[o, h] * dot_h(q_w - z, q_x)
-//   kInt8         y[o] = sum_b scale[o, g(b)] * d_x[b] * dot_b(q_w, q_x)
 // The dots are exact int32 arithmetic; everything after them is float32. Every term multiplies the
 // rounded activations, so y is the weights times them (up to float32 round-off).
 //
@@ -89,6 +89,11 @@ void unsigned_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t 
       block_dots<kBits, R>(wv, x_block, lo, hi);
       if constexpr (kKind == WeightKind::kAffine) {
         for (int r = 0; r < R; ++r) acc[r] = add_scaled_dot(acc[r], block_total(lo[r], hi[r]), scale, xd[r][b]);
+      } else if constexpr (kKind == WeightKind::kSym) {
+        for (int r = 0; r < R; ++r) {
+          const int32_t* sums = x.half_sums + ((row + r) * x.num_blocks + b) * 2;
+          acc[r] = add_sym_dot(acc[r], block_total(lo[r], hi[r]), w.zero_point * (sums[0] + sums[1]), scale, xd[r][b]);
+        }
       } else if constexpr (kKind == WeightKind::kSuperAffine) {
         const __m256 block_scale = _mm256_mul_ps(scale, u8x8_to_ps(subs + i * kTileRows));
         const __m256 block_min = _mm256_mul_ps(dmin, u8x8_to_ps(mins + i * kTileRows));
@@ -120,49 +125,6 @@ void unsigned_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t 
   for (int r = 0; r < R; ++r) store_lanes(y + (row + r) * w.out_features + first_out, acc[r], count);
 }
 
-// 8-bit signed codes: 32 bytes per row and block, rows in natural order.
-template <int R, bool kHalfScales>
-void int8_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t tile, int64_t row, float* y) {
-  constexpr int64_t kBytes = kTileRows * kBlock;
-  const int64_t num_groups = w.num_blocks / w.blocks_per_group;
-  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + tile * w.num_blocks * kBytes;
-  const int64_t scale_base = tile * num_groups * kTileRows;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0, b = 0; g < num_groups; ++g) {
-    const __m256 scale = load_scales(w.scales, scale_base + g * kTileRows, kHalfScales);
-    for (const int64_t group_end = b + w.blocks_per_group; b < group_end; ++b) {
-      const uint8_t* block = codes + b * kBytes;
-      prefetch_ahead(block, kBytes);
-      __m256i sums[R][kTileRows];
-#pragma GCC unroll 8
-      for (int k = 0; k < kTileRows; ++k) {
-        const __m256i wk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kBlock * k));
-        // The dot products need one unsigned operand: use |w| and move w's sign onto the activations.
-        // |-128| = 128 still fits as unsigned, and activations are within [-127, 127], so maddubs pair
-        // sums stay within 2 * 128 * 127 < 32768.
-        const __m256i w_abs = _mm256_abs_epi8(wk);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xr = x.q + ((row + r) * x.num_blocks + b) * kBlock;
-          const __m256i signed_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr)), wk);
-#if defined(REBAR_VNNI)
-          sums[r][k] = dpbusd(_mm256_setzero_si256(), w_abs, signed_x);
-#else
-          sums[r][k] = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, signed_x), _mm256_set1_epi16(1));
-#endif
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        acc[r] = add_scaled_dot(acc[r], sum_lanes_of_8(sums[r]), scale, x.d[(row + r) * x.num_blocks + b]);
-      }
-    }
-  }
-  const int64_t first_out = tile * kTileRows;
-  const int64_t count = std::min<int64_t>(kTileRows, w.out_features - first_out);
-  for (int r = 0; r < R; ++r) store_lanes(y + (row + r) * w.out_features + first_out, acc[r], count);
-}
-
 // Tiles [tile_begin, tile_end) on the calling thread. The activation rows are looped inside, so a
 // tile's weights are read from memory once and then reused from L1 for every chunk of rows.
 template <int kMax, typename Tile>
@@ -186,30 +148,33 @@ void unsigned_range(const QuantizedRows& x, const PackedWeights& w, float* y, in
   });
 }
 
-template <bool kHalf>
-void int8_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t begin, int64_t end) {
-  // Each row keeps eight partial sums live: two rows at a time.
-  tile_range<2>(x, begin, end, [&](auto rows, int64_t tile, int64_t row) {
-    int8_tile_rows<decltype(rows)::value, kHalf>(x, w, tile, row, y);
-  });
+// The per-group kinds take float16 or float32 scales.
+template <WeightKind kKind, int kBits>
+void grouped_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t begin, int64_t end) {
+  if (w.half_scales) {
+    unsigned_range<kKind, kBits, true>(x, w, y, begin, end);
+  } else {
+    unsigned_range<kKind, kBits, false>(x, w, y, begin, end);
+  }
 }
 
 }  // namespace
 
 void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                        int64_t tile_end) {
-  if (w.kind != WeightKind::kInt8 && x.rows >= kGemmMinRows) {
+  if (x.rows >= kGemmMinRows) {
     gemm_tile_range(x, w, y, tile_begin, tile_end);
     return;
   }
   const int64_t b = tile_begin, e = tile_end;
   switch (w.kind) {
-    case WeightKind::kInt8:
-      return w.half_scales ? int8_range<true>(x, w, y, b, e) : int8_range<false>(x, w, y, b, e);
+    case WeightKind::kSym:
+      if (w.code_bits == 8) return grouped_range<WeightKind::kSym, 8>(x, w, y, b, e);
+      if (w.code_bits == 5) return grouped_range<WeightKind::kSym, 5>(x, w, y, b, e);
+      return grouped_range<WeightKind::kSym, 4>(x, w, y, b, e);
     case WeightKind::kAffine:
-      if (w.code_bits == 5) return unsigned_range<WeightKind::kAffine, 5, true>(x, w, y, b, e);
-      return w.half_scales ? unsigned_range<WeightKind::kAffine, 4, true>(x, w, y, b, e)
-                           : unsigned_range<WeightKind::kAffine, 4, false>(x, w, y, b, e);
+      if (w.code_bits == 5) return grouped_range<WeightKind::kAffine, 5>(x, w, y, b, e);
+      return grouped_range<WeightKind::kAffine, 4>(x, w, y, b, e);
     case WeightKind::kSuperAffine:
       if (w.code_bits == 5) return unsigned_range<WeightKind::kSuperAffine, 5, true>(x, w, y, b, e);
       return unsigned_range<WeightKind::kSuperAffine, 4, true>(x, w, y, b, e);
