@@ -43,8 +43,10 @@ ENV_PREFIX = "REBAR_"
 ENV_NESTED_DELIMITER = "__"
 SECRET_KEYS = frozenset({"server.api_keys", "server.admin_api_keys"})
 # Process-wide switches read where they act, not settings; the settings loader skips them.
-# REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant.
-PROCESS_ENV_SWITCHES = frozenset({"REBAR_DISABLE_CPU_KERNELS"})
+# REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant; REBAR_CPU_ISA: build those
+# kernels for a narrower instruction set; REBAR_LLAMA_CPP_BIN: where `rebar bench compare` finds
+# llama.cpp's tools.
+PROCESS_ENV_SWITCHES = frozenset({"REBAR_DISABLE_CPU_KERNELS", "REBAR_CPU_ISA", "REBAR_LLAMA_CPP_BIN"})
 
 
 def _blank_to_none(value: Any) -> Any:

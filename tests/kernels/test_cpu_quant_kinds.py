@@ -73,13 +73,13 @@ def test_bad_layouts_raise_value_errors() -> None:
     packed = case.packed
     x = torch.randn(2, 256)
     broken = [
-        (6, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 256),  # unknown kind
-        (3, 5, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 256),  # wrong bits
-        (3, 6, packed.codes, packed.scales, None, None, None, 32, 16, 256),  # no sub-scales
-        (3, 6, packed.codes, packed.scales, None, packed.sub_scales[:, :, :8], None, 32, 16, 256),  # short
-        (3, 6, packed.codes, packed.scales.float(), None, packed.sub_scales, None, 32, 16, 256),  # fp32 d
-        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 17, 256),  # out_features
-        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, None, 32, 16, 224),  # in_features
+        (6, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 256),  # unknown kind
+        (3, 5, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 256),  # wrong bits
+        (3, 6, packed.codes, packed.scales, None, None, 32, 16, 256),  # no sub-scales
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales[:, :, :8], 32, 16, 256),  # short
+        (3, 6, packed.codes, packed.scales.float(), None, packed.sub_scales, 32, 16, 256),  # fp32 d
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 17, 256),  # out_features
+        (3, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 224),  # in_features
     ]
     for args in broken:
         with pytest.raises(ValueError):

@@ -145,8 +145,23 @@ def test_packing_in_row_chunks_gives_the_same_tiles() -> None:
         return cpu_quant.pack_super_affine(codes[start:end], 5, d[start:end], dmin[start:end], sc[start:end], m[start:end])
 
     whole, chunked = rows(0, 37), cpu_quant.pack_in_row_chunks(37, 16, rows)
-    for name in ("codes", "scales", "offsets", "sub_scales", "sub_mins"):
+    for name in ("codes", "scales", "offsets", "sub_scales"):
         assert torch.equal(getattr(chunked, name), getattr(whole, name)), name
     assert chunked.out_features == 37 and torch.equal(chunked.dequantize(), whole.dequantize())
     with pytest.raises(ValueError, match="multiple of 8"):
         cpu_quant.pack_in_row_chunks(37, 12, rows)
+
+
+def test_k_quant_scale_pairs_pack_into_96_bytes_per_super_block() -> None:
+    """Q4_K / Q5_K keep their 6-bit scales and mins at 6 bits: 96 bytes per tile and super-block (12 per
+    row, as in the GGUF file); every value survives, and 7-bit ones are refused."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (16, 512), generator=gen, dtype=torch.uint8)
+    d, dmin = torch.rand(16, 2, generator=gen).half(), torch.rand(16, 2, generator=gen).half()
+    sc, m = (torch.randint(0, 64, (16, 16), generator=gen, dtype=torch.uint8) for _ in range(2))
+    packed = cpu_quant.pack_super_affine(codes, 4, d, dmin, sc, m)
+    assert packed.sub_scales.shape == (2, 2, 96)
+    scales, mins = cpu_quant.packing._unpack_k_scales(packed.sub_scales)
+    assert torch.equal(cpu_quant.packing._untile(scales, 16), sc) and torch.equal(cpu_quant.packing._untile(mins, 16), m)
+    with pytest.raises(ValueError, match="6-bit"):
+        cpu_quant.pack_super_affine(codes, 4, d, dmin, sc | 64, m)

@@ -2,8 +2,9 @@
 
 The peer is llama.cpp as its users run it (`rebar.bench.llamacpp`: `llama-bench`,
 `llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
-run` gives: weights kept quantized, float16 KV cache on the CPU); each rebar figure is the median of
-`repeats` runs on fresh random prompts, so no prefix cache helps.
+run` gives: weights kept quantized, float16 KV cache on the CPU). Each figure is the median of
+`repeats` runs, rebar's and llama.cpp's alternating (one of each per repeat, so the host's drift
+falls on both alike), rebar's on fresh random prompts so no prefix cache helps.
 
 - decode: one stream, a one-token prompt, `gen_tokens` greedy tokens with EOS ignored, the rate from
   the first token to the last; llama-bench's `tg` test (an empty context, one token at a time);
@@ -136,21 +137,24 @@ class RebarFigures:
     batched_decode_tokens_per_s: float
 
 
-def measure_rebar(core, config: CompareConfig, allowed: list[int], rng: random.Random) -> RebarFigures:
-    _token_times(core, {"warm-up": allowed[:8]}, 4)
-    decode, prefill, batched = [], [], []
-    for run in range(config.repeats):
-        (times,) = _token_times(core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens).values()
-        decode.append((len(times) - 2) / (times[-1] - times[1]))
-        (times,) = _token_times(core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1).values()
-        prefill.append(times[1] - times[0])
-        streams = {f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng) for i in range(config.batch)}
-        per_stream = _token_times(core, streams, config.batch_gen_tokens).values()
-        decode_start = max(t[1] for t in per_stream)  # every stream has its first token
-        decode_end = max(t[-1] for t in per_stream)
-        tokens = sum(sum(1 for stamp in t[2:] if stamp > decode_start) for t in per_stream)
-        batched.append(tokens / (decode_end - decode_start))
-    return RebarFigures(statistics.median(decode), statistics.median(prefill), statistics.median(batched))
+def measure_rebar(core, config: CompareConfig, allowed: list[int], rng: random.Random, run: int) -> RebarFigures:
+    """One run of each figure, on fresh random prompts."""
+    (times,) = _token_times(core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens).values()
+    decode = (len(times) - 2) / (times[-1] - times[1])
+    (times,) = _token_times(core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1).values()
+    prefill = times[1] - times[0]
+    streams = {f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng) for i in range(config.batch)}
+    per_stream = _token_times(core, streams, config.batch_gen_tokens).values()
+    decode_start = max(t[1] for t in per_stream)  # every stream has its first token
+    decode_end = max(t[-1] for t in per_stream)
+    tokens = sum(sum(1 for stamp in t[2:] if stamp > decode_start) for t in per_stream)
+    return RebarFigures(decode, prefill, tokens / (decode_end - decode_start))
+
+
+def medians(runs: list) -> object:
+    """The field-wise median of dataclass instances of one type."""
+    kind = type(runs[0])
+    return kind(*(statistics.median(getattr(r, f) for r in runs) for f in kind.__dataclass_fields__))
 
 
 # ----- rebar's memory, in a fresh process -----------------------------------------------------------
@@ -300,6 +304,8 @@ def build_rows(config: CompareConfig, rebar: RebarFigures, bench, batched, memor
 
 
 def run_compare(config: CompareConfig) -> CompareReport:
+    """rebar's and llama.cpp's runs alternate, one of each per repeat, so that this host's drift (it
+    moves by 20-30% over minutes) falls on both alike; each figure is the median of its repeats."""
     from rebar.engine.llm import LLM
 
     torch.set_num_threads(config.threads)
@@ -309,25 +315,38 @@ def run_compare(config: CompareConfig) -> CompareReport:
     path = Path(llm.checkpoint.path)
     tokenizer = llm.tokenizer
     allowed = [t for t in range(tokenizer.vocab_size) if not tokenizer.is_special(t)]
-    rebar = measure_rebar(llm.engine, config, allowed, random.Random(config.seed))
-    del llm
+    rng = random.Random(config.seed)
+    _token_times(llm.engine, {"warm-up": allowed[:8]}, 4)
 
     notes: list[str] = []
-    bench = batched = None
     if path.suffix != ".gguf":
         notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
-    else:
-        tools = config.tools
-        bench = _peer(notes, "llama-bench", lambda: run_llama_bench(
-            find_tool("llama-bench", tools.get("llama-bench")), path, config.threads, config.prompt_tokens,
-            config.gen_tokens, config.repeats))
-        batched = _peer(notes, "llama-batched-bench", lambda: run_batched_bench(
+    tools, is_gguf = config.tools, path.suffix == ".gguf"
+    peers = {  # what each repeat runs of llama.cpp; a tool that fails once is not tried again
+        "llama-bench": lambda: run_llama_bench(find_tool("llama-bench", tools.get("llama-bench")), path,
+                                               config.threads, config.prompt_tokens, config.gen_tokens, repetitions=1),
+        "llama-batched-bench": lambda: run_batched_bench(
             find_tool("llama-batched-bench", tools.get("llama-batched-bench")), path, config.threads, config.batch,
-            config.batch_prompt_tokens, config.batch_gen_tokens))
+            config.batch_prompt_tokens, config.batch_gen_tokens),
+    } if is_gguf else {}
+    rebar_runs: list[RebarFigures] = []
+    peer_runs: dict[str, list] = {name: [] for name in peers}
+    for run in range(config.repeats):
+        rebar_runs.append(measure_rebar(llm.engine, config, allowed, rng, run))
+        for name, measure in list(peers.items()):
+            figures = _peer(notes, name, measure)
+            if figures is None:
+                del peers[name]
+            else:
+                peer_runs[name].append(figures)
+    del llm
+    bench = medians(peer_runs["llama-bench"]) if peer_runs.get("llama-bench") else None
+    batched = medians(peer_runs["llama-batched-bench"]) if peer_runs.get("llama-batched-bench") else None
     memory = measure_memory(config.model, path, config.threads)
     http = None
     if config.http:
         ours = measure_rebar_http(config.model, config)
-        theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config)) if path.suffix == ".gguf" else None
+        theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config)) if is_gguf else None
         http = (ours, theirs)
-    return CompareReport(config.model, config.threads, build_rows(config, rebar, bench, batched, memory, http), notes)
+    rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http)
+    return CompareReport(config.model, config.threads, rows, notes)

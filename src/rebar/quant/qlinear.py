@@ -136,16 +136,22 @@ class NativeMatmul:
 
 
 def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
-    """`weight` in the tiled layout of rebar's CPU kernels (GGUF weights decoded a few MiB at a time)."""
+    """`weight` in the tiled layout of rebar's CPU kernels, a few MiB of it decoded at a time."""
+    from rebar.kernels import cpu_quant
+
+    rows = max(8, PACK_CHUNK_WEIGHTS // weight.in_features // 8 * 8)
+    return cpu_quant.pack_in_row_chunks(weight.out_features, rows,
+                                        lambda start, end: _pack_rows(weight.row_slice(start, end)))
+
+
+def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
     from rebar.kernels import cpu_quant
 
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
             return cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
         return cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
-    rows = max(8, PACK_CHUNK_WEIGHTS // weight.in_features // 8 * 8)
-    return cpu_quant.pack_in_row_chunks(weight.out_features, rows,
-                                        lambda start, end: _pack_decoded(weight.row_slice(start, end).decode()))
+    return _pack_decoded(weight.decode())
 
 
 def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:

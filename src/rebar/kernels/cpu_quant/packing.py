@@ -15,6 +15,8 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
+from rebar.kernels.cpu_quant.weight_memory import ARENA
+
 BLOCK = 32  # columns per activation-quantization block
 TILE_ROWS = 8  # output rows per tile
 CODE_VECTORS = 8  # per tile and block: code vector k holds columns 4k..4k+3 of the tile's 8 rows
@@ -35,10 +37,10 @@ class PackedQuant:
     """A weight `[out_features, in_features]` in the kernels' tiled layout.
 
     `codes`: `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then `code_bits - 4`
-    vectors of high bits; every code is unsigned). `scales` (and
-    `offsets`) `[tiles, groups, 8]`, with `group_size` columns per group (a super-block's 256 for the
-    super kinds, whose `scales` / `offsets` are float16 d / dmin); `sub_scales` / `sub_mins`
-    `[tiles, groups, subs, 8]` 8-bit.
+    vectors of high bits; every code is unsigned). `scales` (and `offsets`) `[tiles, groups, 8]`,
+    with `group_size` columns per group (a super-block's 256 for the super kinds, whose `scales` /
+    `offsets` are float16 d / dmin). `sub_scales`: SUPER_AFFINE's 6-bit scale and min pairs packed
+    `[tiles, groups, 96]`, SUPER_SYM's int8 `[tiles, groups, 16, 8]`.
     """
 
     kind: WeightKind
@@ -47,7 +49,6 @@ class PackedQuant:
     scales: torch.Tensor
     offsets: torch.Tensor | None
     sub_scales: torch.Tensor | None
-    sub_mins: torch.Tensor | None
     zero_point: int
     out_features: int
     in_features: int
@@ -56,11 +57,11 @@ class PackedQuant:
     def kernel_args(self) -> tuple:
         """The weight as the compiled kernels take it (bindings.cpp's WeightArgs)."""
         return (int(self.kind), self.code_bits, self.codes, self.scales, self.offsets, self.sub_scales,
-                self.sub_mins, self.zero_point, self.out_features, self.in_features)
+                self.zero_point, self.out_features, self.in_features)
 
     @property
     def num_bytes(self) -> int:
-        parts = [self.codes, self.scales, self.offsets, self.sub_scales, self.sub_mins]
+        parts = [self.codes, self.scales, self.offsets, self.sub_scales]
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -171,7 +172,7 @@ def pack_affine(codes: torch.Tensor, bits: int, scales: torch.Tensor, offsets: t
     _check_shape("offsets", offsets, (out_features, num_groups))
     dtype = _scale_dtype(scales, offsets)
     return PackedQuant(WeightKind.AFFINE, bits, tile_codes(codes, bits), _tile_scales(scales, dtype),
-                       _tile_scales(offsets, dtype), None, None, 0, out_features, in_features, group_size)
+                       _tile_scales(offsets, dtype), None, 0, out_features, in_features, group_size)
 
 
 def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> PackedQuant:
@@ -194,10 +195,33 @@ def pack_super_affine(codes: torch.Tensor, bits: int, d: torch.Tensor, dmin: tor
         _check_shape(name, t, (out_features, num_groups))
     for name, t in (("sub_scales", sub_scales), ("sub_mins", sub_mins)):
         _check_shape(name, t, (out_features, in_features // BLOCK))
+    if int(sub_scales.max()) >= 64 or int(sub_mins.max()) >= 64:
+        raise ValueError("sub_scales and sub_mins are 6-bit values (0..63)")
+    pairs = _pack_k_scales(_tile_sub_scales(sub_scales.to(torch.uint8), num_groups),
+                           _tile_sub_scales(sub_mins.to(torch.uint8), num_groups))
     return PackedQuant(WeightKind.SUPER_AFFINE, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16),
-                       _tile_scales(dmin, torch.float16), _tile_sub_scales(sub_scales.to(torch.uint8), num_groups),
-                       _tile_sub_scales(sub_mins.to(torch.uint8), num_groups), 0, out_features, in_features,
-                       SUPER_BLOCK)
+                       _tile_scales(dmin, torch.float16), pairs, 0, out_features, in_features, SUPER_BLOCK)
+
+
+def _pack_k_scales(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """6-bit scales and mins `[tiles, groups, 8 blocks, 8 rows]` -> `[tiles, groups, 96]`: the low
+    nibbles of blocks b and b + 4 share a byte (scales, then mins), then one byte per (b < 4, row)
+    of the four values' top 2 bits (csrc/block_dots.h, k_block_scales)."""
+    tiles, groups = scales.shape[:2]
+    low = lambda t: ((t[:, :, :4] & 0x0F) | ((t[:, :, 4:] & 0x0F) << 4)).reshape(tiles, groups, 32)  # noqa: E731
+    high = ((scales[:, :, :4] >> 4) | ((scales[:, :, 4:] >> 4) << 2) | ((mins[:, :, :4] >> 4) << 4)
+            | ((mins[:, :, 4:] >> 4) << 6)).reshape(tiles, groups, 32)
+    return torch.cat([low(scales), low(mins), high], dim=-1).contiguous()
+
+
+def _unpack_k_scales(pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `_pack_k_scales`."""
+    tiles, groups = pairs.shape[:2]
+    low_scales, low_mins, high = (pairs[..., 32 * i : 32 * (i + 1)].reshape(tiles, groups, 4, 8) for i in range(3))
+    top = lambda shift: ((high >> shift) & 3) << 4  # noqa: E731
+    scales = torch.cat([(low_scales & 0x0F) | top(0), (low_scales >> 4) | top(2)], dim=2)
+    mins = torch.cat([(low_mins & 0x0F) | top(4), (low_mins >> 4) | top(6)], dim=2)
+    return scales, mins
 
 
 def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: torch.Tensor,
@@ -210,7 +234,7 @@ def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: 
     _check_shape("d", d, (out_features, num_groups))
     _check_shape("sub_scales", sub_scales, (out_features, in_features // (BLOCK // 2)))
     return PackedQuant(WeightKind.SUPER_SYM, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16), None,
-                       _tile_sub_scales(sub_scales.to(torch.int8), num_groups), None, zero_point, out_features,
+                       _tile_sub_scales(sub_scales.to(torch.int8), num_groups), zero_point, out_features,
                        in_features, SUPER_BLOCK)
 
 
@@ -228,7 +252,7 @@ def pack_sym(codes: torch.Tensor, bits: int, scales: torch.Tensor, group_size: i
     _check_shape("scales", scales, (out_features, num_groups))
     padded = F.pad(codes, (0, -in_features % BLOCK), value=zero_point)
     return PackedQuant(WeightKind.SYM, bits, tile_codes(padded, bits), _tile_scales(scales, _scale_dtype(scales)),
-                       None, None, None, zero_point, out_features, in_features, group_size)
+                       None, None, zero_point, out_features, in_features, group_size)
 
 
 def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
@@ -241,23 +265,22 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
     return pack_sym(codes, 8, scales, group_size, 128)
 
 
-_TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales", "sub_mins")  # [tiles, ...] each
+_TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales")  # [tiles, ...] each
 
 
 def pack_in_row_chunks(out_features: int, chunk_rows: int, pack_rows: Callable[[int, int], PackedQuant]) -> PackedQuant:
     """The weight `pack_rows(0, out_features)` would give, packed `chunk_rows` output rows at a time (a
-    multiple of 8) into tensors allocated once: decoding and tiling then hold one chunk's temporaries,
-    not the whole weight's (a vocabulary-sized embedding's would be several times its packed size)."""
+    multiple of 8) into tensors allocated once, in huge pages (weight_memory.py): decoding and tiling
+    then hold one chunk's temporaries, not the whole weight's (a vocabulary-sized embedding's would be
+    several times its packed size)."""
     if chunk_rows <= 0 or chunk_rows % TILE_ROWS:
         raise ValueError(f"chunk_rows must be a positive multiple of {TILE_ROWS}, got {chunk_rows}")
-    if out_features <= chunk_rows:
-        return pack_rows(0, out_features)
-    first = pack_rows(0, chunk_rows)
+    first = pack_rows(0, min(out_features, chunk_rows))
     num_tiles = _num_tiles(out_features)
     whole = {}
     for name in _TILED_FIELDS:
         part = getattr(first, name)
-        whole[name] = None if part is None else part.new_empty((num_tiles, *part.shape[1:]))
+        whole[name] = None if part is None else ARENA.empty((num_tiles, *part.shape[1:]), part.dtype)
     for start in range(0, out_features, chunk_rows):
         part = first if start == 0 else pack_rows(start, min(out_features, start + chunk_rows))
         tile = start // TILE_ROWS
@@ -287,6 +310,7 @@ def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
         return codes * per_column(p.scales, p.group_size) + per_column(p.offsets, p.group_size)
     d = per_column(p.scales, SUPER_BLOCK)
     if p.kind == WeightKind.SUPER_AFFINE:
-        return (d * per_column(p.sub_scales, BLOCK)) * codes - per_column(p.offsets, SUPER_BLOCK) * per_column(p.sub_mins, BLOCK)
+        scales, mins = _unpack_k_scales(p.sub_scales)
+        return (d * per_column(scales, BLOCK)) * codes - per_column(p.offsets, SUPER_BLOCK) * per_column(mins, BLOCK)
     sc = _untile(p.sub_scales.view(torch.int8), out).float().repeat_interleave(BLOCK // 2, dim=1)
     return (d * sc) * (codes - p.zero_point)

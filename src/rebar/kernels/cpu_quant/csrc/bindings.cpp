@@ -13,6 +13,7 @@
 
 #include "decoder.h"
 #include "elementwise.h"
+#include "block_dots.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -72,21 +73,15 @@ at::Tensor output_like(const at::Tensor& x, int64_t out_features) {
 }
 
 // A packed weight as Python hands it over (packing.py's `kernel_args`):
-// (kind, code_bits, codes, scales, offsets or None, sub_scales or None, sub_mins or None, zero_point,
-//  out_features, in_features).
+// (kind, code_bits, codes, scales, offsets or None, sub_scales or None, zero_point, out_features,
+//  in_features).
 using WeightArgs = std::tuple<int64_t, int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>,
-                              std::optional<at::Tensor>, std::optional<at::Tensor>, int64_t, int64_t, int64_t>;
-
-void check_per_tile(const at::Tensor& t, const at::Tensor& codes, int64_t groups, int64_t subs, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() == 4 && t.size(0) == codes.size(0) && t.size(1) == groups && t.size(2) == subs &&
-                        t.size(3) == kTileRows && t.is_contiguous() && t.element_size() == 1,
-                    name, " must be contiguous 8-bit [tiles, ", groups, ", ", subs, ", 8], got ", t.sizes());
-}
+                              std::optional<at::Tensor>, int64_t, int64_t, int64_t>;
 
 // Checks every shape and dtype (a bad layout must fail here, never read out of bounds) and returns
 // the weight's view for the kernels, plus its in_features.
 PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr) {
-  const auto& [kind_value, bits, codes, scales, offsets, sub_scales, sub_mins, zero_point, out, in] = args;
+  const auto& [kind_value, bits, codes, scales, offsets, sub_scales, zero_point, out, in] = args;
   TORCH_CHECK_VALUE(kind_value >= 0 && kind_value <= 3, "unknown weight kind ", kind_value);
   const auto kind = static_cast<WeightKind>(kind_value);
   const bool is_super = kind >= WeightKind::kSuperAffine;
@@ -118,11 +113,14 @@ PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr
                       "offsets must match scales in shape and dtype");
   }
   TORCH_CHECK_VALUE(sub_scales.has_value() == is_super, "sub_scales are given exactly for the super-block kinds");
-  TORCH_CHECK_VALUE(sub_mins.has_value() == (kind == WeightKind::kSuperAffine),
-                    "sub_mins are given exactly for kSuperAffine");
-  const int64_t subs = kind == WeightKind::kSuperSym ? 2 * per_group : per_group;
-  if (sub_scales) check_per_tile(*sub_scales, codes, groups, subs, "sub_scales");
-  if (sub_mins) check_per_tile(*sub_mins, codes, groups, per_group, "sub_mins");
+  if (sub_scales) {
+    // kSuperAffine: 96 bytes of packed 6-bit pairs per tile and super-block; kSuperSym: 16 x 8 int8.
+    const bool packed_pairs = kind == WeightKind::kSuperAffine;
+    const std::vector<int64_t> expected = packed_pairs ? std::vector<int64_t>{codes.size(0), groups, kKScaleBytes}
+                                                       : std::vector<int64_t>{codes.size(0), groups, 2 * per_group, kTileRows};
+    TORCH_CHECK_VALUE(sub_scales->sizes() == expected && sub_scales->is_contiguous() && sub_scales->element_size() == 1,
+                      "sub_scales must be contiguous 8-bit ", at::IntArrayRef(expected), ", got ", sub_scales->sizes());
+  }
   TORCH_CHECK_VALUE(out > (codes.size(0) - 1) * kTileRows && out <= codes.size(0) * kTileRows,
                     "out_features does not match the number of tiles");
   // Rows may end in a ragged block only with one scale per row (rebar's per-channel int8): the
@@ -137,7 +135,6 @@ PackedWeights packed_view(const WeightArgs& args, int64_t* in_features = nullptr
           scales.data_ptr(),
           offsets ? offsets->data_ptr() : nullptr,
           sub_scales ? static_cast<const uint8_t*>(sub_scales->data_ptr()) : nullptr,
-          sub_mins ? static_cast<const uint8_t*>(sub_mins->data_ptr()) : nullptr,
           half,
           static_cast<int>(zero_point),
           codes.size(0),
@@ -371,9 +368,9 @@ class FusedDecoder {
       bias_data = bias->data_ptr<float>();
       keep_alive_.push_back(*bias);
     }
-    const auto& [kind, bits, codes, scales, offsets, sub_scales, sub_mins, zero_point, out, in_] = weight;
+    const auto& [kind, bits, codes, scales, offsets, sub_scales, zero_point, out, in_] = weight;
     for (const at::Tensor& t : {codes, scales}) keep_alive_.push_back(t);
-    for (const auto* t : {&offsets, &sub_scales, &sub_mins}) {
+    for (const auto* t : {&offsets, &sub_scales}) {
       if (t->has_value()) keep_alive_.push_back(**t);
     }
     return {w, in, bias_data};

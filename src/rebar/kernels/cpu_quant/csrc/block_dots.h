@@ -119,10 +119,43 @@ inline __m256 add_sym_dot(__m256 acc, __m256i dot, int32_t z_sum, __m256 scale, 
   return add_scaled_dot(acc, _mm256_sub_epi32(dot, _mm256_set1_epi32(z_sum)), scale, dx);
 }
 
-// Eight unsigned / signed bytes (one per row of a tile) widened.
-inline __m256 u8x8_to_ps(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+// kSuperAffine's sub-block scales and mins of one tile and super-block: 96 bytes of 6-bit values,
+// as compact as GGUF's 12 bytes per row. Bytes 0..31 hold the scales' low 4 bits, byte
+// 8 * b + r holding those of block b (low nibble) and block b + 4 (high nibble) of tile row r;
+// bytes 32..63 the mins' likewise; bytes 64..95 their top 2 bits, at bit 0 (scale of block b), 2
+// (scale of b + 4), 4 (min of b) and 6 (min of b + 4).
+constexpr int64_t kKScaleBytes = 96;
+
+// The 8 rows' values of block b (0..7) from a vector holding blocks b & ~3 .. (b & ~3) + 3.
+inline __m256 block_lanes(__m256i four_blocks, int b) {
+  const __m128i half = (b & 2) ? _mm256_extracti128_si256(four_blocks, 1) : _mm256_castsi256_si128(four_blocks);
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((b & 1) ? _mm_srli_si128(half, 8) : half));
 }
+
+// A super-block's per-block scales d * sc[b] and mins dmin * m[b], for each of the tile's rows,
+// from its 96 packed bytes (kept in registers: reading back bytes just stored stalls).
+inline void k_block_scales(const uint8_t* packed, __m256 d, __m256 dmin, __m256 scales[8], __m256 mins[8]) {
+  const __m256i low_scales = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed));
+  const __m256i low_mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + 32));
+  const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + 64));
+  const __m256i nibble = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(0x03);
+  // Masking before each 16-bit shift keeps every value inside its byte.
+  const auto top = [&](int shift) {
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, shift), two_bits), 4);
+  };
+  const auto join = [&](__m256i low, int shift, __m256i top_bits) {
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low, shift), nibble), top_bits);
+  };
+  const __m256i sc[2] = {join(low_scales, 0, top(0)), join(low_scales, 4, top(2))};
+  const __m256i m[2] = {join(low_mins, 0, top(4)), join(low_mins, 4, top(6))};
+#pragma GCC unroll 8
+  for (int b = 0; b < 8; ++b) {
+    scales[b] = _mm256_mul_ps(d, block_lanes(sc[b / 4], b % 4));
+    mins[b] = _mm256_mul_ps(dmin, block_lanes(m[b / 4], b % 4));
+  }
+}
+
+// Eight signed bytes (one per row of a tile) widened.
 inline __m256i i8x8_to_epi32(const uint8_t* p) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }

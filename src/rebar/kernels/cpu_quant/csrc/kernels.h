@@ -13,7 +13,8 @@
 //   kAffine       w = scale[g] * q + offset[g], one (scale, offset) per group: Q4_1, Q5_1 and
 //                 rebar's own int4 checkpoints.
 //   kSuperAffine  w = d * sc[b] * q - dmin * m[b]: float16 d and dmin per super-block of
-//                 blocks_per_group (8) blocks, 6-bit sc and m per block of 32: Q4_K, Q5_K.
+//                 blocks_per_group (8) blocks, 6-bit sc and m per block of 32 (packed, 96 bytes per
+//                 tile and super-block: k_block_scales in block_dots.h): Q4_K, Q5_K.
 //   kSuperSym     w = d * sc[h] * (q - zero_point): float16 d per super-block, int8 sc per half-block
 //                 of 16: Q6_K (zero point 32).
 // Zero points are applied in integers (the dot product of q - z is the dot of q minus z times the
@@ -27,7 +28,7 @@
 //                  bits of the code of column 4c + j (low nibble) | of column 16 + 4c + j (high
 //                  nibble); then bits - 4 vectors of the codes' high bits (load_codes, block_dots.h)
 //   scales/offs    [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
-//   sub-scales     [num_tiles, num_groups, subs, 8] uint8 (kSuperAffine: subs 8) or int8 (kSuperSym: 16)
+//   sub-scales     kSuperAffine [num_tiles, num_groups, 96] uint8; kSuperSym [num_tiles, num_groups, 16, 8] int8
 // Rows past the real output size are zero-filled and never stored.
 #pragma once
 
@@ -61,8 +62,7 @@ struct PackedWeights {
   const uint8_t* codes;        // [tiles, blocks, code_bits, 32]
   const void* scales;          // kSym/kAffine: [tiles, groups, 8]; super kinds: d [tiles, groups, 8] float16
   const void* offsets;         // kAffine: [tiles, groups, 8]; kSuperAffine: dmin [tiles, groups, 8] float16
-  const uint8_t* sub_scales;   // super kinds: [tiles, groups, subs, 8]
-  const uint8_t* sub_mins;     // kSuperAffine: [tiles, groups, 8, 8]
+  const uint8_t* sub_scales;   // kSuperAffine: [tiles, groups, 96] packed 6-bit pairs; kSuperSym: [tiles, groups, 16, 8]
   bool half_scales;            // scales/offsets are float16 bits (else float32); always true for super kinds
   int zero_point;              // kSym, kSuperSym
   int64_t num_tiles;

@@ -59,15 +59,13 @@ void expand_tile(const PackedWeights& w, int64_t tile, ExpandedTile& out) {
   for (int64_t g = 0; g < num_groups; ++g) {
     const int64_t at = scale_base + g * kTileRows;
     const __m256 scale = load_scales(w.scales, at, w.half_scales);
+    if constexpr (kKind == WeightKind::kSuperAffine) {  // per_group is 8
+      k_block_scales(w.sub_scales + (tile * num_groups + g) * kKScaleBytes, scale, load_scales(w.offsets, at, true),
+                     &out.block_scales[g * 8], &out.block_mins[g * 8]);
+    }
     for (int64_t i = 0; i < per_group; ++i) {
       const int64_t b = g * per_group + i;
-      if constexpr (kKind == WeightKind::kSuperAffine) {
-        out.block_scales[b] = _mm256_mul_ps(scale, u8x8_to_ps(w.sub_scales + at * per_group + i * kTileRows));
-        out.block_mins[b] = _mm256_mul_ps(load_scales(w.offsets, at, true),
-                                          u8x8_to_ps(w.sub_mins + at * per_group + i * kTileRows));
-      } else {
-        out.block_scales[b] = scale;
-      }
+      if constexpr (kKind != WeightKind::kSuperAffine) out.block_scales[b] = scale;
       if constexpr (kKind == WeightKind::kSuperSym) {
         const uint8_t* subs = w.sub_scales + at * per_group * 2;
         out.sub_scales[2 * b] = i8x8_to_epi32(subs + 2 * i * kTileRows);

@@ -68,16 +68,19 @@ void unsigned_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t 
     const __m256 scale = load_scales(w.scales, scale_base + g * kTileRows, kHalfScales);  // kAffine's, else d
     __m256 dmin = _mm256_setzero_ps();
     if constexpr (kKind == WeightKind::kSuperAffine) dmin = load_scales(w.offsets, scale_base + g * kTileRows, true);
-    constexpr int64_t kSubsPerBlock = kKind == WeightKind::kSuperSym ? 2 : 1;
-    const uint8_t* subs = w.sub_scales + (scale_base + g * kTileRows) * per_group * kSubsPerBlock;
-    const uint8_t* mins = w.sub_mins + (scale_base + g * kTileRows) * per_group;  // kSuperAffine only
+    // kSuperSym: int8 [16, 8] per tile and super-block; kSuperAffine: the 6-bit pairs, unpacked here.
+    constexpr int64_t kSubBytes = kKind == WeightKind::kSuperSym ? 2 * kTileRows * 8 : kKScaleBytes;
+    const uint8_t* subs = w.sub_scales + (tile * num_groups + g) * kSubBytes;
+    __m256 k_scales[8], k_mins[8];
+    if constexpr (kKind == WeightKind::kSuperAffine) k_block_scales(subs, scale, dmin, k_scales, k_mins);
     // Scales, offsets and sub-block scales are streams of their own beside the codes': fetch them a few
     // groups ahead too (measured on a Q4_K weight at one row: 24 GB/s without, 31-37 with).
     constexpr int64_t kScaleBytes = kHalfScales ? 2 : 4;
     prefetch_groups_ahead(w.scales, (scale_base + g * kTileRows) * kScaleBytes, kTileRows * kScaleBytes);
     if (w.offsets) prefetch_groups_ahead(w.offsets, (scale_base + g * kTileRows) * kScaleBytes, kTileRows * kScaleBytes);
-    if constexpr (kKind != WeightKind::kAffine) prefetch_groups_ahead(subs, 0, kTileRows * per_group * kSubsPerBlock);
-    if constexpr (kKind == WeightKind::kSuperAffine) prefetch_groups_ahead(mins, 0, kTileRows * per_group);
+    if constexpr (kKind == WeightKind::kSuperAffine || kKind == WeightKind::kSuperSym) {
+      prefetch_groups_ahead(subs, 0, kSubBytes);
+    }
     for (int64_t i = 0; i < per_group; ++i) {
       const int64_t b = g * per_group + i;
       prefetch_ahead(codes + b * kBytes, kBytes);
@@ -95,11 +98,9 @@ void unsigned_tile_rows(const QuantizedRows& x, const PackedWeights& w, int64_t 
           acc[r] = add_sym_dot(acc[r], block_total(lo[r], hi[r]), w.zero_point * (sums[0] + sums[1]), scale, xd[r][b]);
         }
       } else if constexpr (kKind == WeightKind::kSuperAffine) {
-        const __m256 block_scale = _mm256_mul_ps(scale, u8x8_to_ps(subs + i * kTileRows));
-        const __m256 block_min = _mm256_mul_ps(dmin, u8x8_to_ps(mins + i * kTileRows));
         for (int r = 0; r < R; ++r) {
-          acc[r] = add_scaled_dot(acc[r], block_total(lo[r], hi[r]), block_scale, xd[r][b]);
-          acc[r] = _mm256_fnmadd_ps(block_min, _mm256_set1_ps(x.group_sums[(row + r) * x.num_blocks + b]), acc[r]);
+          acc[r] = add_scaled_dot(acc[r], block_total(lo[r], hi[r]), k_scales[i], xd[r][b]);
+          acc[r] = _mm256_fnmadd_ps(k_mins[i], _mm256_set1_ps(x.group_sums[(row + r) * x.num_blocks + b]), acc[r]);
         }
       } else {
         const __m256i sc_lo = i8x8_to_epi32(subs + 2 * i * kTileRows);
