@@ -422,3 +422,16 @@ def test_runner_sends_the_decode_rows_of_a_mixed_step_through_the_fused_step() -
     three = [ScheduledRequest(name, (40,), 0, (block,), True) for name, block in (("x", 20), ("y", 21), ("z", 22))]
     assert runner.execute(three).shape == (3, model.config.vocab_size) and calls == []
     assert runner.execute(three[:2]).shape == (2, model.config.vocab_size) and calls == [[40, 40]]
+
+
+def test_a_fused_step_is_one_range_in_a_profile() -> None:
+    """Profiles (rebar profile, /admin/profile) show a fused decode step as one named range, where the
+    model's own forward shows one per layer."""
+    from torch.profiler import profile
+
+    from rebar.kernels.cpu_decode import PROFILE_RANGE
+
+    model = quantized_model()
+    with profile() as prof:
+        decode_both(model, [5, 9])
+    assert PROFILE_RANGE in {event.name for event in prof.events()}

@@ -23,6 +23,7 @@ import torch
 from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.model.rope import rope_cos_sin
 
+PROFILE_RANGE = "fused_decode_step"
 _LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -69,7 +70,9 @@ class FusedDecoder:
         model = self.model
         x = model.embed_tokens(input_ids).float().contiguous()
         cos, sin = rope_cos_sin(model.inv_freq, positions, torch.float32)
-        self._decoder.step(x, cos, sin, meta.slot_mapping, meta.block_tables, list(meta.context_lens))
+        # One range in a profile (rebar profile, /admin/profile) where the model's path has one per layer.
+        with torch.profiler.record_function(PROFILE_RANGE):
+            self._decoder.step(x, cos, sin, meta.slot_mapping, meta.block_tables, list(meta.context_lens))
         return model.norm(x)
 
 
