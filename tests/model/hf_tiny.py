@@ -63,13 +63,16 @@ def randomize(model: nn.Module, seed: int, std: float = 0.15) -> None:
 
 
 def decoder_config(arch: str, **overrides: Any) -> Any:
-    """A tiny `transformers` config for LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM."""
+    """A tiny `transformers` config for one of the Llama-family decoders rebar runs."""
     import transformers
 
     config_class = {
         "LlamaForCausalLM": transformers.LlamaConfig,
         "MistralForCausalLM": transformers.MistralConfig,
         "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+        "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+        "Phi3ForCausalLM": transformers.Phi3Config,
     }[arch]
     values: dict[str, Any] = {
         "vocab_size": 160,

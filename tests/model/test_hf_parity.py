@@ -57,6 +57,23 @@ DECODER_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
     ),
     "qwen2-untied": ("Qwen2ForCausalLM", {"num_key_value_heads": 2}, None),
     "qwen2-tied": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}, None),
+    "qwen3-qk-norm": ("Qwen3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 32}, None),
+    "qwen3-tied": ("Qwen3ForCausalLM", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
+    # Gemma 3: scaled embedding, GeGLU, four norms per layer (stored as w - 1), q/k norms, a
+    # query_pre_attn_scalar of its own, and local sliding-window layers (their own RoPE base) between
+    # global ones.
+    "gemma3-local-global": (
+        "Gemma3ForCausalLM",
+        {"num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 24,
+         "sliding_window": 6, "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                              "full_attention"],
+         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+         "tie_word_embeddings": True},
+        None,
+    ),
+    "phi3-fused": ("Phi3ForCausalLM", {"num_key_value_heads": 2, "sliding_window": None}, None),
+    "phi3-window": ("Phi3ForCausalLM", {"sliding_window": 7}, {"sliding_window": None}),
 }
 
 
@@ -149,16 +166,18 @@ def test_qwen2_sliding_window_on_every_layer_matches_hf(tmp_path: Path) -> None:
     assert _max_diff(got, _hf_logits(model, ids)) <= LOGIT_ATOL
 
 
-def test_qwen2_mixed_window_layers_are_refused(tmp_path: Path) -> None:
-    """Qwen2 whose layers mix windowed and full attention is refused rather than run wrongly."""
-    _, folder = _decoder_folder(
+def test_qwen2_mixed_window_layers_match_hf(tmp_path: Path) -> None:
+    """Qwen2 whose layers mix windowed and full attention (max_window_layers=1) runs each layer with its
+    own pattern, from layer_types (transformers 5) or from max_window_layers alone (4.x)."""
+    model, folder = _decoder_folder(
         tmp_path, "Qwen2ForCausalLM", seed=5, use_sliding_window=True, sliding_window=6, max_window_layers=1
     )
-    with pytest.raises(UnsupportedModelError, match="sliding"):
-        float_llm(folder)
+    ids = _random_ids(30, seed=3)
+    expected = _hf_logits(model, ids)
+    assert float_llm(folder).config.sliding_layers == (False, True)
+    assert _max_diff(float_llm(folder).logits(ids), expected) <= LOGIT_ATOL
     hf_tiny.edit_config(folder, layer_types=None)  # transformers 4.x form: only max_window_layers says it
-    with pytest.raises(UnsupportedModelError, match="sliding"):
-        float_llm(folder)
+    assert _max_diff(float_llm(folder).logits(ids), expected) <= LOGIT_ATOL
 
 
 # ----- greedy generation through the paged KV cache ---------------------------------------

@@ -93,6 +93,14 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
         return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
+    config = model.config
+    family = [name for name, on in (("q/k norms", config.qk_norm), ("sandwich norms", config.sandwich_norms),
+                                     (f"a {config.activation} MLP", config.activation != "silu"),
+                                     ("a scaled embedding", config.embedding_scale != 1.0),
+                                     ("per-layer attention windows", config.sliding_layers is not None))
+              if on]
+    if family:
+        return f"the fused step does not compute {', '.join(family)} yet"
     if model.layers[0].input_norm.weight.dtype != torch.float32:
         return f"the model runs in {model.layers[0].input_norm.weight.dtype}, not float32"
     for index, layer in enumerate(model.layers):

@@ -9,10 +9,14 @@ import torch
 from rebar.model.config import ModelConfig, RopeScaling
 
 
-def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """[head_dim // 2] float32 rotation speeds, after rope scaling and per-frequency factors."""
+def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
+                        local: bool = False) -> torch.Tensor:
+    """[head_dim // 2] float32 rotation speeds, after rope scaling and per-frequency factors; `local`:
+    those of the sliding-window layers (`rope_local_theta`, unscaled, as Gemma 3's local layers)."""
     # An explicit device keeps this real even when the model is built under `torch.device("meta")`.
     exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64, device="cpu") / config.head_dim
+    if local:
+        return (1.0 / (config.rope_local_theta**exponents)).float()
     inv_freq = 1.0 / (config.rope_theta**exponents)
     if config.rope_scaling is not None:
         inv_freq = _scale(inv_freq, config.rope_scaling)

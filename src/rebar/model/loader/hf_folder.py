@@ -1,8 +1,8 @@
 """Hugging Face folders: `config.json` + `*.safetensors` (single file or sharded with an index).
 
 Tensors are read through `safetensors.safe_open`, which memory-maps the files; no pickle is ever
-loaded. Decoder checkpoints (Llama, Mistral, Qwen2) are renamed to rebar's tensor names; BERT
-checkpoints keep HF's names, which `rebar.model.bert` mirrors.
+loaded. Decoder checkpoints (the Llama family: hf_decoders.py) are renamed to rebar's tensor names,
+fused tensors split; BERT checkpoints keep HF's names, which `rebar.model.bert` mirrors.
 """
 
 from __future__ import annotations
@@ -16,36 +16,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from rebar.errors import ModelFormatError, UnsupportedModelError
-from rebar.model.config import ModelConfig, RopeScaling
+from rebar.model.config import ModelConfig
 from rebar.model.loader.base import Checkpoint, TensorInfo
+from rebar.model.loader.hf_decoders import DECODER_ARCHITECTURES, Part, decoder_config, tensor_parts
 from rebar.model.loader.mapped_files import MappedSafetensors
 from rebar.model.tokenizer import Tokenizer, read_tokenizer_config
 
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ENCODER_ARCHITECTURES = ("BertModel",)
-
-_DECODER_LAYER_NAMES = {
-    "input_layernorm.weight": "input_norm.weight",
-    "post_attention_layernorm.weight": "post_attn_norm.weight",
-    **{f"self_attn.{p}.{k}": f"attn.{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "o_proj") for k in ("weight", "bias")},
-    **{f"mlp.{p}.{k}": f"mlp.{p}.{k}" for p in ("gate_proj", "up_proj", "down_proj") for k in ("weight", "bias")},
-}
-_DECODER_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Buffers some exporters save that carry no weights.
 _IGNORED = re.compile(r".*(rotary_emb\.inv_freq|position_ids)$|^pooler\..*")
-
-
-def _decoder_name(file_name: str) -> str | None:
-    if file_name == "model.embed_tokens.weight":
-        return "embed_tokens.weight"
-    if file_name == "model.norm.weight":
-        return "norm.weight"
-    if file_name == "lm_head.weight":
-        return "lm_head.weight"
-    match = _DECODER_LAYER.fullmatch(file_name)
-    if match and match.group(2) in _DECODER_LAYER_NAMES:
-        return f"layers.{match.group(1)}.{_DECODER_LAYER_NAMES[match.group(2)]}"
-    return None
 
 
 def _encoder_name(file_name: str) -> str | None:
@@ -72,79 +51,6 @@ def _safetensors_files(folder: Path) -> list[Path]:
     if not files:
         raise ModelFormatError(f"{folder} has no *.safetensors weights (pickled .bin files are never loaded)")
     return files
-
-
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    # transformers 4.x writes rope_theta + rope_scaling; 5.x writes one rope_parameters dict.
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind == "linear":
-        return theta, RopeScaling(kind="linear", factor=float(params["factor"]))
-    if kind == "llama3":
-        return theta, RopeScaling(
-            kind="llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]),
-        )
-    raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported (rebar has linear and llama3)")
-
-
-def _sliding_window(config: dict[str, Any], arch: str) -> int | None:
-    """The window every layer uses, or None; rebar cannot mix windowed and full-attention layers."""
-    window = config.get("sliding_window")
-    is_qwen2 = arch == "Qwen2ForCausalLM"
-    if not window or (is_qwen2 and not config.get("use_sliding_window", False)):
-        return None
-    layer_types = config.get("layer_types")
-    if layer_types is None and is_qwen2:  # transformers 4.x: layers from max_window_layers on are windowed
-        first = int(config.get("max_window_layers", 0))
-        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(int(config["num_hidden_layers"]))]
-    kinds = {kind == "sliding_attention" for kind in layer_types or ["sliding_attention"]}
-    if kinds == {False}:
-        return None
-    if kinds == {True}:
-        return int(window)
-    raise UnsupportedModelError(
-        f"{arch} mixes sliding-window and full-attention layers (layer_types {layer_types}); "
-        "rebar applies one attention pattern to every layer"
-    )
-
-
-def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModelError(f"activation {act!r} is not supported for {arch} (expected silu)")
-    hidden = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    theta, scaling = _rope(config)
-    is_qwen2 = arch == "Qwen2ForCausalLM"
-    attention_bias = bool(config.get("attention_bias", False))
-    return ModelConfig(
-        architecture="llama",
-        source_architecture=arch,
-        name=str(config.get("_name_or_path", "")),
-        vocab_size=int(config["vocab_size"]),
-        hidden_size=hidden,
-        num_layers=int(config["num_hidden_layers"]),
-        num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-        head_dim=int(config.get("head_dim") or hidden // num_heads),
-        intermediate_size=int(config["intermediate_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        qkv_bias=is_qwen2 or attention_bias,
-        o_bias=attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        sliding_window=_sliding_window(config, arch),
-    )
 
 
 def encoder_config(config: dict[str, Any], folder: Path) -> ModelConfig:
@@ -221,9 +127,16 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     archs = raw_config.get("architectures") or []
     arch = archs[0] if archs else ""
     if arch in DECODER_ARCHITECTURES:
-        config, rename = decoder_config(raw_config, arch), _decoder_name
+        config = decoder_config(raw_config, arch)
+
+        def parts_of(file_name: str) -> dict[str, Part] | None:
+            return tensor_parts(file_name, arch, config)
     elif arch in ENCODER_ARCHITECTURES:
-        config, rename = encoder_config(raw_config, folder), _encoder_name
+        config = encoder_config(raw_config, folder)
+
+        def parts_of(file_name: str) -> dict[str, Part] | None:
+            name = _encoder_name(file_name)
+            return None if name is None else {name: Part(file_name)}
     else:
         raise UnsupportedModelError(
             f"architecture {arch or '(none)'!r} is not supported; rebar runs "
@@ -231,29 +144,39 @@ def load_hf_folder(folder: Path) -> Checkpoint:
         )
 
     infos: dict[str, TensorInfo] = {}
-    locations: dict[str, tuple[Path, str]] = {}
+    locations: dict[str, tuple[Path, Part]] = {}
     for file in _safetensors_files(folder):
         try:
             with safe_open(file, framework="pt") as handle:
                 for file_name in handle.keys():
                     if _IGNORED.match(file_name):
                         continue
-                    name = rename(file_name)
-                    if name is None:
+                    parts = parts_of(file_name)
+                    if parts is None:
                         raise UnsupportedModelError(f"tensor {file_name!r} in {file.name} has no place in a {arch} model")
                     view = handle.get_slice(file_name)
                     shape = tuple(int(d) for d in view.get_shape())
                     storage = view.get_dtype()
-                    infos[name] = TensorInfo(name, file_name, shape, storage, _num_bytes(shape, storage))
-                    locations[name] = (file, file_name)
+                    for name, part in parts.items():
+                        part_shape = shape if part.rows is None else (part.rows[1] - part.rows[0], *shape[1:])
+                        if part.rows is not None and part.rows[1] > shape[0]:
+                            raise ModelFormatError(f"tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
+                                                   f"{part.rows[0]}..{part.rows[1]} from the model config")
+                        infos[name] = TensorInfo(name, file_name, part_shape, storage, _num_bytes(part_shape, storage))
+                        locations[name] = (file, part)
         except SafetensorError as exc:
             raise ModelFormatError(f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
 
     files = MappedSafetensors()
 
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
-        file, file_name = locations[name]
-        return files.get_tensor(file, file_name).to(dtype)
+        file, part = locations[name]
+        tensor = files.get_tensor(file, part.file_name)
+        if part.rows is not None:
+            tensor = tensor[part.rows[0] : part.rows[1]]
+        if part.add_one:  # in float32, as the model's own norm computes 1 + w
+            return (tensor.float() + 1.0).to(dtype)
+        return tensor.to(dtype)
 
     tokenizer = Tokenizer.from_hf_folder(folder, eos_token_ids=_generation_eos_ids(folder))
     if config.architecture == "bert":
