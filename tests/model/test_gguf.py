@@ -388,14 +388,23 @@ def test_decode_inverts_encode(tiny_llama: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("tokenizer.ggml.model", "llama"), ("tokenizer.ggml.pre", "mystery-pre")], ids=["model", "pre"]
+    ("key", "value"), [("tokenizer.ggml.model", "rwkv"), ("tokenizer.ggml.pre", "mystery-pre")], ids=["model", "pre"]
 )
 def test_unsupported_tokenizer_is_named(tmp_path: Path, key: str, value: str) -> None:
-    """A SentencePiece vocabulary or an unknown pre-tokenizer is refused, naming it."""
+    """An unknown tokenizer model or pre-tokenizer is refused, naming it."""
     contents = model_contents(TinyConfig(arch="qwen2"))
     contents.metadata[key] = value
     path = contents.write(tmp_path / "tok.gguf")
     raises(UnsupportedModelError, lambda: open_checkpoint(path), repr(value))
+
+
+def test_sentencepiece_vocabulary_without_scores_is_a_format_error(tmp_path: Path) -> None:
+    """A 'llama' (SentencePiece) vocabulary is ranked by its scores; without them it is refused."""
+    contents = model_contents(TinyConfig(arch="qwen2"))
+    contents.metadata["tokenizer.ggml.model"] = "llama"
+    contents.metadata.pop("tokenizer.ggml.scores", None)
+    path = contents.write(tmp_path / "tok.gguf")
+    raises(ModelFormatError, lambda: open_checkpoint(path), "score")
 
 
 # ----- errors ------------------------------------------------------------------------------------

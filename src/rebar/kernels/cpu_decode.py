@@ -3,10 +3,11 @@
 A decode step of a small model is thousands of tiny operations around seven matmuls per layer; from
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
 whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
-(`csrc/decoder.cpp`): the same int8-activation quantized matmuls QuantLinear runs (every GGUF block type), with norms,
-RoPE, the KV-cache write and paged attention in between (over a float32 or float16 cache), on
-rebar's worker pool. The embedding lookup, the final norm and the logits stay in the model's own
-Python code.
+(`csrc/decoder.cpp`): the same int8-activation quantized matmuls QuantLinear runs (every GGUF
+block type), with norms, RoPE, the KV-cache write and paged attention in between (over a float32 or
+float16 cache), on rebar's worker pool; the family's variations too (q/k norms, Gemma 3's sandwich
+norms, GeGLU, per-layer sliding windows and RoPE tables). The embedding lookup, the final norm and
+the logits stay in the model's own Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
 CPU whose every layer linear runs on rebar's CPU kernels; `FusedDecoder.build` returns the reason
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
-from rebar.model.rope import rope_cos_sin
 
 PROFILE_RANGE = "fused_decode_step"
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # csrc/decoder.h, Activation
 _LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -45,13 +46,17 @@ class FusedDecoder:
         self.max_rows = min(layer.get_submodule(path).kernels[0].max_rows for layer in model.layers for path in _LINEARS)
         self._decoder = extension.FusedDecoder(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
-            float(config.norm_eps), float(config.head_dim**-0.5), int(config.sliding_window or 0),
+            float(config.norm_eps), float(config.softmax_scale), int(config.sliding_window or 0),
+            _ACTIVATIONS[config.activation],
         )
         for index, layer in enumerate(model.layers):
             linears = [_linear_args(layer.get_submodule(path)) for path in _LINEARS]
+            norms = [None if norm is None else norm.weight.detach()
+                     for norm in (layer.attn.q_norm, layer.attn.k_norm, layer.attn_out_norm, layer.mlp_out_norm)]
             self._decoder.add_layer(
                 layer.input_norm.weight.detach(), layer.post_attn_norm.weight.detach(),
-                kv_cache.keys[index], kv_cache.values[index], linears,
+                kv_cache.keys[index], kv_cache.values[index], linears, norms,
+                config.layer_window(index) is not None, model.is_local[index],
             )
 
     @classmethod
@@ -68,11 +73,12 @@ class FusedDecoder:
         """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V.
         Every row of `meta` must add one token."""
         model = self.model
-        x = model.embed_tokens(input_ids).float().contiguous()
-        cos, sin = rope_cos_sin(model.inv_freq, positions, torch.float32)
+        x = model.embed(input_ids).float().contiguous()
+        (cos, sin), (local_cos, local_sin) = model.rope_tables(positions, torch.float32)
         # One range in a profile (rebar profile, /admin/profile) where the model's path has one per layer.
         with torch.profiler.record_function(PROFILE_RANGE):
-            self._decoder.step(x, cos, sin, meta.slot_mapping, meta.block_tables, list(meta.context_lens))
+            self._decoder.step(x, cos, sin, local_cos, local_sin, meta.slot_mapping, meta.block_tables,
+                               list(meta.context_lens))
         return model.norm(x)
 
 
@@ -93,14 +99,6 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
         return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
-    config = model.config
-    family = [name for name, on in (("q/k norms", config.qk_norm), ("sandwich norms", config.sandwich_norms),
-                                     (f"a {config.activation} MLP", config.activation != "silu"),
-                                     ("a scaled embedding", config.embedding_scale != 1.0),
-                                     ("per-layer attention windows", config.sliding_layers is not None))
-              if on]
-    if family:
-        return f"the fused step does not compute {', '.join(family)} yet"
     if model.layers[0].input_norm.weight.dtype != torch.float32:
         return f"the model runs in {model.layers[0].input_norm.weight.dtype}, not float32"
     for index, layer in enumerate(model.layers):

@@ -3,6 +3,12 @@
 The `tokenizers` library is the BPE/WordPiece engine; this module decides how it is assembled
 (vocabulary, merges, pre-tokenizer regex, special tokens) so that token ids match the reference
 implementation of each format: llama.cpp for GGUF, the `tokenizer.json` itself for HF folders.
+
+GGUF files carry two kinds: byte-level BPE (`gpt2`: merges in the file) and SentencePiece (`llama`,
+as Gemma's: a score per token, spaces written as "▁", bytes outside the vocabulary as <0xXX>
+tokens). llama.cpp tokenizes the latter by repeatedly merging the adjacent pair whose joined text is
+the highest-scoring token; a BPE whose merges are every such pair, ranked by that score (ties by the
+pieces' ids, as Hugging Face's own SentencePiece conversion does), takes the same merges.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
@@ -151,29 +157,26 @@ class Tokenizer:
         bos_token_id: int | None,
         eos_token_id: int | None,
         add_bos: bool,
+        scores: Sequence[float] | None = None,
+        unknown_token_id: int | None = None,
+        add_space_prefix: bool = True,
     ) -> "Tokenizer":
-        """Assemble a byte-level BPE tokenizer the way llama.cpp reads the same metadata."""
-        if model != "gpt2":
-            raise UnsupportedModelError(
-                f"GGUF tokenizer model {model!r} is not supported (rebar reads 'gpt2'-style BPE)"
-            )
-        make_pre = _GGUF_PRE_TOKENIZERS.get(pre)
-        if make_pre is None:
-            raise UnsupportedModelError(
-                f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(_GGUF_PRE_TOKENIZERS)}"
-            )
+        """Assemble a byte-level BPE (`gpt2`) or SentencePiece (`llama`, with `scores`) tokenizer the
+        way llama.cpp reads the same metadata."""
         vocab = {token: index for index, token in enumerate(tokens)}
         if len(vocab) != len(tokens):
             raise ModelFormatError("GGUF vocabulary has duplicate tokens")
-        merge_pairs = []
-        for line in merges:
-            left, sep, right = line.partition(" ")
-            if not sep:
-                raise ModelFormatError(f"GGUF merge {line!r} is not two space-separated tokens")
-            merge_pairs.append((left, right))
-        backend = BackendTokenizer(BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False))
-        backend.pre_tokenizer = make_pre()
-        backend.decoder = decoders.ByteLevel()
+        if model == "gpt2":
+            backend = _byte_level_bpe(vocab, merges, pre)
+        elif model == "llama":
+            if scores is None or len(scores) != len(tokens):
+                raise ModelFormatError("a SentencePiece ('llama') GGUF vocabulary needs one score per token")
+            backend = _sentencepiece_bpe(vocab, tokens, scores, unknown_token_id, add_space_prefix)
+        else:
+            raise UnsupportedModelError(
+                f"GGUF tokenizer model {model!r} is not supported (rebar reads 'gpt2' byte-level BPE and "
+                "'llama' SentencePiece vocabularies)"
+            )
         types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * len(tokens)
         backend.add_special_tokens(
             [
@@ -228,6 +231,50 @@ class Tokenizer:
             add_bos=bool(config.get("add_bos_token", False)) and bos_id is not None,
         )
         return cls(backend, special)
+
+
+def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> BackendTokenizer:
+    make_pre = _GGUF_PRE_TOKENIZERS.get(pre)
+    if make_pre is None:
+        raise UnsupportedModelError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(_GGUF_PRE_TOKENIZERS)}")
+    merge_pairs = []
+    for line in merges:
+        left, sep, right = line.partition(" ")
+        if not sep:
+            raise ModelFormatError(f"GGUF merge {line!r} is not two space-separated tokens")
+        merge_pairs.append((left, right))
+    backend = BackendTokenizer(BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = make_pre()
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: Sequence[float],
+                       unknown_token_id: int | None, add_space_prefix: bool) -> BackendTokenizer:
+    """llama.cpp's SentencePiece tokenization as a BPE: see the module docstring."""
+    candidates = []
+    for token, score in zip(tokens, scores):
+        for split in range(1, len(token)):
+            left, right = token[:split], token[split:]
+            left_id, right_id = vocab.get(left), vocab.get(right)
+            if left_id is not None and right_id is not None:
+                candidates.append((-score, left_id, right_id))
+    candidates.sort()
+    merge_pairs = [(tokens[left], tokens[right]) for _, left, right in candidates]
+    unk = tokens[unknown_token_id] if unknown_token_id is not None else None
+    backend = BackendTokenizer(BPE(vocab, merge_pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Replace(" ", SPACE)]
+    if add_space_prefix:
+        steps.insert(0, normalizers.Prepend(SPACE))
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(SPACE, 1, 0)] if add_space_prefix else [])
+    )
+    return backend
 
 
 def read_tokenizer_config(folder: Path) -> dict:

@@ -35,6 +35,20 @@ FAMILIES = {
     "phi3": Family(permuted_qk=False),
 }
 
+# The turn format of Google's Gemma 3 instruction-tuned models, for Gemma 3 files that carry no
+# template (the pretrained ones): a system message opens the first user turn, the assistant is
+# "model". Written for rebar's sandboxed renderer (trim_blocks, lstrip_blocks).
+GEMMA3_TURNS = """{{ bos_token }}{% set system = messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '' %}
+{% for message in messages if message['role'] != 'system' %}
+<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}
+{{ (system if loop.first else '') + message['content'] | trim }}<end_of_turn>
+{% endfor %}
+{% if add_generation_prompt %}
+<start_of_turn>model
+{% endif %}
+"""
+DEFAULT_TEMPLATES = {"gemma3": GEMMA3_TURNS}
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
     "output_norm.weight": "norm.weight",

@@ -20,23 +20,35 @@ from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig
 from rebar.model.loader.base import Checkpoint, TensorInfo
 from rebar.model.loader.ggml_dequant import BLOCK_TYPES, SUPPORTED_TYPES, dequantize
-from rebar.model.loader.gguf_families import FAMILIES, Part, config_from_metadata, require_key, tensor_parts
+from rebar.model.loader.gguf_families import (
+    DEFAULT_TEMPLATES,
+    FAMILIES,
+    Part,
+    config_from_metadata,
+    require_key,
+    tensor_parts,
+)
 from rebar.model.loader.gguf_reader import GGUFFile, GGUFTensor
 from rebar.model.tokenizer import Tokenizer
 from rebar.quant.block_weight import BlockWeight
 
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    def token_id(key: str) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{key}")
+        return None if value is None else int(value)
+
     return Tokenizer.from_gguf_vocab(
         model=str(require_key(meta, "tokenizer.ggml.model")),
         pre=str(meta.get("tokenizer.ggml.pre", "default")),
         tokens=require_key(meta, "tokenizer.ggml.tokens"),
         token_types=meta.get("tokenizer.ggml.token_type"),
         merges=meta.get("tokenizer.ggml.merges", []),
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_id=None if eos is None else int(eos),
+        bos_token_id=token_id("bos_token_id"),
+        eos_token_id=token_id("eos_token_id"),
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        scores=meta.get("tokenizer.ggml.scores"),
+        unknown_token_id=token_id("unknown_token_id"),
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
     )
 
 
@@ -108,7 +120,7 @@ def load_gguf(path: Path) -> Checkpoint:
     def release(name: str) -> None:
         gguf.release(gguf.tensors[parts[name].file_name])
 
-    template = meta.get("tokenizer.chat_template")
+    template = meta.get("tokenizer.chat_template") or DEFAULT_TEMPLATES.get(arch)
     return Checkpoint(
         path=path,
         format="gguf",

@@ -268,18 +268,24 @@ void check_float_vector(const at::Tensor& t, int64_t size, const char* name) {
 // Holds (references to) every layer's weights and KV cache; `step` runs one decode step over them.
 class FusedDecoder {
  public:
+  // activation: 0 SiLU, 1 tanh-GELU.
   FusedDecoder(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
-               double norm_eps, double attn_scale, int64_t sliding_window) {
+               double norm_eps, double attn_scale, int64_t sliding_window, int64_t activation) {
     TORCH_CHECK_VALUE(hidden > 0 && head_dim > 0 && head_dim % 8 == 0 && intermediate > 0 && num_kv_heads > 0 &&
                           num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= kMaxGroupSize &&
-                          sliding_window >= 0,
+                          sliding_window >= 0 && (activation == 0 || activation == 1),
                       "invalid decoder shape");
     shape_ = {hidden, num_heads, num_kv_heads, head_dim, intermediate, 0, 0,
-              static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window};
+              static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window, false,
+              static_cast<Activation>(activation)};
   }
 
+  // The norms in `optional_norms` (q_norm, k_norm, attn_out_norm, mlp_out_norm) may each be None;
+  // q_norm and k_norm come together. `windowed` layers attend over the sliding window, `local_rope`
+  // ones rotate with the step's local tables.
   void add_layer(const at::Tensor& input_norm, const at::Tensor& post_attn_norm, const at::Tensor& key_cache,
-                 const at::Tensor& value_cache, const std::vector<LinearArgs>& linears) {
+                 const at::Tensor& value_cache, const std::vector<LinearArgs>& linears,
+                 const std::vector<std::optional<at::Tensor>>& optional_norms, bool windowed, bool local_rope) {
     const DecoderShape& s = shape_;
     check_float_vector(input_norm, s.hidden, "input_norm");
     check_float_vector(post_attn_norm, s.hidden, "post_attn_norm");
@@ -306,21 +312,38 @@ class FusedDecoder {
                                   {s.intermediate, s.hidden}, {s.intermediate, s.hidden}, {s.hidden, s.intermediate}};
     QuantLinearRef refs[7];
     for (int i = 0; i < 7; ++i) refs[i] = linear_ref(linears[i], shapes[i][0], shapes[i][1]);
-    layers_.push_back({input_norm.data_ptr<float>(), post_attn_norm.data_ptr<float>(), refs[0], refs[1], refs[2],
-                       refs[3], refs[4], refs[5], refs[6], key_cache.data_ptr(), value_cache.data_ptr()});
+    DecoderLayerRef layer{input_norm.data_ptr<float>(), post_attn_norm.data_ptr<float>(), refs[0], refs[1], refs[2],
+                          refs[3], refs[4], refs[5], refs[6], key_cache.data_ptr(), value_cache.data_ptr()};
+    TORCH_CHECK_VALUE(optional_norms.size() == 4, "expected the 4 optional norms q, k, attention out, MLP out");
+    TORCH_CHECK_VALUE(optional_norms[0].has_value() == optional_norms[1].has_value(), "q and k norms come together");
+    const int64_t norm_sizes[4] = {s.head_dim, s.head_dim, s.hidden, s.hidden};
+    const float** targets[4] = {&layer.q_norm, &layer.k_norm, &layer.attn_out_norm, &layer.mlp_out_norm};
+    for (int i = 0; i < 4; ++i) {
+      if (!optional_norms[i]) continue;
+      check_float_vector(*optional_norms[i], norm_sizes[i], "a layer norm");
+      *targets[i] = optional_norms[i]->data_ptr<float>();
+      keep_alive_.push_back(*optional_norms[i]);
+    }
+    TORCH_CHECK_VALUE(!windowed || s.sliding_window > 0, "a windowed layer needs the decoder's sliding window");
+    layer.windowed = windowed;
+    layer.local_rope = local_rope;
+    layers_.push_back(layer);
     for (const at::Tensor& t : {input_norm, post_attn_norm, key_cache, value_cache}) keep_alive_.push_back(t);
   }
 
   // x [rows, hidden] float32 is updated in place from the embeddings to the last layer's output.
-  void step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
-            const at::Tensor& block_tables, const std::vector<int64_t>& context_lens) {
+  // cos/sin are the global layers' RoPE tables, local_cos/local_sin the local layers' (the same
+  // tensors when every layer shares one).
+  void step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& local_cos,
+            const at::Tensor& local_sin, const at::Tensor& slots, const at::Tensor& block_tables,
+            const std::vector<int64_t>& context_lens) {
     const DecoderShape& s = shape_;
     TORCH_CHECK_VALUE(!layers_.empty(), "the decoder has no layers");
     const int64_t rows = x.dim() == 2 ? x.size(0) : -1;
     TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.is_contiguous() && rows >= 0 &&
                           x.size(1) == s.hidden,
                       "x must be a contiguous float32 CPU tensor [rows, ", s.hidden, "], got ", x.sizes());
-    for (const at::Tensor* t : {&cos, &sin}) {
+    for (const at::Tensor* t : {&cos, &sin, &local_cos, &local_sin}) {
       TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
                             t->size(1) == s.head_dim,
                         "cos and sin must be contiguous float32 [", rows, ", ", s.head_dim, "]");
@@ -348,8 +371,9 @@ class FusedDecoder {
         TORCH_CHECK_VALUE(block >= 0 && block < s.num_blocks, "row ", r, ": block ", block, " outside the cache");
       }
     }
-    const DecodeBatch batch{x.data_ptr<float>(), rows, cos.data_ptr<float>(), sin.data_ptr<float>(), slot_data,
-                            tables, width, context_lens.data()};
+    const DecodeBatch batch{x.data_ptr<float>(), rows, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                            local_cos.data_ptr<float>(), local_sin.data_ptr<float>(), slot_data, tables, width,
+                            context_lens.data()};
     const int num_threads = at::get_num_threads();
     pybind11::gil_scoped_release no_gil;  // the engine thread computes while the server thread serves
     decode_layers(s, layers_, batch, num_threads);
@@ -392,7 +416,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
   m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>())
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, int64_t>())
       .def("add_layer", &rebar_cpu_quant::FusedDecoder::add_layer)
       .def("step", &rebar_cpu_quant::FusedDecoder::step);
 }

@@ -66,6 +66,16 @@ LinearJob job(const QuantLinearRef& linear, const QuantizedInput& input, float* 
   return {&input.rows, &linear.weights, y};
 }
 
+// x += y, each row of y normed first when `norm` is given (Gemma 3's norms on the attention's and the
+// MLP's outputs).
+void add_residual(float* x, float* y, const float* norm, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * n;
+    if (norm) rms_norm(row, norm, row, n, eps);
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += row[i];
+  }
+}
+
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
   if (!bias) return;
   for (int64_t r = 0; r < rows; ++r) {
@@ -91,16 +101,42 @@ struct SplitContext {
 
 constexpr int64_t kAttendPartition = 256;
 
-// The window of positions row `row` attends over: [first, context).
-int64_t window_start(const DecoderShape& s, int64_t context) {
-  return s.sliding_window > 0 ? std::max<int64_t>(0, context - s.sliding_window) : 0;
+// The window of positions a row attends over: [first, context).
+int64_t window_start(int64_t window, int64_t context) {
+  return window > 0 ? std::max<int64_t>(0, context - window) : 0;
 }
+
+// The pieces of a step's attention over one kind of layer (whole contexts, or windowed ones): the
+// same for every layer of that kind, since the split depends only on each row's visible length.
+struct AttentionPlan {
+  std::vector<AttendItem> items;
+  std::vector<SplitContext> splits;
+
+  // Pieces are numbered from `first_piece` on (two plans share the piece buffers); returns the next free one.
+  int64_t build(const DecoderShape& s, const DecodeBatch& batch, int64_t window, int64_t first_piece) {
+    int64_t num_pieces = first_piece;
+    for (int64_t r = 0; r < batch.rows; ++r) {
+      const int64_t context = batch.context_lens[r], first = window_start(window, context);
+      const int64_t pieces = (context - first + kAttendPartition - 1) / kAttendPartition;
+      for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+        if (pieces == 1) {
+          items.push_back({r, h, first, context, -1});
+          continue;
+        }
+        splits.push_back({r, h, num_pieces, pieces});
+        for (int64_t begin = first; begin < context; begin += kAttendPartition) {
+          items.push_back({r, h, begin, std::min(context, begin + kAttendPartition), num_pieces++});
+        }
+      }
+    }
+    return num_pieces;
+  }
+};
 
 // Buffers for one step, shared by the threads (each writes its own part).
 struct Scratch {
   std::vector<float> normed, q, k, v, attn, proj, gate, up;
-  std::vector<AttendItem> attend_items;
-  std::vector<SplitContext> splits;
+  AttentionPlan plans[2];          // [0]: whole contexts; [1]: the sliding window (windowed layers)
   std::vector<float> piece_out;    // [pieces, group, head_dim]: each piece's unnormalised output
   std::vector<float> piece_stats;  // [pieces, group, 2]: each head's maximum score and sum of e^(score - max)
   QuantizedInput qkv_in[3], o_in, gate_up_in[2], down_in;
@@ -114,27 +150,8 @@ struct Scratch {
         proj(batch.rows * s.hidden),
         gate(batch.rows * s.intermediate),
         up(batch.rows * s.intermediate) {
-    plan_attention(s, batch);
-  }
-
-  // The pieces of every layer's attention in this step (the same for every layer: the split depends
-  // only on each row's context length).
-  void plan_attention(const DecoderShape& s, const DecodeBatch& batch) {
-    int64_t num_pieces = 0;
-    for (int64_t r = 0; r < batch.rows; ++r) {
-      const int64_t context = batch.context_lens[r], first = window_start(s, context);
-      const int64_t pieces = (context - first + kAttendPartition - 1) / kAttendPartition;
-      for (int64_t h = 0; h < s.num_kv_heads; ++h) {
-        if (pieces == 1) {
-          attend_items.push_back({r, h, first, context, -1});
-          continue;
-        }
-        splits.push_back({r, h, num_pieces, pieces});
-        for (int64_t begin = first; begin < context; begin += kAttendPartition) {
-          attend_items.push_back({r, h, begin, std::min(context, begin + kAttendPartition), num_pieces++});
-        }
-      }
-    }
+    int64_t num_pieces = plans[0].build(s, batch, 0, 0);
+    if (s.sliding_window > 0) num_pieces = plans[1].build(s, batch, s.sliding_window, num_pieces);
     const int64_t group = s.num_heads / s.num_kv_heads;
     piece_out.resize(num_pieces * group * s.head_dim);
     piece_stats.resize(num_pieces * group * 2);
@@ -412,9 +429,21 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   add_bias(m.q.data(), layer.q.bias, rows, q_size);
   add_bias(m.k.data(), layer.k.bias, rows, kv_size);
   add_bias(m.v.data(), layer.v.bias, rows, kv_size);
+  if (layer.q_norm) {  // each head of q and k normed on its own (Qwen 3, Gemma 3)
+    for (int64_t h = 0; h < rows * s.num_heads; ++h) {
+      float* head = m.q.data() + h * s.head_dim;
+      rms_norm(head, layer.q_norm, head, s.head_dim, s.norm_eps);
+    }
+    for (int64_t h = 0; h < rows * s.num_kv_heads; ++h) {
+      float* head = m.k.data() + h * s.head_dim;
+      rms_norm(head, layer.k_norm, head, s.head_dim, s.norm_eps);
+    }
+  }
+  const float* cos_table = layer.local_rope ? batch.local_cos : batch.cos;
+  const float* sin_table = layer.local_rope ? batch.local_sin : batch.sin;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* cos = batch.cos + r * s.head_dim;
-    const float* sin = batch.sin + r * s.head_dim;
+    const float* cos = cos_table + r * s.head_dim;
+    const float* sin = sin_table + r * s.head_dim;
     rope(m.q.data() + r * q_size, s.num_heads, s.head_dim, cos, sin);
     rope(m.k.data() + r * kv_size, s.num_kv_heads, s.head_dim, cos, sin);
     write_kv<T>(s, layer, batch.slots[r], m.k.data() + r * kv_size, m.v.data() + r * kv_size);
@@ -425,8 +454,9 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   const auto heads_of = [&](int64_t row, int64_t kv_head) {
     return (row * s.num_heads + kv_head * group) * s.head_dim;
   };
-  pool.run(static_cast<int64_t>(m.attend_items.size()), num_threads, [&](int64_t index) {
-    const AttendItem& item = m.attend_items[index];
+  const AttentionPlan& plan = m.plans[layer.windowed ? 1 : 0];
+  pool.run(static_cast<int64_t>(plan.items.size()), num_threads, [&](int64_t index) {
+    const AttendItem& item = plan.items[index];
     const float* queries = m.q.data() + heads_of(item.row, item.kv_head);
     if (item.piece < 0) {
       attend_group<T>(s, layer, batch, item, queries, m.attn.data() + heads_of(item.row, item.kv_head), nullptr);
@@ -435,7 +465,7 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
                       m.piece_stats.data() + item.piece * group * 2);
     }
   });
-  for (const SplitContext& split : m.splits) {
+  for (const SplitContext& split : plan.splits) {
     combine_pieces(s, m, split, m.attn.data() + heads_of(split.row, split.kv_head));
   }
 
@@ -443,7 +473,7 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
   const LinearJob o = job(layer.o, m.o_in, m.proj.data());
   run_linears(&o, 1, num_threads);
   add_bias(m.proj.data(), layer.o.bias, rows, hidden);
-  for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
+  add_residual(batch.x, m.proj.data(), layer.attn_out_norm, rows, hidden, s.norm_eps);
 
   for (int64_t r = 0; r < rows; ++r) {
     rms_norm(batch.x + r * hidden, layer.post_attn_norm, m.normed.data() + r * hidden, hidden, s.norm_eps);
@@ -455,12 +485,16 @@ void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const Decode
 
   add_bias(m.gate.data(), layer.gate.bias, rows, inner);
   add_bias(m.up.data(), layer.up.bias, rows, inner);
-  silu_and_mul(m.gate.data(), m.up.data(), m.gate.data(), rows * inner);  // written over gate
+  if (s.activation == Activation::kGeluTanh) {  // written over gate
+    gelu_tanh_and_mul(m.gate.data(), m.up.data(), m.gate.data(), rows * inner);
+  } else {
+    silu_and_mul(m.gate.data(), m.up.data(), m.gate.data(), rows * inner);
+  }
   m.down_in.quantize(m.gate.data(), rows, layer.down);
   const LinearJob down = job(layer.down, m.down_in, m.proj.data());
   run_linears(&down, 1, num_threads);
   add_bias(m.proj.data(), layer.down.bias, rows, hidden);
-  for (int64_t i = 0; i < rows * hidden; ++i) batch.x[i] += m.proj[i];
+  add_residual(batch.x, m.proj.data(), layer.mlp_out_norm, rows, hidden, s.norm_eps);
 }
 
 }  // namespace

@@ -7,9 +7,12 @@
 // across a WorkerPool (worker_pool.h), and the small element-wise steps run on the calling thread.
 //
 // Per layer, for every row (one new token of one sequence):
-//   h = rms_norm(x) * input_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);  RoPE on q, k
-//   K/V written at the row's cache slot;  a = softmax(q K^T * scale) V over the row's context
-//   x += a Wo^T (+ bias);  h = rms_norm(x) * post_attn_norm;  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+//   h = rms_norm(x) * input_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases)
+//   [q, k = rms_norm(each head) * q_norm, k_norm];  RoPE on q, k (the layer's table: global or local)
+//   K/V written at the row's cache slot;  a = softmax(q K^T * scale) V over the row's (windowed) context
+//   o = a Wo^T (+ bias) [o = rms_norm(o) * attn_out_norm];  x += o
+//   h = rms_norm(x) * post_attn_norm;  m = (act(h Wg^T) * (h Wu^T)) Wd^T [m = rms_norm(m) * mlp_out_norm];  x += m
+// with act SiLU or tanh-GELU; the bracketed steps are the Llama family's variations (Qwen 3, Gemma 3).
 // with the same int8 activation rounding and the same kernels as the unfused quantized linears, for
 // every weight kind of kernels.h.
 #pragma once
@@ -32,18 +35,27 @@ struct QuantLinearRef {
 
 struct DecoderLayerRef {
   const float* input_norm;      // [hidden]
-  const float* post_attn_norm;  // [hidden]
+  const float* post_attn_norm;  // [hidden]: the MLP's input norm
   QuantLinearRef q, k, v, o, gate, up, down;
   void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim], float32 or float16
   void* value_cache;  // same shape and dtype
+  const float* q_norm = nullptr;         // [head_dim] or null
+  const float* k_norm = nullptr;         // [head_dim] or null
+  const float* attn_out_norm = nullptr;  // [hidden] or null
+  const float* mlp_out_norm = nullptr;   // [hidden] or null
+  bool windowed = false;    // attends over the shape's sliding window (else the whole context)
+  bool local_rope = false;  // rotates with the batch's local table (else the global one)
 };
+
+enum class Activation : int { kSilu = 0, kGeluTanh = 1 };
 
 struct DecoderShape {
   int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
   int64_t num_blocks, block_size;
   float norm_eps, attn_scale;
-  int64_t sliding_window;  // keys with position > query position - window; 0: no window
+  int64_t sliding_window;  // windowed layers see keys with position > query position - window; 0: none
   bool half_cache;         // K/V stored as float16 (IEEE half, as torch.float16), else float32
+  Activation activation;
 };
 
 // One decode step's rows, already checked by the caller: slots and the blocks the contexts use are
@@ -53,6 +65,8 @@ struct DecodeBatch {
   int64_t rows;
   const float* cos;               // [rows, head_dim], the half-split ("rotate_half") layout
   const float* sin;               // [rows, head_dim]
+  const float* local_cos;         // the local layers' tables (the same pointers when they share one)
+  const float* local_sin;
   const int64_t* slots;           // [rows]: where each row's new K/V go
   const int64_t* block_tables;    // [rows, table_width]
   int64_t table_width;

@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "simd.h"
 
 namespace rebar_cpu_quant {
@@ -18,6 +20,32 @@ void silu_and_mul(const float* gate, const float* up, float* out, int64_t n) {
     alignas(32) float lanes[8] = {-gate[i]};
     _mm256_store_ps(lanes, exp256(_mm256_load_ps(lanes)));
     out[i] = gate[i] / (1.0f + lanes[0]) * up[i];
+  }
+}
+
+// gelu(g) = g / 2 * (1 + tanh(u)), u = sqrt(2 / pi) * (g + 0.044715 g^3), with tanh(u) = 1 - 2 / (1 + e^(2u));
+// u is clamped to +-15 first, where tanh is 1 to float32 precision and e^(2u) stays finite.
+inline __m256 gelu_tanh8(__m256 g) {
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), _mm256_mul_ps(g, g), g));
+  const __m256 clamped = _mm256_min_ps(_mm256_max_ps(u, _mm256_set1_ps(-15.0f)), _mm256_set1_ps(15.0f));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 e = exp256(_mm256_add_ps(clamped, clamped));
+  const __m256 tanh_u = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, tanh_u));
+}
+
+void gelu_tanh_and_mul(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {  // the ragged end, through zero-padded copies
+    alignas(32) float g[8] = {}, u[8] = {};
+    std::memcpy(g, gate + i, sizeof(float) * (n - i));
+    std::memcpy(u, up + i, sizeof(float) * (n - i));
+    _mm256_store_ps(g, _mm256_mul_ps(gelu_tanh8(_mm256_load_ps(g)), _mm256_load_ps(u)));
+    std::memcpy(out + i, g, sizeof(float) * (n - i));
   }
 }
 

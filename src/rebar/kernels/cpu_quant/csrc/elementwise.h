@@ -1,4 +1,4 @@
-// Element-wise steps of a decoder layer in AVX2: SiLU-and-multiply and rotary embeddings. Shared by
+// Element-wise steps of a decoder layer in AVX2: SiLU- and GELU-and-multiply, rotary embeddings. Shared by
 // the fused decode step (decoder.cpp) and the model's own prefill path (bindings.cpp).
 #pragma once
 
@@ -8,6 +8,9 @@ namespace rebar_cpu_quant {
 
 // out[i] = silu(gate[i]) * up[i] = gate[i] * up[i] / (1 + e^-gate[i]), for i in [0, n). out may be gate.
 void silu_and_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (Gemma's GeGLU). out may be gate.
+void gelu_tanh_and_mul(const float* gate, const float* up, float* out, int64_t n);
 
 // Rotates the `num_heads` heads of one token in place (the half-split layout: element i pairs with
 // i + head_dim / 2) by that token's cos and sin rows ([head_dim] each).
