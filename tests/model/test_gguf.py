@@ -483,6 +483,13 @@ def test_block_type_on_a_norm_is_named(tmp_path: Path) -> None:
     raises(ModelFormatError, lambda: open_checkpoint(path), "'blk.0.attn_norm.weight'", "Q8_0", "2-D")
 
 
+def mapped_resident_kib(path: Path) -> int:
+    """Resident KiB of this process's mapping of `path`."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith(str(path)))
+    return int(next(line for line in lines[start:] if line.startswith("Rss:")).split()[1])
+
+
 def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
     """GGUFFile.release drops a tensor's pages from the process's resident set (the build releases each
     weight once it is repacked, so a load never holds the file and its repacked copy at once)."""
@@ -491,9 +498,7 @@ def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
     gguf = GGUFFile(path)
 
     def resident_kib() -> int:
-        lines = Path("/proc/self/smaps").read_text().splitlines()
-        start = next(i for i, line in enumerate(lines) if line.endswith(str(path)))
-        return int(next(line for line in lines[start:] if line.startswith("Rss:")).split()[1])
+        return mapped_resident_kib(path)
 
     tensors = list(gguf.tensors.values())
     total = sum(int(gguf.raw_rows(t).sum()) for t in tensors)  # touch every page
@@ -502,6 +507,40 @@ def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
         gguf.release(tensor)
     assert resident_kib() < 64, "released pages still resident"
     assert int(gguf.raw_rows(tensors[3]).sum()) == int(torch.from_numpy(np.array(tensors[3].data(gguf.buffer))).sum())
+
+
+def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight packed for the CPU kernels a chunk of rows at a time gives each chunk's file pages back
+    as it goes: a vocabulary-sized embedding never has all its file pages resident beside its packed
+    copy (a Gemma 3 load peaked 150 MiB higher without this)."""
+    from rebar.quant import qlinear
+    from rebar.quant.block_weight import BlockWeight
+
+    rows, cols = 65536, 256  # 17 MiB of Q8_0, packed in 16 chunks
+    blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)
+    blocks[..., :2] = np.full((rows, cols // 32), 0.01, np.float16).view(np.uint8).reshape(rows, -1, 2)
+    writer = GGUFWriter(str(tmp_path / "one.gguf"), "llama")
+    writer.add_tensor("big", blocks.reshape(rows, -1), raw_dtype=QT.Q8_0)
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    path = tmp_path / "one.gguf"
+    gguf = GGUFFile(path)
+    tensor = gguf.tensors["big"]
+    resident: list[int] = []
+
+    def recording(view: torch.Tensor) -> None:
+        resident.append(mapped_resident_kib(path))
+        gguf.release_view(view)
+
+    weight = BlockWeight("Q8_0", gguf.raw_rows(tensor), cols, release_pages=recording)
+    monkeypatch.setattr(qlinear, "PACK_CHUNK_WEIGHTS", rows // 16 * cols)
+    packed = qlinear.pack_for_cpu(weight)
+    assert len(resident) == 16
+    assert max(resident) < weight.num_bytes // 1024 // 3, "file pages piled up while packing"
+    assert torch.equal(packed.dequantize(), weight.dequantize())  # pages read back from the page cache
+    with pytest.raises(ValueError, match="not part of this file"):
+        gguf.release_view(torch.zeros(4, dtype=torch.uint8))
 
 
 def header_field_offset(path: Path, tensor_name: str) -> tuple[int, int]:

@@ -21,7 +21,8 @@ Block layouts (ggml-common.h; fp16 little-endian; 32 values per block, 256 per K
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -169,13 +170,15 @@ class BlockWeight:
     `raw` is uint8 `[rows, row_bytes]`, the file's bytes for the tensor (usually a view of the
     memory-mapped file); nothing here writes to it. Row `o` of the weight is row `row_order[o]` of
     `raw` (all of them in order when `row_order` is None), so reordering rows, as the GGUF loader
-    does for llama.cpp's permuted Q/K projections, costs no copy of the bytes.
+    does for llama.cpp's permuted Q/K projections, costs no copy of the bytes. When `raw` views a
+    file mapping, `release_pages` drops a view of it from resident memory (see `drop_resident`).
     """
 
     type_name: str
     raw: torch.Tensor
     in_features: int
     row_order: torch.Tensor | None = None  # int64 [out_features]
+    release_pages: Callable[[torch.Tensor], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.type_name not in BLOCK_LAYOUTS:
@@ -222,13 +225,22 @@ class BlockWeight:
     def select_rows(self, rows: torch.Tensor) -> BlockWeight:
         """The same weight with output rows reordered: row o becomes row rows[o] (no copy of the bytes)."""
         order = rows if self.row_order is None else self.row_order.index_select(0, rows)
-        return BlockWeight(self.type_name, self.raw, self.in_features, order)
+        return BlockWeight(self.type_name, self.raw, self.in_features, order, self.release_pages)
 
     def row_slice(self, start: int, end: int) -> BlockWeight:
         if self.row_order is None:
-            return BlockWeight(self.type_name, self.raw[start:end], self.in_features)
-        return BlockWeight(self.type_name, self.raw, self.in_features, self.row_order[start:end])
+            return BlockWeight(self.type_name, self.raw[start:end], self.in_features, None, self.release_pages)
+        return BlockWeight(self.type_name, self.raw, self.in_features, self.row_order[start:end], self.release_pages)
+
+    def drop_resident(self) -> None:
+        """Let this weight's file pages leave resident memory once its bytes are copied elsewhere (a later
+        read maps them in again). Only rows in file order are released: a reordered weight's rows are
+        scattered, and its owner releases the whole tensor instead."""
+        if self.release_pages is not None and self.row_order is None:
+            self.release_pages(self.raw)
 
     def to(self, device: torch.device) -> BlockWeight:
+        if device == self.raw.device:
+            return self
         order = None if self.row_order is None else self.row_order.to(device)
         return BlockWeight(self.type_name, self.raw.to(device), self.in_features, order)

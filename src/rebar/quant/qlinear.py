@@ -147,11 +147,15 @@ def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
 def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
     from rebar.kernels import cpu_quant
 
+    if isinstance(weight, BlockWeight):
+        packed = _pack_decoded(weight.decode())
+        weight.drop_resident()  # the chunk's file pages: packing a whole embedding never holds them all
+        return packed
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
             return cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
         return cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
-    return _pack_decoded(weight.decode())
+    raise TypeError(f"no CPU packing for {type(weight).__name__}")
 
 
 def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:

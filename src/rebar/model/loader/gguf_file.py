@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rebar import heap
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig
 from rebar.model.loader.base import Checkpoint, TensorInfo
@@ -109,7 +110,7 @@ def load_gguf(path: Path) -> Checkpoint:
         tensor = gguf.tensors[part.file_name]
         if tensor.qtype not in BLOCK_TYPES or len(tensor.shape) != 2:
             return None
-        weight = BlockWeight(tensor.qtype.name, gguf.raw_rows(tensor), tensor.shape[1])
+        weight = BlockWeight(tensor.qtype.name, gguf.raw_rows(tensor), tensor.shape[1], release_pages=gguf.release_view)
         if part.rows is not None:
             weight = weight.row_slice(*part.rows)
         heads = heads_permuted(name)
@@ -121,11 +122,15 @@ def load_gguf(path: Path) -> Checkpoint:
         gguf.release(gguf.tensors[parts[name].file_name])
 
     template = meta.get("tokenizer.chat_template") or DEFAULT_TEMPLATES.get(arch)
+    tokenizer = tokenizer_from_metadata(meta)
+    for key in _VOCABULARY_KEYS:  # the tokenizer holds them now; as Python lists they take ~40 MiB
+        meta.pop(key, None)
+    heap.trim()
     return Checkpoint(
         path=path,
         format="gguf",
         config=config,
-        tokenizer=tokenizer_from_metadata(meta),
+        tokenizer=tokenizer,
         chat_template=str(template) if template else None,
         tensors=infos,
         _load=load,
@@ -135,6 +140,8 @@ def load_gguf(path: Path) -> Checkpoint:
     )
 
 
+_VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                   "tokenizer.ggml.merges")
 _SUPPORTED_NAMES = ", ".join(sorted(qtype.name for qtype in SUPPORTED_TYPES))
 
 

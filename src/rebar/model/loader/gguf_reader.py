@@ -145,9 +145,26 @@ class GGUFFile:
     def release(self, tensor: GGUFTensor) -> None:
         """Drop the tensor's pages from this process's resident memory (once its bytes have been copied
         or packed elsewhere); a later read maps them in again from the page cache."""
+        self._release_bytes(tensor.offset, tensor.offset + tensor.num_bytes)
+
+    def release_view(self, view: torch.Tensor) -> None:
+        """`release` for part of a tensor: `view`, a contiguous slice of what `raw_rows` returned (a
+        vocabulary-sized embedding packed a chunk at a time then never holds all its file pages)."""
+        if not view.is_contiguous():
+            raise ValueError("only a contiguous view of the mapping can be released")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            base = torch.frombuffer(self._mapped, dtype=torch.uint8, count=1).data_ptr()
+        start = view.data_ptr() - base
+        end = start + view.numel() * view.element_size()
+        if start < 0 or end > len(self._mapped):
+            raise ValueError("the view is not part of this file's mapping")
+        self._release_bytes(start, end)
+
+    def _release_bytes(self, start: int, end: int) -> None:
         page = mmap.PAGESIZE
-        start = tensor.offset // page * page
-        end = min(len(self._mapped), -(-(tensor.offset + tensor.num_bytes) // page) * page)
+        start = start // page * page
+        end = min(len(self._mapped), -(-end // page) * page)
         if hasattr(mmap, "MADV_DONTNEED") and end > start:
             self._mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
