@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from markers import requires_minilm, requires_smollm2
+from markers import requires_gemma3, requires_minilm, requires_smollm2
 
 
 def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -21,6 +21,18 @@ def test_inspect_shows_architecture_types_tokenizer_and_template() -> None:
     for expected in ("gguf:llama", "num_kv_heads: 3", "Q4_1 x210", "Q8_0 x1", "vocab 49152", "<|im_start|>",
                      "general.name: Smollm2 135M"):
         assert expected in result.stdout
+
+
+@requires_gemma3
+def test_inspect_shows_the_family_traits() -> None:
+    """Gemma 3's sliding/global layers, their two RoPE bases, its four norms per layer and GeGLU."""
+    result = rebar("inspect", "gemma3")
+    assert result.returncode == 0, result.stderr
+    for expected in ("gguf:gemma3", "layers: 15 sliding (window 512), 3 global: SSSSSG SSSSSG SSSSSG",
+                     "rope: base 1,000,000 (global layers), 10,000 (sliding layers)",
+                     "before attention and MLP, and on their outputs; per-head RMSNorm on queries and keys",
+                     "mlp: GeGLU", "embedding: scaled by 25.3, tied", "SentencePiece", "'<end_of_turn>'"):
+        assert expected in result.stdout, expected
 
 
 @requires_smollm2

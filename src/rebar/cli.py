@@ -120,6 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from rebar.model.describe import family_lines
     from rebar.model.loader import open_checkpoint
 
     checkpoint = open_checkpoint(args.model)
@@ -129,6 +130,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"architecture:  {config.source_architecture} (runs as {config.architecture})")
     if config.name:
         print(f"name:          {config.name}")
+    family = family_lines(config)
+    if family:
+        print("family:")
+        for line in family:
+            print(f"  {line}")
     print("config:")
     skipped = {"name", "source_architecture", "architecture"}
     skipped |= _DECODER_FIELDS if config.architecture == "bert" else _ENCODER_FIELDS

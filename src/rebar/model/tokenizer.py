@@ -96,9 +96,10 @@ class Tokenizer:
     byte-level encoding, so `decode(encode(s)) == s` for any string.
     """
 
-    def __init__(self, backend: BackendTokenizer, special: SpecialTokens) -> None:
+    def __init__(self, backend: BackendTokenizer, special: SpecialTokens, kind: str = "") -> None:
         self._backend = backend
         self.special = special
+        self._kind = kind
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self._special_ids = frozenset(
             token_id for token_id, added in backend.get_added_tokens_decoder().items() if added.special
@@ -144,7 +145,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        return type(self._backend.model).__name__
+        """What kind of tokenizer this is, for `rebar inspect` (e.g. "SentencePiece (GGUF 'llama'), byte fallback")."""
+        return self._kind or type(self._backend.model).__name__
 
     @classmethod
     def from_gguf_vocab(
@@ -172,10 +174,12 @@ class Tokenizer:
             raise ModelFormatError("GGUF vocabulary has duplicate tokens")
         if model == "gpt2":
             backend = _byte_level_bpe(vocab, merges, pre)
+            kind = f"byte-level BPE (GGUF 'gpt2', pre-tokenizer {pre!r})"
         elif model == "llama":
             if scores is None or len(scores) != len(tokens):
                 raise ModelFormatError("a SentencePiece ('llama') GGUF vocabulary needs one score per token")
             backend = _sentencepiece_bpe(vocab, tokens, scores, unknown_token_id, add_space_prefix)
+            kind = "SentencePiece (GGUF 'llama'), byte fallback"
         else:
             raise UnsupportedModelError(
                 f"GGUF tokenizer model {model!r} is not supported (rebar reads 'gpt2' byte-level BPE and "
@@ -203,7 +207,7 @@ class Tokenizer:
             eos_token=tokens[eos_token_id] if eos_token_id is not None else "",
             add_bos=add_bos,
         )
-        return cls(backend, special)
+        return cls(backend, special, kind)
 
     @classmethod
     def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
