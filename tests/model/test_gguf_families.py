@@ -79,3 +79,30 @@ def test_quantized_files_run_on_rebars_kernels(tmp_path: Path, case: str) -> Non
     assert type(llm.model.layers[0].attn.k_proj).__name__ == "QuantLinear"
     got, expected = llm.logits(IDS), reference.logits(IDS)
     assert (got - expected).norm() < 0.1 * expected.norm()
+
+
+def refusal(tmp_path: Path, case: str, edit_metadata: dict[str, Any], tensors: dict[str, Any] | None = None) -> str:
+    """The UnsupportedModelError message for `case`'s GGUF with its metadata (and tensors) edited."""
+    from rebar.errors import UnsupportedModelError
+
+    arch, overrides = CASES[case]
+    model = hf_tiny.build_decoder(arch, seed=1, vocab_size=VOCAB, intermediate_size=128, **overrides)
+    contents = gguf_convert.convert(model)
+    contents.metadata.update(edit_metadata)
+    contents.tensors.update(tensors or {})
+    with pytest.raises(UnsupportedModelError) as info:
+        open_checkpoint(contents.write(tmp_path / "edited.gguf"))
+    return str(info.value)
+
+
+def test_family_variants_rebar_lacks_are_refused_by_name(tmp_path: Path) -> None:
+    """What would change every logit if ignored: softcapping, partial rotary embeddings, LongRoPE,
+    a RoPE scaling kind rebar lacks."""
+    import numpy as np
+    from gguf_builder import Tensor
+
+    assert "final_logit_softcapping" in refusal(tmp_path, "gemma3", {"gemma3.final_logit_softcapping": 30.0})
+    assert "partial rotary embeddings (16 of 32 dims)" in refusal(tmp_path, "qwen3", {"qwen3.rope.dimension_count": 16})
+    long_factors = {"rope_factors_long.weight": Tensor(np.ones(8, np.float32), QT.F32)}
+    assert "LongRoPE" in refusal(tmp_path, "phi3", {}, long_factors)
+    assert "'yarn'" in refusal(tmp_path, "qwen3", {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0})

@@ -9,6 +9,7 @@ shows up as a large difference, not a subtle one.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -440,4 +441,20 @@ def test_tied_checkpoint_without_lm_head_loads_and_untied_without_it_fails(tmp_p
     float_llm(folder)
     hf_tiny.edit_config(folder, tie_word_embeddings=False)
     with pytest.raises(ModelFormatError, match="lm_head.weight"):
+        float_llm(folder)
+
+
+@pytest.mark.parametrize(("arch", "edit", "named"), [
+    ("Gemma3ForCausalLM", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ("Gemma3ForCausalLM", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+    ("Qwen3ForCausalLM", {"partial_rotary_factor": 0.5}, "partial rotary"),
+    ("Phi3ForCausalLM", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                             "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}}, "'longrope'"),
+], ids=["final-softcap", "attn-softcap", "partial-rotary", "longrope"])
+def test_family_variants_rebar_lacks_are_refused(arch: str, edit: dict[str, Any], named: str, tmp_path: Path) -> None:
+    """Softcapped logits, partial rotary embeddings and LongRoPE change every logit: refused by name
+    rather than run wrongly."""
+    _, folder = _decoder_folder(tmp_path, arch, seed=36)
+    hf_tiny.edit_config(folder, **edit)
+    with pytest.raises(UnsupportedModelError, match=re.escape(named)):
         float_llm(folder)
