@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token
+from rebar.engine.outputs import ENGINE_FAULT
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from tiny_engine import VOCAB, make_core, run_to_completion, tiny_config, tokens_of
@@ -144,7 +145,7 @@ def test_a_failing_request_fails_alone(tmp_path) -> None:
 
     bad.state.detokenizer.add = explode
     out = run_to_completion(core)
-    assert out[("bad", 0)][-1].finish_reason == "error" and "detokenizer broke" in out[("bad", 0)][-1].error
+    assert out[("bad", 0)][-1].finish_reason == "error" and out[("bad", 0)][-1].error == ENGINE_FAULT
     assert out[("good", 0)][-1].finish_reason == "length" and len(tokens_of(out[("good", 0)])) == 12
 
 
@@ -154,12 +155,117 @@ def test_a_failing_model_step_fails_its_batch_and_the_engine_recovers(tmp_path, 
     real = core.runner.execute
     monkeypatch.setattr(core.runner, "execute", lambda items: (_ for _ in ()).throw(RuntimeError("device lost")))
     (output,) = core.step()
-    assert output.finish_reason == "error" and "device lost" in output.error
+    assert output.finish_reason == "error" and output.error == ENGINE_FAULT  # no exception text for clients
     monkeypatch.setattr(core.runner, "execute", real)
     core.add_request("b", [3, 4, 5, 6, 7], GREEDY)
     out = run_to_completion(core)
     assert out[("b", 0)][-1].num_cached_tokens == 0  # the failed step's blocks were not left in the prefix cache
     assert out[("b", 0)][-1].finish_reason == "length"
+
+
+def assert_all_blocks_idle(core) -> None:
+    core.check_integrity()
+    assert not core.has_unfinished_requests() and core.kv_manager.num_requests == 0
+    assert core.stats().num_free_blocks == core.stats().num_blocks
+
+
+def rows_of(items) -> list[str]:
+    """Request ids of the logits rows `runner.execute(items)` returns, in order."""
+    return [item.request_id for item in items if item.sample]
+
+
+@pytest.mark.parametrize("extra", [{}, {"top_k": 5}, {"top_p": 0.5}, {"min_p": 0.1}, {"top_p": 1e-50},
+                                   {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 0.5}])
+def test_a_vanishing_temperature_is_greedy_and_harms_no_one(tmp_path, extra) -> None:
+    """1e-50 underflows float32: it must mean greedy, not NaN probabilities and an id past the vocabulary."""
+    tiny = SamplingParams(max_tokens=12, temperature=1e-50, ignore_eos=True, **extra)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, **extra)
+    core = make_core(tmp_path)
+    core.add_request("tiny", [3, 4, 5], tiny)
+    core.add_request("other", [6, 7, 8], GREEDY)
+    out = run_to_completion(core)
+    assert out[("tiny", 0)][-1].finish_reason == "length"
+    assert tokens_of(out[("tiny", 0)]) == alone(tmp_path, [3, 4, 5], greedy)
+    assert tokens_of(out[("other", 0)]) == alone(tmp_path, [6, 7, 8], GREEDY)
+    assert_all_blocks_idle(core)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+def test_a_row_of_broken_model_logits_fails_that_request_alone(tmp_path, monkeypatch, poison) -> None:
+    core = make_core(tmp_path)
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=3, ignore_eos=True)
+    core.add_request("good", [6, 7, 8], GREEDY)
+    core.add_request("bad", [3, 4, 5, 6, 7, 8, 9], GREEDY)
+    core.add_request("sampled", [9, 8, 7], sampled)
+    real = core.runner.execute
+
+    def poisoned(items):
+        logits = real(items)
+        for row, request_id in enumerate(rows_of(items)):
+            if request_id == "bad" and core.scheduler.requests["bad"].num_output_tokens == 2:
+                logits[row] = poison
+        return logits
+
+    monkeypatch.setattr(core.runner, "execute", poisoned)
+    out = run_to_completion(core)
+    bad = out[("bad", 0)]
+    assert bad[-1].finish_reason == "error" and bad[-1].error == ENGINE_FAULT
+    assert tokens_of(bad) == alone(tmp_path, [3, 4, 5, 6, 7, 8, 9], GREEDY)[:2]  # no token from the broken row
+    assert tokens_of(out[("good", 0)]) == alone(tmp_path, [6, 7, 8], GREEDY)
+    assert tokens_of(out[("sampled", 0)]) == alone(tmp_path, [9, 8, 7], sampled)
+    assert_all_blocks_idle(core)
+    core.add_request("again", [3, 4, 5, 6, 7, 8, 9], GREEDY)
+    assert run_to_completion(core)[("again", 0)][-1].num_cached_tokens == 0  # its KV was not left cached
+
+
+def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(tmp_path, monkeypatch, caplog) -> None:
+    core = make_core(tmp_path, max_num_batched_tokens=24)  # chunked prefills share steps with decodes
+    batch = prompts(5, seed=21)
+    for i, prompt in enumerate(batch):
+        core.add_request(str(i), prompt, GREEDY)
+    core.add_request("poison", [3] * 30, GREEDY)
+    real = core.runner.execute
+
+    def execute(items):
+        if any(item.request_id == "poison" for item in items) and core.scheduler.requests["poison"].num_computed_tokens:
+            raise RuntimeError("CUDA error: an illegal memory access at 0xdeadbeef")
+        return real(items)
+
+    monkeypatch.setattr(core.runner, "execute", execute)
+    out = run_to_completion(core)
+    poison = out[("poison", 0)][-1]
+    assert poison.finish_reason == "error" and poison.error == ENGINE_FAULT
+    assert "0xdeadbeef" in caplog.text and "poison" in caplog.text  # the log keeps what the client is not told
+    for i, prompt in enumerate(batch):
+        assert out[(str(i), 0)][-1].finish_reason == "length"
+        assert tokens_of(out[(str(i), 0)]) == alone(tmp_path, prompt, GREEDY)
+    assert_all_blocks_idle(core)
+
+
+def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(tmp_path, monkeypatch) -> None:
+    """Two identical prompts admitted in one step: the second's prefix hit reads blocks the first fills."""
+    core = make_core(tmp_path)
+    prompt = list(range(3, 23))
+    core.add_request("writer", prompt, GREEDY)
+    core.add_request("reader", prompt, GREEDY)
+    core.add_request("bystander", [5, 6, 7], GREEDY)
+    real = core.runner.execute
+    calls = []
+
+    def execute(items):
+        calls.append(tuple(item.request_id for item in items))
+        if "writer" in calls[-1]:
+            raise RuntimeError("writer broke")
+        return real(items)
+
+    monkeypatch.setattr(core.runner, "execute", execute)
+    out = run_to_completion(core)
+    assert out[("writer", 0)][-1].finish_reason == "error"
+    (reader,) = out[("reader", 0)]
+    assert reader.finish_reason == "error" and reader.num_cached_tokens > 0 and not reader.new_token_ids
+    assert ("reader",) not in calls  # never run over K/V that was not written
+    assert tokens_of(out[("bystander", 0)]) == alone(tmp_path, [5, 6, 7], GREEDY)
+    assert_all_blocks_idle(core)
 
 
 def test_stop_token_and_eos(tmp_path) -> None:

@@ -3,6 +3,7 @@ seeded rows that draw the same tokens alone or in any batch."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -386,3 +387,106 @@ def test_bad_shapes_and_history_ids_are_rejected() -> None:
         sample_batch(torch.zeros(4), [request(SamplingParams())])
     with pytest.raises(ValueError):
         sample_batch(torch.zeros(1, 4), [request(SamplingParams(presence_penalty=1.0), output=(4,))])
+
+
+# --- extreme settings and broken logits -------------------------------------------------------
+
+VOCAB = 2048  # past the candidate widths, so the whole-vocabulary draw runs too
+
+
+def extreme_params() -> list[SamplingParams]:
+    """Every corner of the numeric settings, each one valid by itself."""
+    combos = itertools.product(
+        (1e-50, 1e-5, 1.0, 100.0),  # temperature
+        (1e-50, 1e-30, 0.5, 1.0),  # top_p
+        (0, 1, 5, 1500),  # top_k
+        (0.0, 1e-50, 1.0),  # min_p
+        ((1.0, 0.0, 0.0), (0.01, 2.0, 2.0), (2.0, -2.0, -2.0)),  # repetition, presence, frequency
+        (None, {7: 100.0, 8: -100.0}),  # logit_bias
+    )
+    return [
+        SamplingParams(temperature=t, top_p=p, top_k=k, min_p=m, repetition_penalty=r, presence_penalty=pr,
+                       frequency_penalty=f, logit_bias=bias, seed=i)
+        for i, (t, p, k, m, (r, pr, f), bias) in enumerate(combos)
+    ]
+
+
+def test_no_valid_setting_can_produce_an_invalid_token() -> None:
+    torch.manual_seed(0)
+    params = extreme_params()
+    logits = torch.randn(len(params), VOCAB) * 30  # large, model-like spreads
+    rows = [request(p, prompt=(7, 8, 9), output=(9, 9, 10)) for p in params]
+    for token in sample_batch(logits, rows):
+        assert token is not None and 0 <= token.token_id < VOCAB
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"top_k": 5}, {"top_p": 0.5}, {"top_p": 1e-50}, {"min_p": 0.2},
+              {"repetition_penalty": 1.5, "presence_penalty": 2.0, "frequency_penalty": -1.0, "logit_bias": {3: 2.0}}]
+)
+def test_a_vanishing_temperature_picks_the_greedy_token(extra: dict) -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(1, 50)
+    history = {"prompt": (1, 2, 3), "output": (3, 4)}
+    tiny = sample_batch(logits, [request(SamplingParams(temperature=1e-50, **extra), **history)])[0]
+    greedy = sample_batch(logits, [request(SamplingParams(temperature=0, **extra), **history)])[0]
+    assert tiny is not None and greedy is not None and tiny.token_id == greedy.token_id
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_best_token() -> None:
+    for top_k in (0, 3):
+        params = SamplingParams(temperature=1.0, top_p=1e-50, top_k=top_k, seed=5)
+        generator = make_generator(params)
+        assert {draw_one(LOGITS, params, generator) for _ in range(50)} == {0}
+    big = torch.randn(VOCAB)
+    assert draw_one(big, SamplingParams(temperature=1.0, top_p=1e-50, seed=5), None) == int(big.argmax())
+
+
+NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW = 1, 3, 5
+
+
+def broken_batch() -> tuple[torch.Tensor, list[SampleRequest]]:
+    """Six rows: plain greedy, sampled, penalised greedy, ... with three rows broken in different ways."""
+    torch.manual_seed(2)
+    logits = torch.randn(6, 64)
+    logits[NAN_ROW, 10] = float("nan")
+    logits[POSITIVE_INF_ROW, 11] = float("inf")
+    logits[ALL_NEGATIVE_INF_ROW] = float("-inf")
+    settings = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, presence_penalty=1.0),
+        SamplingParams(temperature=0.7, top_k=5, seed=1),
+        SamplingParams(temperature=0.7, top_p=0.9, seed=2, logprobs=2),
+        SamplingParams(temperature=0.7, seed=3),
+    ]
+    return logits, [request(p, output=(1, 2)) for p in settings]
+
+
+@pytest.mark.parametrize("broken", [NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW])
+def test_a_row_with_broken_logits_fails_alone(broken: int) -> None:
+    logits, rows = broken_batch()
+    for row in {NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW} - {broken}:
+        logits[row] = torch.randn(64)  # repair the others: only `broken` is broken
+    tokens = sample_batch(logits, rows)
+    assert tokens[broken] is None
+    for i, token in enumerate(tokens):
+        if i != broken:
+            fresh = [SampleRequest(rows[i].params, make_generator(rows[i].params), (), (1, 2))]
+            assert token == sample_batch(logits[i : i + 1], fresh)[0]  # what the row gets alone
+
+
+def test_every_broken_row_fails_and_no_healthy_one_does() -> None:
+    logits, rows = broken_batch()
+    broken = {NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW}
+    tokens = sample_batch(logits, rows)
+    assert {i for i, token in enumerate(tokens) if token is None} == broken
+    assert all(0 <= tokens[i].token_id < 64 for i in set(range(6)) - broken)
+
+
+def test_penalties_that_overflow_the_logits_fail_that_row_alone() -> None:
+    """Defence in depth: SamplingParams bounds the penalty, but a huge logit can still overflow it."""
+    logits = torch.tensor([[3e38, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    rows = [request(SamplingParams(temperature=0, repetition_penalty=0.01), prompt=(0,)), request(SamplingParams(temperature=0))]
+    tokens = sample_batch(logits, rows)
+    assert tokens[0] is None and tokens[1] is not None and tokens[1].token_id == 1

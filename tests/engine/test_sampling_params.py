@@ -169,3 +169,18 @@ def test_child_params_have_n_one_and_distinct_seeds() -> None:
     assert SamplingParams(n=2, seed=2**63 - 1).child(1).seed == 0
     with pytest.raises(IndexError):
         params.child(3)
+
+
+@pytest.mark.parametrize("temperature", [1e-50, 5e-324, 1e-6, 9.99e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature: float) -> None:
+    params = SamplingParams(temperature=temperature, top_k=5, seed=3)
+    assert params.temperature == 0.0 and params.greedy
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5  # the smallest one that samples
+
+
+@pytest.mark.parametrize("penalty", [1e-50, 5e-324, 0.0099])
+def test_a_repetition_penalty_that_could_overflow_the_logits_is_refused(penalty: float) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(repetition_penalty=penalty)
+    assert info.value.param == "repetition_penalty" and "0.01" in str(info.value)
+

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from rebar.engine.core import EngineCore
-from rebar.engine.outputs import RequestOutput
+from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError, RebarError
@@ -137,7 +137,7 @@ class AsyncEngine:
             # Idle with a profile open: wake up now and then to honour its deadline.
             commands = self._drain(block=idle, timeout=0.05 if self._profile is not None else None)
             if any(command is _STOP for command in commands):
-                self._fail_everything("engine shut down")
+                self._fail_everything(ENGINE_SHUTDOWN)
                 self._end_profile()
                 return
             for command in commands:
@@ -145,9 +145,9 @@ class AsyncEngine:
             if self.core.has_unfinished_requests():
                 try:
                     self._deliver(self.core.step())
-                except Exception as exc:  # a bug in the step itself: fail what is in flight, keep serving
-                    logger.exception("engine step failed")
-                    self._fail_everything(f"engine step failed: {exc}")
+                except Exception:  # a bug in the step itself: fail what is in flight, keep serving
+                    logger.exception("engine step failed; failing every request in flight")
+                    self._fail_everything(ENGINE_FAULT)
                 if self._profile is not None and self._profile.session is not None:
                     self._profile.session.step_done()
             if self._profile is not None and (

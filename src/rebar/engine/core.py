@@ -17,12 +17,12 @@ from torch import nn
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
 from rebar.engine.kv_cache_manager import KVCacheManager
-from rebar.engine.outputs import RequestOutput, RequestTiming
+from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT, RequestOutput, RequestTiming
 from rebar.engine.request import Request, RequestStatus
 from rebar.engine.runner import ModelRunner
-from rebar.engine.sampler import SampleRequest, make_generator, sample_batch
+from rebar.engine.sampler import SampledToken, SampleRequest, make_generator, sample_batch
 from rebar.engine.sampling_params import SamplingParams
-from rebar.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from rebar.engine.scheduler import ScheduledRequest, Scheduler, SchedulerConfig
 from rebar.errors import InvalidRequestError
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
@@ -216,20 +216,59 @@ class EngineCore:
             request = self.scheduler.requests[item.request_id]
             if request.scheduled_time is None:
                 request.scheduled_time = started
-        try:
-            logits = self.runner.execute(plan.scheduled)
-        except Exception as exc:  # the whole batch failed: fail its requests, keep serving others
-            logger.exception("model step failed for %d requests", len(plan.scheduled))
-            return outputs + self._fail_all(plan, f"model step failed: {exc}")
+        logits, failed = self._execute(plan.scheduled)
+        outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
         self.scheduler.update_after_step(plan)
-        sampling = [self.scheduler.requests[item.request_id] for item in plan.scheduled if item.sample]
+        sampling = [self.scheduler.requests[item.request_id] for item in plan.scheduled
+                    if item.sample and item.request_id not in failed]
         return outputs + self._sample_and_append(sampling, logits)
 
-    def _fail_all(self, plan: SchedulerOutput, message: str) -> list[RequestOutput]:
-        failed = [self.scheduler.requests[item.request_id] for item in plan.scheduled]
-        return [self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False) for r in failed]
+    def _execute(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
+        """The step's logits (one row per surviving item with `sample`, in order) and the failed request ids.
+
+        When the batch fails, each item runs alone, in order, so only the requests that fail by
+        themselves fail. Rerunning an item is harmless: the runner writes K/V only at the item's own
+        slots, computed from its tokens and positions, so a rerun rewrites the same values.
+        """
+        try:
+            return self.runner.execute(items), []
+        except Exception:
+            logger.exception("model step failed for requests %s; running each alone", [i.request_id for i in items])
+        rows: list[torch.Tensor] = [torch.empty(0, self.runner.config.vocab_size)]
+        failed: list[str] = []
+        unwritten: set[int] = set()  # blocks whose K/V a failed item was to write this step
+        for item in items:
+            # A prefix hit taken this step may read blocks that an earlier item was to fill.
+            depends_on_failed = not unwritten.isdisjoint(item.block_ids)
+            if depends_on_failed:
+                logger.error("request %s reads KV blocks that a failed request was to write; failing it too", item.request_id)
+            item_logits = None if depends_on_failed else self._execute_alone(item)
+            if item_logits is None:
+                failed.append(item.request_id)
+                unwritten.update(self._blocks_written(item))
+            else:
+                rows.append(item_logits)
+        return torch.cat(rows), failed
+
+    def _execute_alone(self, item: ScheduledRequest) -> torch.Tensor | None:
+        try:
+            return self.runner.execute([item])
+        except Exception:
+            logger.exception("model step failed for request %s alone", item.request_id)
+            return None
+
+    def _blocks_written(self, item: ScheduledRequest) -> tuple[int, ...]:
+        block_size = self.config.block_size
+        first, last = item.start_position // block_size, (item.start_position + len(item.token_ids) - 1) // block_size
+        return item.block_ids[first : last + 1]
+
+    def _fail(self, request: Request) -> RequestOutput:
+        """Finish a request the engine could not serve; its K/V may be missing or garbage, so it is not cached."""
+        return self._finish(request, RequestStatus.FINISHED_ERROR, error=ENGINE_FAULT, keep_cached=False)
 
     def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+        if not requests:
+            return []
         # Token histories are only read by penalties; copying them every step would cost O(length).
         rows = [
             SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids)
@@ -244,23 +283,25 @@ class EngineCore:
         outputs = []
         for request, token in zip(requests, sampled):
             if token is None:
-                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, error="sampling failed"))
+                logger.error("request %s: sampling failed (its logits hold NaN or no finite value)", request.request_id)
+                outputs.append(self._fail(request))
                 continue
             try:
                 outputs.append(self._append_token(request, token))
-            except Exception as exc:
+            except Exception:
                 logger.exception("request %s failed", request.request_id)
-                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, error=str(exc)))
+                outputs.append(self._fail(request))
         return outputs
 
     @staticmethod
-    def _sample_one(logits: torch.Tensor, row: SampleRequest):
+    def _sample_one(logits: torch.Tensor, row: SampleRequest) -> SampledToken | None:
         try:
             return sample_batch(logits, [row])[0]
         except Exception:
+            logger.exception("sampling one row failed")
             return None
 
-    def _append_token(self, request: Request, token) -> RequestOutput:
+    def _append_token(self, request: Request, token: SampledToken) -> RequestOutput:
         state: _RequestState = request.state
         token_id = token.token_id
         if request.first_token_time is None:
@@ -286,7 +327,7 @@ class EngineCore:
     def _expire_deadlines(self) -> list[RequestOutput]:
         now = time.monotonic()
         expired = [r for r in self.scheduler.requests.values() if r.deadline is not None and now >= r.deadline]
-        return [self._finish(r, RequestStatus.FINISHED_TIMEOUT, error="deadline exceeded") for r in expired]
+        return [self._finish(r, RequestStatus.FINISHED_TIMEOUT, error=DEADLINE_EXCEEDED) for r in expired]
 
     # ----- introspection -------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -6,6 +6,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+# What `RequestOutput.error` says. Fixed texts, so no exception detail (paths, tensor shapes, device
+# names) ever reaches a client; the log line for the failure carries the exception and request id.
+ENGINE_FAULT = "the engine failed while generating this request; see the server log"
+ENGINE_SHUTDOWN = "the engine shut down before this request finished"
+DEADLINE_EXCEEDED = "deadline exceeded"
+
+
 @dataclass(frozen=True)
 class Choice:
     """One of the `n` completions of a prompt."""
@@ -91,9 +98,11 @@ class RequestTiming:
 class RequestOutput:
     """What one engine step produced for one choice of one request (incremental).
 
-    `request_id` is the caller's id; `index` tells the choices of an `n > 1` request apart. The last
-    output of a choice has `finished=True` and a `finish_reason`: "stop", "length", "abort",
-    "timeout" or "error" (with `error` saying what went wrong) and its `timing`.
+    `request_id` is the id the request was added under (for `AsyncEngine`, the engine's own unique
+    id); `index` tells the choices of an `n > 1` request apart. The last output of a choice has
+    `finished=True` and a `finish_reason`: "stop", "length", "abort", "timeout" or "error", and its
+    `timing`. `error` is set on "timeout" and "error" outputs, always to one of the fixed texts
+    DEADLINE_EXCEEDED, ENGINE_FAULT or ENGINE_SHUTDOWN, never to exception text.
     """
 
     request_id: str

@@ -6,6 +6,10 @@ temperature is 0, else temperature -> top_k -> top_p -> min_p -> a draw from the
 generator. `process_logits` exposes the first two stages; `filter_logits` is the single-row
 form of the filters (without bias or penalties).
 
+A row whose logits cannot be sampled (NaN anywhere, or no finite best value: a broken model, or
+bias and penalties that overflowed) gets None instead of a token, and the other rows are not
+affected: one request's numbers can never make another fail.
+
 Log-probabilities are always the log-softmax of the raw model logits, before logit_bias, penalties,
 temperature and filters (as vLLM reports them by default), so they describe the model, not the
 sampling settings.
@@ -69,17 +73,18 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return _filter_rows(logits.unsqueeze(0), [params]).squeeze(0)
 
 
-def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampledToken]:
+def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampledToken | None]:
     """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module docstring.
 
-    Callers may rely on: the caller's `logits` tensor is not modified; a row's token depends only on
-    its own logits, params, token history and generator, never on the other rows, so a seeded row
-    draws the same tokens alone or in any batch; each sampled (non-greedy) row consumes exactly one
-    float64 uniform from its generator (or, without one, from the global CPU RNG) per call; greedy
-    rows consume none.
+    Callers may rely on: the caller's `logits` tensor is not modified; every token id returned is in
+    [0, vocab); a row gets None when its raw or processed logits hold NaN or no finite best value; a
+    row's result depends only on its own logits, params, token history and generator, never on the
+    other rows, so a seeded row draws the same tokens alone or in any batch; each sampled
+    (non-greedy) row consumes exactly one float64 uniform from its generator (or, without one, from
+    the global CPU RNG) per call, unless it gets None; greedy rows consume none.
     """
     _check_shape(logits, requests)
-    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    token_ids = torch.full((len(requests),), -1, dtype=torch.long, device=logits.device)
     plain = [i for i, r in enumerate(requests) if _is_plain_greedy(r.params)]
     if len(plain) == len(requests):
         token_ids = logits.argmax(-1)
@@ -88,8 +93,18 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> lis
     rest = [i for i, r in enumerate(requests) if not _is_plain_greedy(r.params)]
     if rest:
         token_ids[rest] = _sample_processed(logits[rest].float(), [requests[i] for i in rest])
+    # Checked last, on every row: argmax of a NaN row would otherwise return a plausible id.
+    valid = _has_finite_best(logits) & (token_ids >= 0) & (token_ids < logits.shape[1])
+    token_ids = torch.where(valid, token_ids, 0)
     logprobs = _logprobs(logits, token_ids, requests)
-    return [SampledToken(t, lp) for t, lp in zip(token_ids.tolist(), logprobs)]
+    return [
+        SampledToken(t, lp) if ok else None for t, lp, ok in zip(token_ids.tolist(), logprobs, valid.tolist())
+    ]
+
+
+def _has_finite_best(logits: torch.Tensor) -> torch.Tensor:
+    """[rows] bool: the row holds no NaN and its best logit is finite (amax propagates NaN)."""
+    return torch.isfinite(logits.amax(-1))
 
 
 def _check_shape(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
@@ -121,13 +136,15 @@ def _process_in_place(logits: torch.Tensor, requests: Sequence[SampleRequest]) -
 
 
 def _sample_processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """Token ids [rows] for rows that need bias, penalties or sampling; `logits` is a private copy."""
+    """Token ids [rows] (-1: none) for rows that need bias, penalties or sampling; `logits` is a private copy."""
     _process_in_place(logits, requests)
-    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-    greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+    token_ids = torch.full((len(requests),), -1, dtype=torch.long, device=logits.device)
+    # Rows left without a finite best logit keep id -1 (no token): drawing from them is undefined.
+    usable = _has_finite_best(logits).tolist()
+    greedy = [i for i, r in enumerate(requests) if usable[i] and r.params.greedy]
     if greedy:
         token_ids[greedy] = logits[greedy].argmax(-1)
-    sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+    sampled = [i for i, r in enumerate(requests) if usable[i] and not r.params.greedy]
     if sampled:
         token_ids[sampled] = _draw(logits[sampled], [requests[i] for i in sampled])
     return token_ids
@@ -248,8 +265,10 @@ def _mask_sorted(
         probs = weights / torch.where(ks <= num_columns, weights.sum(-1, keepdim=True), total)
     # Rows without top-p get an unreachable threshold, so round-off never trims their tail.
     top_p = _column([p.top_p if p.top_p < 1.0 else math.inf for p in params], probs)
-    # Drop a token when the tokens ranked before it already reach top_p.
+    # Drop a token when the tokens ranked before it already reach top_p. The best token always
+    # stays: a top_p that rounds to 0 in float32 would otherwise drop every token.
     drop = (probs.cumsum(-1) - probs) >= top_p
+    drop[:, 0] = False
     return sorted_logits.masked_fill(drop, float("-inf"))
 
 

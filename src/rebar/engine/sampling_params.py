@@ -17,6 +17,10 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0
 MAX_REPETITION_PENALTY = 2.0
+# Below this the penalty's reciprocal (up to 100x on a logit) could overflow float32 logits to inf.
+MIN_REPETITION_PENALTY = 0.01
+# Temperatures below this are greedy: dividing float32 logits by them overflows (vLLM's rule too).
+GREEDY_TEMPERATURE = 1e-5
 _SEED_LIMIT = 2**63
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 
@@ -111,12 +115,15 @@ def _checked_logit_bias(value: object) -> LogitBias | None:
 class SamplingParams:
     """How to pick tokens and when to stop. Every field is honoured; bad values raise InvalidRequestError.
 
-    temperature 0 means greedy. `max_tokens=None` generates until a stop condition or the end of
-    the context window. `seed` makes sampling reproducible for this request alone.
+    temperature 0 means greedy, and so does any temperature below GREEDY_TEMPERATURE (1e-5): it is
+    stored as 0.0, since dividing logits by it would overflow them. `max_tokens=None` generates
+    until a stop condition or the end of the context window. `seed` makes sampling reproducible for
+    this request alone.
 
     `n` is how many independent completions to return; `child(i)` gives the params for the i-th.
     `repetition_penalty` (CTRL style) scales the logit of every token already seen in the prompt or
-    the output: positive logits are divided by it, negative ones multiplied. `presence_penalty` and
+    the output: positive logits are divided by it, negative ones multiplied; it lies in
+    [MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY] = [0.01, 2]. `presence_penalty` and
     `frequency_penalty` (OpenAI style) look at output tokens only: a token's logit is lowered by
     `presence_penalty * (count > 0) + frequency_penalty * count`. `logit_bias` is added to the raw
     logits of the named tokens first; it is stored as a hashable, read-only `LogitBias` (string keys
@@ -166,8 +173,9 @@ class SamplingParams:
         return {"max_tokens": max_tokens, "seed": seed, "n": _checked_int("n", self.n, 1, MAX_N)}
 
     def _checked_sampling(self) -> dict[str, object]:
+        temperature = _checked_real("temperature", self.temperature, 0.0, 100.0)
         return {
-            "temperature": _checked_real("temperature", self.temperature, 0.0, 100.0),
+            "temperature": 0.0 if temperature < GREEDY_TEMPERATURE else temperature,
             "top_p": _checked_real("top_p", self.top_p, 0.0, 1.0, low_open=True),
             "top_k": _checked_int("top_k", self.top_k, 0, None, " (0 disables it)"),
             "min_p": _checked_real("min_p", self.min_p, 0.0, 1.0),
@@ -176,7 +184,7 @@ class SamplingParams:
     def _checked_extras(self) -> dict[str, object]:
         logprobs = None if self.logprobs is None else _checked_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         repetition = self.repetition_penalty
-        repetition = _checked_real("repetition_penalty", repetition, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        repetition = _checked_real("repetition_penalty", repetition, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
         presence = _checked_real("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
         frequency = _checked_real("frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
         return {
