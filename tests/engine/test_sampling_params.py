@@ -184,3 +184,9 @@ def test_a_repetition_penalty_that_could_overflow_the_logits_is_refused(penalty:
         SamplingParams(repetition_penalty=penalty)
     assert info.value.param == "repetition_penalty" and "0.01" in str(info.value)
 
+
+def test_stop_strings_have_a_generous_length_cap() -> None:
+    SamplingParams(stop=["x" * 4096] * 16)
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(stop=["ok", "x" * 4097])
+    assert info.value.param == "stop" and "4096" in str(info.value)

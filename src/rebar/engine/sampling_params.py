@@ -21,6 +21,10 @@ MAX_REPETITION_PENALTY = 2.0
 MIN_REPETITION_PENALTY = 0.01
 # Temperatures below this are greedy: dividing float32 logits by them overflows (vLLM's rule too).
 GREEDY_TEMPERATURE = 1e-5
+# Per stop string. Matching costs time in the new text only, whatever the length; the cap bounds
+# what one request may hold (its stops and the text held back while a long prefix matches) and is
+# far beyond any real stop sequence.
+MAX_STOP_LENGTH = 4096
 _SEED_LIMIT = 2**63
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 
@@ -120,6 +124,9 @@ class SamplingParams:
     until a stop condition or the end of the context window. `seed` makes sampling reproducible for
     this request alone.
 
+    At most MAX_STOP_STRINGS (16) stop strings, each non-empty and at most MAX_STOP_LENGTH (4096)
+    characters long.
+
     `n` is how many independent completions to return; `child(i)` gives the params for the i-th.
     `repetition_penalty` (CTRL style) scales the logit of every token already seen in the prompt or
     the output: positive logits are divided by it, negative ones multiplied; it lies in
@@ -200,6 +207,8 @@ class SamplingParams:
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
+        if any(len(s) > MAX_STOP_LENGTH for s in self.stop):
+            raise InvalidRequestError(f"stop strings may be at most {MAX_STOP_LENGTH} characters long", "stop")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
