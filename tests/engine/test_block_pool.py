@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+
 import pytest
 
 from rebar import SamplingParams
-from rebar.engine.block_pool import BlockPool, chain_hash
+from rebar.engine.block_pool import BlockPool, chain_hash, salt_hash
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.request import Request
 
 
-def make_request(request_id: str, tokens: list[int]) -> Request:
-    return Request(request_id, tokens, SamplingParams(max_tokens=4), max_total_tokens=len(tokens) + 4)
+def make_request(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Request:
+    return Request(request_id, tokens, SamplingParams(max_tokens=4), max_total_tokens=len(tokens) + 4,
+                   cache_salt=cache_salt)
 
 
 def test_allocate_and_free_round_trip() -> None:
@@ -45,7 +52,7 @@ def test_reusing_a_cached_block_evicts_its_prefix() -> None:
 def test_hash_hit_with_different_tokens_is_rejected() -> None:
     pool = BlockPool(2)
     (block,) = pool.allocate(1)
-    fake_hash = 12345
+    fake_hash = b"\x01" * 32
     pool.register(block, fake_hash, [1, 2])
     assert pool.lookup(fake_hash, [9, 9]) is None  # a collision never serves the wrong KV
     assert pool.lookup(fake_hash, [1, 2]) == block
@@ -112,3 +119,38 @@ def test_failed_step_uncaches_its_blocks() -> None:
     assert manager.allocate(request, 8)
     manager.free(request, keep_cached=False)
     assert manager.find_cached_prefix(make_request("b", list(range(9)))) == []
+
+
+def test_block_hashes_are_sha256_of_a_canonical_encoding() -> None:
+    first = chain_hash(None, [1, 2])
+    assert first == hashlib.sha256(bytes(32) + struct.pack("<2q", 1, 2)).digest()
+    assert chain_hash(first, [3, 70000]) == hashlib.sha256(first + struct.pack("<2q", 3, 70000)).digest()
+    assert chain_hash(salt_hash(None), [1, 2]) == first
+    assert len({first, chain_hash(salt_hash("a"), [1, 2]), chain_hash(salt_hash("b"), [1, 2]), chain_hash(None, [2, 1])}) == 4
+
+
+HASH_SCRIPT = """
+from rebar.engine.block_pool import chain_hash, salt_hash
+print(chain_hash(chain_hash(salt_hash("tenant-\\u00e9"), range(16)), [5] * 16).hex(), chain_hash(None, [1, 2]).hex())
+"""
+
+
+def test_block_hashes_do_not_depend_on_the_process_hash_seed() -> None:
+    def digests(seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        return subprocess.run([sys.executable, "-c", HASH_SCRIPT], env=env, capture_output=True, text=True, check=True).stdout
+
+    assert digests("1") == digests("2") != ""
+
+
+def test_only_requests_with_the_same_salt_share_cached_blocks() -> None:
+    manager = KVCacheManager(num_blocks=16, block_size=4)
+    tokens = list(range(10))
+    for request_id, salt in (("owner", "tenant-a"), ("plain", None)):
+        request = make_request(request_id, tokens, salt)
+        assert manager.find_cached_prefix(request) == [] and manager.allocate(request, 10)
+    assert len(manager.find_cached_prefix(make_request("same", tokens, "tenant-a"))) == 2
+    assert len(manager.find_cached_prefix(make_request("unsalted", tokens))) == 2
+    assert manager.find_cached_prefix(make_request("other", tokens, "tenant-b")) == []
+    assert manager.find_cached_prefix(make_request("empty", tokens, "")) == []  # "" is a salt, not None
+    manager.check_integrity()

@@ -64,6 +64,25 @@ def test_identical_prompt_hits_the_prefix_cache(tmp_path) -> None:
     assert tokens_of(second) == tokens_of(first)
 
 
+def test_prefix_cache_hits_need_the_same_cache_salt(tmp_path) -> None:
+    core = make_core(tmp_path)
+    prompt = list(range(2, 30))
+    runs = {}
+    for request_id, salt in (("a1", "tenant-a"), ("b", "tenant-b"), ("none", None), ("a2", "tenant-a"), ("none2", None)):
+        core.add_request(request_id, prompt, GREEDY, cache_salt=salt)
+        runs[request_id] = run_to_completion(core)[(request_id, 0)]
+    cached = {request_id: outputs[-1].num_cached_tokens for request_id, outputs in runs.items()}
+    assert cached == {"a1": 0, "b": 0, "none": 0, "a2": 24, "none2": 24}
+    assert len({tuple(tokens_of(outputs)) for outputs in runs.values()}) == 1  # a hit changes no token
+    assert_all_blocks_idle(core)
+
+
+def test_cache_salt_must_be_a_string(tmp_path) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        make_core(tmp_path).add_request("x", [3, 4], GREEDY, cache_salt=7)
+    assert info.value.param == "cache_salt"
+
+
 def test_preemption_under_a_tiny_pool_still_completes_every_request_correctly(tmp_path) -> None:
     batch = prompts(10, seed=7)
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)

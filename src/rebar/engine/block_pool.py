@@ -4,26 +4,46 @@ Pure Python bookkeeping; the KV tensors themselves live in `rebar.kernels.attent
 A block is *free* when no request holds it (ref_count == 0). A free block may still hold a cached
 prefix (it keeps its hash) until it is reused: free blocks are handed out least recently freed
 first, so recently used prefixes survive longest.
+
+Block hashes are SHA-256 digests chained from a per-request salt: nobody can craft a prompt whose
+blocks collide with another request's prefix (Python's `hash()` would allow that), they do not
+depend on PYTHONHASHSEED, and requests with different salts never share a block.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+_UNSALTED = bytes(32)  # the parent of an unsalted request's first block
 
 
 @dataclass
 class KVBlock:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set once the block is full and registered in the prefix cache
+    block_hash: bytes | None = None  # set once the block is full and registered in the prefix cache
     token_ids: tuple[int, ...] = ()  # the tokens it holds, to verify a hash hit
 
 
-def chain_hash(parent_hash: int | None, token_ids: Sequence[int]) -> int:
-    """Hash of a full block given the hash of the block before it: equal hashes mean equal prefixes."""
-    return hash((parent_hash, tuple(token_ids)))
+def salt_hash(cache_salt: str | None) -> bytes:
+    """The parent hash of a request's first block: only requests with equal salts (or both None) share blocks."""
+    if cache_salt is None:
+        return _UNSALTED
+    return hashlib.sha256(b"rebar prefix-cache salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
+
+
+def chain_hash(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """Hash of a full block given the hash of the block before it: equal hashes mean equal prefixes.
+
+    SHA-256 of the parent's 32 bytes followed by each token id as 8 little-endian bytes; a parent of
+    None means the first block of an unsalted request.
+    """
+    parent = _UNSALTED if parent_hash is None else parent_hash
+    return hashlib.sha256(parent + struct.pack(f"<{len(token_ids)}q", *token_ids)).digest()
 
 
 class BlockPool:
@@ -33,7 +53,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_prefix_caching = enable_prefix_caching
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # block hash -> block id
         self.num_prefix_queries = 0  # full blocks looked up
         self.num_prefix_hits = 0  # ... and found
 
@@ -73,7 +93,7 @@ class BlockPool:
             if block.ref_count == 0:
                 self._free[block_id] = None
 
-    def lookup(self, block_hash: int, token_ids: Sequence[int]) -> int | None:
+    def lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> int | None:
         """The cached block holding exactly these tokens after this prefix, or None."""
         self.num_prefix_queries += 1
         block_id = self._cached.get(block_hash)
@@ -90,7 +110,7 @@ class BlockPool:
                 del self._free[block_id]
             block.ref_count += 1
 
-    def register(self, block_id: int, block_hash: int, token_ids: Sequence[int]) -> None:
+    def register(self, block_id: int, block_hash: bytes, token_ids: Sequence[int]) -> None:
         """Publish a full block in the prefix cache (first writer wins on duplicates)."""
         if not self.enable_prefix_caching or block_hash in self._cached:
             return

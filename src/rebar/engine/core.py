@@ -107,10 +107,19 @@ class EngineCore:
         params.check_vocab(self.tokenizer.vocab_size)
         return self._max_total_tokens(len(prompt), params)
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, deadline: float | None = None) -> None:
-        """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks)."""
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, deadline: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks).
+
+        Prefix-cache blocks are shared only between requests with equal `cache_salt` (None included),
+        so a per-tenant salt keeps one tenant from reusing, or timing, another's cached prompts.
+        """
         if request_id in self._children:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidRequestError("cache_salt must be a string", "cache_salt")
         max_total = self.check_request(prompt_token_ids, params)
         prompt = list(prompt_token_ids)
         children = []
@@ -123,7 +132,8 @@ class EngineCore:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
                 generator=make_generator(child_params),
             )
-            request = Request(child_id, list(prompt), child_params, max_total, deadline=deadline, state=state)
+            request = Request(child_id, list(prompt), child_params, max_total, deadline=deadline, state=state,
+                              cache_salt=cache_salt)
             children.append(request)
         self._children[request_id] = [r.request_id for r in children]
         self.num_requests_added += 1

@@ -1,14 +1,16 @@
 """Which KV blocks each request holds: allocation, prefix-cache hits, release.
 
-The manager maps a request's token positions to blocks (`block_ids[i // block_size]`) and keeps
-the chained hashes of its full blocks so they can be shared with later requests.
+The manager maps a request's token positions to blocks (`block_ids[i // block_size]`) and
+publishes its full blocks under their chained hashes so later requests with the same tokens and the
+same cache salt can share them. Each request's block hashes are computed once and kept on the
+request, across preemptions too.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from rebar.engine.block_pool import BlockPool, chain_hash
+from rebar.engine.block_pool import BlockPool, chain_hash, salt_hash
 from rebar.engine.request import Request
 
 
@@ -21,7 +23,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self._blocks: dict[str, list[int]] = {}
-        self._hashes: dict[str, list[int]] = {}  # chained hashes of the request's full blocks, in order
+        self._num_registered: dict[str, int] = {}  # leading blocks of the request already published
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -39,15 +41,24 @@ class KVCacheManager:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         found: list[int] = []
-        parent: int | None = None
+        hashes = self._block_hashes(request, max_blocks)
         for index in range(max_blocks):
-            tokens = request.token_ids[index * self.block_size : (index + 1) * self.block_size]
-            parent = chain_hash(parent, tokens)
-            block_id = self.pool.lookup(parent, tokens)
+            block_id = self.pool.lookup(hashes[index], self._block_tokens(request, index))
             if block_id is None:
                 break
             found.append(block_id)
         return found
+
+    def _block_tokens(self, request: Request, index: int) -> list[int]:
+        return request.token_ids[index * self.block_size : (index + 1) * self.block_size]
+
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
+        """The request's block hashes, holding at least its first `num_blocks`; each is computed once per request."""
+        hashes = request.block_hashes
+        for index in range(len(hashes), num_blocks):
+            parent = hashes[-1] if hashes else salt_hash(request.cache_salt)
+            hashes.append(chain_hash(parent, self._block_tokens(request, index)))
+        return hashes
 
     def allocate(self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None) -> bool:
         """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the pool is short.
@@ -74,12 +85,12 @@ class KVCacheManager:
         """Publish blocks that become full once this step's tokens are written."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._hashes.setdefault(request.request_id, [])
         blocks = self._blocks[request.request_id]
-        for index in range(len(hashes), num_tokens // self.block_size):
-            tokens = request.token_ids[index * self.block_size : (index + 1) * self.block_size]
-            hashes.append(chain_hash(hashes[-1] if hashes else None, tokens))
-            self.pool.register(blocks[index], hashes[-1], tokens)
+        num_full = num_tokens // self.block_size
+        hashes = self._block_hashes(request, num_full)
+        for index in range(self._num_registered.get(request.request_id, 0), num_full):
+            self.pool.register(blocks[index], hashes[index], self._block_tokens(request, index))
+        self._num_registered[request.request_id] = num_full
 
     def free(self, request: Request, keep_cached: bool = True) -> None:
         """Release every block of the request (tail first, so its prefix stays cached longest).
@@ -88,7 +99,7 @@ class KVCacheManager:
         the KV it was to write may be missing.
         """
         blocks = self._blocks.pop(request.request_id, [])
-        self._hashes.pop(request.request_id, None)
+        self._num_registered.pop(request.request_id, None)
         if not keep_cached:
             self.pool.uncache(blocks)
         self.pool.free(reversed(blocks))
