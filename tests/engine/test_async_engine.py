@@ -22,8 +22,14 @@ def engine(tmp_path):
     engine.shutdown()
 
 
-async def collect(engine: AsyncEngine, prompt, params, request_id=None) -> list:
-    return [output async for output in engine.generate(prompt, params, request_id)]
+async def collect(engine: AsyncEngine, prompt, params, request_id=None, cache_salt=None) -> list:
+    return [output async for output in engine.generate(prompt, params, request_id, cache_salt=cache_salt)]
+
+
+def reference_tokens(tmp_path, prompt: list[int], params: SamplingParams) -> list[int]:
+    core = make_core(tmp_path)
+    core.add_request("reference", prompt, params)
+    return tokens_of(run_to_completion(core)[("reference", 0)])
 
 
 def wait_until(predicate, timeout: float = 1.0) -> bool:
@@ -83,7 +89,7 @@ def test_explicit_abort_finishes_with_reason_abort(engine) -> None:
         async for output in engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True), "victim"):
             outputs.append(output)
             if len(outputs) == 2:
-                engine.abort("victim")
+                engine.abort(output.request_id)
         return outputs
 
     outputs = asyncio.run(main())
@@ -122,3 +128,50 @@ def test_shutdown_fails_in_flight_requests(tmp_path) -> None:
 
     outputs = asyncio.run(main())
     assert outputs[-1].finished and outputs[-1].finish_reason == "error"
+
+
+def test_calls_sharing_a_request_id_label_each_get_their_own_outputs(engine, tmp_path) -> None:
+    prompts = [[3, 4, 5], [9, 8, 7, 6], [20, 21]]
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, prompt, GREEDY, "same-label") for prompt in prompts))
+
+    results = asyncio.run(main())
+    for prompt, outputs in zip(prompts, results):
+        assert tokens_of(outputs) == reference_tokens(tmp_path, prompt, GREEDY)
+        assert outputs[-1].finish_reason == "length"
+        assert len({o.request_id for o in outputs}) == 1 and outputs[0].request_id.startswith("same-label@")
+    assert len({outputs[0].request_id for outputs in results}) == len(prompts)
+
+
+def test_a_label_reused_right_after_its_stream_was_abandoned_gets_only_its_own_outputs(engine, tmp_path, monkeypatch) -> None:
+    """The abandoned request's abort waits in the inbox while a slow step still produces its tokens."""
+    real_step = engine.core.step
+
+    def slow_step():
+        time.sleep(0.1)
+        return real_step()
+
+    monkeypatch.setattr(engine.core, "step", slow_step)
+    long = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)
+
+    async def main():
+        first = engine.generate([3, 4, 5, 6], long, "reused")
+        async for _ in first:
+            break
+        await first.aclose()  # client gone mid-stream; its abort is queued behind the running step
+        return await collect(engine, [30, 31, 32], GREEDY, "reused")
+
+    outputs = asyncio.run(main())
+    assert tokens_of(outputs) == reference_tokens(tmp_path, [30, 31, 32], GREEDY)
+    assert outputs[-1].finish_reason == "length" and not any(o.finished for o in outputs[:-1])
+    assert wait_until(lambda: not engine.core.has_unfinished_requests())
+
+
+def test_cache_salt_reaches_the_prefix_cache(engine) -> None:
+    prompt = list(range(2, 30))
+
+    def cached(salt: str | None) -> int:
+        return asyncio.run(collect(engine, prompt, GREEDY, cache_salt=salt))[-1].num_cached_tokens
+
+    assert [cached("a"), cached("b"), cached("a"), cached(None)] == [0, 0, 24, 0]

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from rebar.engine.core import EngineCore
 from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.sampling_params import SamplingParams
-from rebar.errors import InvalidRequestError, RebarError
+from rebar.errors import RebarError
 from rebar.obs.profiling import ProfileResult, ProfileSession
 
 logger = logging.getLogger("rebar.engine")
@@ -32,6 +33,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     deadline: float | None
+    cache_salt: str | None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class AsyncEngine:
         self._streams_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
+        self._id_prefix = uuid.uuid4().hex[:8]  # tells this engine's ids from another's in shared logs
         self._profile: _Profile | None = None  # owned by the core thread
 
     # ----- lifecycle -----------------------------------------------------------------------------
@@ -84,23 +87,28 @@ class AsyncEngine:
 
     # ----- public API ----------------------------------------------------------------------------
     async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, timeout: float | None = None
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, timeout: float | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request until each of its `params.n` choices has finished.
 
         Raises InvalidRequestError (before any output) when the engine refuses the request.
-        `timeout` (seconds) finishes it with reason "timeout" if it runs longer.
+        `timeout` (seconds) finishes it with reason "timeout" if it runs longer. `cache_salt`: only
+        requests with the same salt share prefix-cache blocks (see `EngineCore.add_request`).
+
+        Each call gets its own engine id, which its outputs carry in `request_id` and `abort` takes;
+        outputs only ever reach the call that created the request. `request_id` is a label: it
+        starts the engine id, so logs show it, but any number of calls may use the same one.
         """
         self.start()
-        request_id = request_id or f"req-{next(self._ids)}"
+        engine_id = self._engine_id(request_id)
         ids = prompt_token_ids(self.core.tokenizer, prompt)
         stream: asyncio.Queue = asyncio.Queue()
         with self._streams_lock:
-            if request_id in self._streams:
-                raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+            assert engine_id not in self._streams, f"engine id {engine_id} reused"
+            self._streams[engine_id] = (asyncio.get_running_loop(), stream)
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._inbox.put(_Add(request_id, ids, params, deadline))
+        self._inbox.put(_Add(engine_id, ids, params, deadline, cache_salt))
         remaining = params.n
         try:
             while remaining:
@@ -111,12 +119,23 @@ class AsyncEngine:
                 yield item
         finally:
             with self._streams_lock:
-                self._streams.pop(request_id, None)
+                self._streams.pop(engine_id, None)
             if remaining:
-                self.abort(request_id)
+                self.abort(engine_id)
+
+    def _engine_id(self, label: str | None) -> str:
+        """A new id, never used before by this engine: the caller's label (shortened) + prefix + counter.
+
+        Unique whatever the label holds: the counter is unique, and the text after the last "@" is
+        always this engine's prefix and counter.
+        """
+        return f"{str(label)[:64] if label else 'req'}@{self._id_prefix}-{next(self._ids)}"
 
     def abort(self, request_id: str) -> None:
-        """Finish the request as aborted at the start of the next step (no-op if it already ended)."""
+        """Finish the request as aborted at the start of the next step (no-op if it already ended).
+
+        `request_id` is the engine id its outputs carry, not the label given to `generate`.
+        """
         self._inbox.put(_Abort(request_id))
 
     async def profile(self, num_steps: int, timeout_s: float, top: int = 20) -> ProfileResult:
@@ -194,7 +213,8 @@ class AsyncEngine:
             self._deliver(self.core.abort_request(command.request_id))
             return
         try:
-            self.core.add_request(command.request_id, command.prompt_token_ids, command.params, command.deadline)
+            self.core.add_request(command.request_id, command.prompt_token_ids, command.params, command.deadline,
+                                  cache_salt=command.cache_salt)
         except RebarError as exc:
             self._send(command.request_id, exc)
 
