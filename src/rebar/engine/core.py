@@ -17,10 +17,20 @@ from torch import nn
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
 from rebar.engine.kv_cache_manager import KVCacheManager
-from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT, RequestOutput, RequestTiming
+from rebar.engine.outputs import (
+    DEADLINE_EXCEEDED,
+    ENGINE_FAULT,
+    RequestOutput,
+    RequestTiming,
+)
 from rebar.engine.request import Request, RequestStatus
 from rebar.engine.runner import ModelRunner
-from rebar.engine.sampler import SampledToken, SampleRequest, make_generator, sample_batch
+from rebar.engine.sampler import (
+    SampledToken,
+    SampleRequest,
+    make_generator,
+    sample_batch,
+)
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.scheduler import ScheduledRequest, Scheduler, SchedulerConfig
 from rebar.errors import InvalidRequestError

@@ -41,7 +41,7 @@ class _StopMatcher:
     the stop string. Feeding costs amortised O(1) per character, whatever the stop's length.
     """
 
-    __slots__ = ("stop", "state", "_borders")
+    __slots__ = ("_borders", "state", "stop")
 
     def __init__(self, stop: str) -> None:
         self.stop = stop
@@ -66,7 +66,11 @@ class _StopMatcher:
 
 
 def _partial_stop_length(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string.
+
+    What the detokenizer holds back, computed from scratch; the detokenizer itself keeps its
+    matchers and feeds them only the new text.
+    """
     matchers = [_StopMatcher(stop) for stop in stops]
     for matcher in matchers:
         matcher.feed(text)
@@ -124,7 +128,7 @@ class IncrementalDetokenizer:
             self.text = self.text[: best[0]]
             self.stop_string = best[1]
 
-    def _partial_stop_length(self) -> int:
+    def _held_back_length(self) -> int:
         """Characters at the end of `text` that may begin a stop string: held back until resolved."""
         return max((m.state for m in self._matchers), default=0)
 
@@ -146,7 +150,7 @@ class IncrementalDetokenizer:
             self._find_stop()
         end = len(self.text)
         if not final and self.stop_string is None:
-            end -= self._partial_stop_length()
+            end -= self._held_back_length()
         delta = self.text[self._emitted : end]
         self._emitted = max(self._emitted, end)
         return delta
