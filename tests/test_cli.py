@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from markers import requires_gemma3, requires_minilm, requires_smollm2
 
@@ -55,6 +56,43 @@ def test_unknown_model_is_a_clean_error() -> None:
     result = rebar("inspect", "/no/such/model.gguf")
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def _malformed_gguf(path: Path) -> Path:
+    """A GGUF whose metadata claims zero attention heads (once a ZeroDivisionError traceback)."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_uint32("llama.embedding_length", 64)
+    writer.add_uint32("llama.attention.head_count", 0)
+    writer.add_uint32("llama.block_count", 2)
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    return path
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *culprits: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for culprit in culprits:
+        assert culprit in lines[0]
+
+
+def test_inspect_and_generate_of_malformed_models_print_one_line(tmp_path: Path) -> None:
+    """Malformed files exit 2 with one `error:` line naming the key or what was cut, for `inspect` and for
+    the loading path `generate` and `serve` share."""
+    bad = _malformed_gguf(tmp_path / "bad.gguf")
+    _one_line_error(rebar("inspect", str(bad)), "'llama.attention.head_count'", "0")
+    _one_line_error(rebar("generate", "--model", str(bad), "--max-tokens", "1", "hi"), "'llama.attention.head_count'")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(bad.read_bytes()[:40])
+    _one_line_error(rebar("inspect", str(cut)), "truncated", "metadata")
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("[1, 2]")
+    _one_line_error(rebar("inspect", str(folder)), "config.json", "an array where an object belongs")
 
 
 def test_invalid_sampling_value_is_a_clean_error() -> None:

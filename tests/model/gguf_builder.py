@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFWriter, quants
+from gguf import GGUFValueType, GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
 from kquant_encode import ENCODERS, encode_k
 
@@ -284,8 +284,19 @@ class GGUFContents:
         return path
 
 
+@dataclass(frozen=True)
+class Typed:
+    """A metadata value written as an explicit GGUF type (a negative INT32, an infinite FLOAT32, ...)."""
+
+    value: Any
+    vtype: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
 def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
-    if isinstance(value, bool):
+    if isinstance(value, Typed):
+        writer.add_key_value(key, value.value, value.vtype, value.sub_type)
+    elif isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, int):
         writer.add_uint32(key, value)

@@ -43,9 +43,7 @@ def build_model(
             model: nn.Module = BertModel(config)
     else:
         backend = default_attention_backend(torch.device(device)) if attention_backend is None else attention_backend
-        freq_factors = None
-        if "rope_freq_factors" in checkpoint.tensors:
-            freq_factors = checkpoint.load_tensor("rope_freq_factors", torch.float32)
+        freq_factors = _rope_freq_factors(checkpoint)
         with torch.device("meta"):
             model = LlamaModel(config, rope_freq_factors=freq_factors, attention_backend=backend)
 
@@ -76,6 +74,22 @@ def build_model(
         heap.trim()  # the repacking's temporaries, so they never pile up beside the packed weights
     # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
     return model.to(device).eval().requires_grad_(False)
+
+
+def _rope_freq_factors(checkpoint: Checkpoint) -> torch.Tensor | None:
+    """The file's per-frequency RoPE divisors (GGUF `rope_freqs`), one positive factor per rotated pair."""
+    if "rope_freq_factors" not in checkpoint.tensors:
+        return None
+    info = checkpoint.tensors["rope_freq_factors"]
+    expected = (checkpoint.config.head_dim // 2,)
+    if info.shape != expected:
+        raise ModelFormatError(f"{checkpoint.path}: tensor {info.file_name!r} has shape {list(info.shape)}, "
+                               f"expected {list(expected)} from the model config")
+    factors = checkpoint.load_tensor("rope_freq_factors", torch.float32)
+    if not bool(torch.isfinite(factors).all()) or not bool((factors > 0).all()):
+        raise ModelFormatError(f"{checkpoint.path}: tensor {info.file_name!r} holds factors that are not finite "
+                               "and positive")
+    return factors
 
 
 def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]],

@@ -2,9 +2,71 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+
+# The largest value each dimension may take: well past every published model, small enough that a
+# corrupt or hostile file cannot make rebar plan an absurd model (or divide by zero) from its numbers.
+DIMENSION_LIMITS = {
+    "vocab_size": 2**24,
+    "hidden_size": 2**20,
+    "intermediate_size": 2**20,
+    "num_layers": 1024,
+    "num_heads": 2**16,
+    "num_kv_heads": 2**16,
+    "head_dim": 2**16,
+    "max_position_embeddings": 2**24,
+    "sliding_window": 2**24,
+    "type_vocab_size": 2**16,
+    "max_seq_length": 2**24,
+    "original_max_position": 2**24,
+}
+
+
+def dimension_problem(value: object, field: str) -> str | None:
+    """Why `value` cannot be dimension `field` (a key of DIMENSION_LIMITS), or None when it can."""
+    limit = DIMENSION_LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "must be an integer"
+    if not 1 <= value <= limit:
+        return f"must be a positive integer no larger than {limit}"
+    return None
+
+
+def number_problem(value: object) -> str | None:
+    """Why `value` cannot be a scale such as an epsilon, a RoPE base or a factor, or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "must be a number"
+    if isinstance(value, int) and abs(value) > 2**1000:  # beyond float: math.isfinite would raise OverflowError
+        return "must be a finite positive number"
+    if not math.isfinite(value) or value <= 0:
+        return "must be a finite positive number"
+    return None
+
+
+class InvalidModelConfig(ValueError):
+    """A ModelConfig field, or a combination of fields, no model can have. `fields` names them, so a
+    loader can say which keys of its file they came from."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def _check_dimension(owner: object, field: str) -> None:
+    value = getattr(owner, field)
+    problem = dimension_problem(value, field)
+    if problem is not None:
+        raise InvalidModelConfig(f"{field}={value!r} {problem}", field)
+
+
+def _check_number(owner: object, field: str) -> None:
+    value = getattr(owner, field)
+    problem = number_problem(value)
+    if problem is not None:
+        raise InvalidModelConfig(f"{field}={value!r} {problem}", field)
 
 
 @dataclass(frozen=True)
@@ -17,6 +79,15 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
 
+    def __post_init__(self) -> None:
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            _check_number(self, name)
+        _check_dimension(self, "original_max_position")
+        if self.kind == "llama3" and self.low_freq_factor >= self.high_freq_factor:
+            # llama3 blends between the two; equal factors would divide by zero
+            raise InvalidModelConfig(f"low_freq_factor={self.low_freq_factor} must be below "
+                                     f"high_freq_factor={self.high_freq_factor}", "low_freq_factor", "high_freq_factor")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -25,6 +96,10 @@ class ModelConfig:
     `architecture` is "llama" (the Llama family of decoders: Llama, Mistral, Qwen2/3, SmolLM, Gemma 3,
     Phi-3) or "bert" (encoder). Decoder-only fields that do not apply to BERT keep their defaults, and
     vice versa; the family's variations are flags whose defaults are Llama's.
+
+    Construction checks what any model must satisfy: every dimension a positive integer within
+    DIMENSION_LIMITS, every scale finite and positive, heads that divide evenly, one sliding flag per
+    layer. A violation is an InvalidModelConfig naming the fields (loaders translate them to their keys).
     """
 
     architecture: str
@@ -65,17 +140,36 @@ class ModelConfig:
     source_architecture: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            _check_dimension(self, name)
+        _check_number(self, "norm_eps")
         if self.architecture == "llama":
-            if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads != 0:
-                raise ValueError(
-                    f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-                )
-            if self.head_dim <= 0 or self.head_dim % 2 != 0:
-                raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}")
-            if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
-                raise ValueError(f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} layers")
-            if self.activation not in ACTIVATIONS:
-                raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+            self._check_decoder()
+        elif self.hidden_size % self.num_heads != 0:  # BERT splits the hidden state into equal heads
+            raise InvalidModelConfig(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}",
+                                     "hidden_size", "num_heads")
+
+    def _check_decoder(self) -> None:
+        _check_dimension(self, "num_kv_heads")
+        _check_dimension(self, "head_dim")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise InvalidModelConfig(f"num_heads={self.num_heads} is not a multiple of "
+                                     f"num_kv_heads={self.num_kv_heads}", "num_heads", "num_kv_heads")
+        if self.head_dim % 2 != 0:  # RoPE rotates pairs of dimensions
+            raise InvalidModelConfig(f"head_dim must be a positive even number, got {self.head_dim}", "head_dim")
+        for name in ("rope_theta", "embedding_scale"):
+            _check_number(self, name)
+        for name in ("rope_local_theta", "attention_scale"):
+            if getattr(self, name) is not None:
+                _check_number(self, name)
+        if self.sliding_window is not None:
+            _check_dimension(self, "sliding_window")
+        if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
+            raise InvalidModelConfig(f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} "
+                                     "layers", "sliding_layers", "num_layers")
+        if self.activation not in ACTIVATIONS:
+            raise InvalidModelConfig(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}", "activation")
 
     @property
     def is_decoder(self) -> bool:

@@ -264,7 +264,11 @@ def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> B
         if not sep:
             raise ModelFormatError(f"GGUF merge {line!r} is not two space-separated tokens")
         merge_pairs.append((left, right))
-    backend = BackendTokenizer(BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False))
+    try:
+        model = BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False)
+    except Exception as exc:  # the library raises a bare Exception for a merge of tokens not in the vocabulary
+        raise ModelFormatError(f"GGUF merges do not fit the vocabulary: {exc}") from exc
+    backend = BackendTokenizer(model)
     backend.pre_tokenizer = make_pre()
     backend.decoder = decoders.ByteLevel()
     return backend
@@ -303,9 +307,12 @@ def read_tokenizer_config(folder: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise ModelFormatError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"{path} holds a JSON {type(config).__name__}, not an object")
+    return config
 
 
 def _token_string(value: object) -> str:

@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rebar.errors import ModelFormatError, UnsupportedModelError
-from rebar.model.config import ModelConfig, RopeScaling
+from rebar.errors import UnsupportedModelError
+from rebar.model.config import DIMENSION_LIMITS, ModelConfig, RopeScaling
+from rebar.model.loader.config_values import ConfigValues
 
 
 @dataclass(frozen=True)
@@ -107,30 +108,9 @@ def _phi3_rows(fused: str, config: ModelConfig) -> dict[str, tuple[int, int]]:
     return {"attn.q_proj.weight": (0, q), "attn.k_proj.weight": (q, q + kv), "attn.v_proj.weight": (q + kv, q + 2 * kv)}
 
 
-def require_key(meta: dict[str, Any], key: str) -> Any:
-    if key not in meta:
-        raise ModelFormatError(f"GGUF metadata is missing required key {key!r}")
-    return meta[key]
-
-
-def _int(meta: dict[str, Any], key: str, default: Any = None) -> int:
-    """An integer metadata value, or a ModelFormatError naming the key (never a bare ValueError)."""
-    value = require_key(meta, key) if default is None else meta.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ModelFormatError(f"GGUF metadata {key!r} must be an integer, got {value!r}")
-    return int(value)
-
-
-def _float(meta: dict[str, Any], key: str, default: float | None = None) -> float:
-    value = require_key(meta, key) if default is None else meta.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ModelFormatError(f"GGUF metadata {key!r} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _rope_scaling(meta: dict[str, Any], arch: str) -> RopeScaling | None:
-    kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    factor = _float(meta, f"{arch}.rope.scaling.factor", 1.0)
+def _rope_scaling(values: ConfigValues, arch: str) -> RopeScaling | None:
+    kind = values.string(f"{arch}.rope.scaling.type", "none")
+    factor = values.number(f"{arch}.rope.scaling.factor", 1.0)
     if kind in ("none", "") or factor == 1.0:
         return None  # llama3-style scaling is stored as a `rope_freqs` tensor instead
     if kind != "linear":
@@ -138,73 +118,75 @@ def _rope_scaling(meta: dict[str, Any], arch: str) -> RopeScaling | None:
     return RopeScaling(kind="linear", factor=factor)
 
 
-def _gemma3(meta: dict[str, Any], num_layers: int, hidden: int, num_heads: int, head_dim: int) -> dict[str, Any]:
+def _gemma3(values: ConfigValues, num_layers: int, hidden: int, num_heads: int, head_dim: int) -> dict[str, Any]:
     """Gemma 3's specifics, with llama.cpp's defaults where the metadata is silent."""
-    if meta.get("gemma3.final_logit_softcapping"):
+    if values.raw("gemma3.final_logit_softcapping", None):
         raise UnsupportedModelError("Gemma 3 with final_logit_softcapping is not supported")
-    window = meta.get("gemma3.attention.sliding_window")
     specifics: dict[str, Any] = {
         "embedding_scale": math.sqrt(hidden),
         # llama.cpp (after gemma_pytorch): 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 27B model
         "attention_scale": (hidden / num_heads if num_layers == 62 else head_dim) ** -0.5,
     }
-    if window:
-        pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
-        if isinstance(pattern, list):  # one flag per layer
-            sliding = tuple(bool(p) for p in pattern)
+    window_key, pattern_key = "gemma3.attention.sliding_window", "gemma3.attention.sliding_window_pattern"
+    if values.integer(window_key, 0, high=DIMENSION_LIMITS["sliding_window"]):
+        if isinstance(values.raw(pattern_key, None), list):  # one flag per layer
+            sliding = tuple(bool(p) for p in values.list_of(pattern_key, "flags"))
         else:  # a period: its last layer is global
-            period = _int(meta, "gemma3.attention.sliding_window_pattern", 6)
+            period = values.integer(pattern_key, 6, high=DIMENSION_LIMITS["num_layers"])
             sliding = tuple(period == 0 or i % period < period - 1 for i in range(num_layers))
-        specifics.update(sliding_window=_int(meta, "gemma3.attention.sliding_window"), sliding_layers=sliding,
-                         rope_local_theta=_float(meta, "gemma3.rope.freq_base_swa", 10000.0))
+        values.keys["sliding_layers"] = pattern_key
+        specifics.update(sliding_window=values.dimension(window_key, "sliding_window"), sliding_layers=sliding,
+                         rope_local_theta=values.number("gemma3.rope.freq_base_swa", 10000.0))
     return specifics
 
 
+def _refuse_variants(values: ConfigValues, arch: str, head_dim: int, tensor_names: set[str]) -> None:
+    """Refuse by name the variants of a family rebar would otherwise run wrongly."""
+    rope_dim = values.integer(f"{arch}.rope.dimension_count", head_dim, low=1, high=DIMENSION_LIMITS["head_dim"])
+    if rope_dim != head_dim:
+        raise UnsupportedModelError(f"partial rotary embeddings ({rope_dim} of {head_dim} dims) are not supported")
+    long_rope = "rope_factors_long.weight" in tensor_names or values.raw("phi3.rope.scaling.attn_factor", None)
+    if arch == "phi3" and long_rope:
+        raise UnsupportedModelError("Phi-3 with LongRoPE (the 128k-context variants) is not supported; "
+                                    "the 4k-context ones run")
+
+
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
-    arch = require_key(meta, "general.architecture")
+    values = ConfigValues(meta, "GGUF metadata")
+    arch = values.string("general.architecture")
     if arch not in FAMILIES:
         raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported; rebar runs {sorted(FAMILIES)}")
     family = FAMILIES[arch]
-    hidden = _int(meta, f"{arch}.embedding_length")
-    num_heads = _int(meta, f"{arch}.attention.head_count")
-    num_layers = _int(meta, f"{arch}.block_count")
-    if num_heads <= 0 or hidden <= 0 or num_layers <= 0:
-        raise ModelFormatError(f"GGUF metadata gives {num_heads} heads, {hidden} hidden and {num_layers} layers; "
-                               "each must be positive")
-    head_dim = _int(meta, f"{arch}.attention.key_length", hidden // num_heads)
-    rope_dim = _int(meta, f"{arch}.rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
-        raise UnsupportedModelError(f"partial rotary embeddings ({rope_dim} of {head_dim} dims) are not supported")
-    if arch == "phi3" and ("rope_factors_long.weight" in tensor_names or meta.get("phi3.rope.scaling.attn_factor")):
-        raise UnsupportedModelError("Phi-3 with LongRoPE (the 128k-context variants) is not supported; "
-                                    "the 4k-context ones run")
-    tokens = require_key(meta, "tokenizer.ggml.tokens")
-    specifics = _gemma3(meta, num_layers, hidden, num_heads, head_dim) if arch == "gemma3" else {}
-    if arch in ("llama", "qwen2", "qwen3") and meta.get(f"{arch}.attention.sliding_window"):
-        specifics["sliding_window"] = _int(meta, f"{arch}.attention.sliding_window")
-    try:
-        return ModelConfig(
-            architecture="llama",
-            source_architecture=f"gguf:{arch}",
-            name=str(meta.get("general.name", "")),
-            vocab_size=_int(meta, f"{arch}.vocab_size", len(tokens)),
-            hidden_size=hidden,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=_int(meta, f"{arch}.attention.head_count_kv", num_heads),
-            head_dim=head_dim,
-            intermediate_size=_int(meta, f"{arch}.feed_forward_length"),
-            max_position_embeddings=_int(meta, f"{arch}.context_length"),
-            norm_eps=_float(meta, f"{arch}.attention.layer_norm_rms_epsilon"),
-            rope_theta=_float(meta, f"{arch}.rope.freq_base", 10000.0),
-            rope_scaling=_rope_scaling(meta, arch),
-            qkv_bias="blk.0.attn_q.bias" in tensor_names,
-            o_bias="blk.0.attn_output.bias" in tensor_names,
-            tie_word_embeddings="output.weight" not in tensor_names,
-            qk_norm=family.qk_norm,
-            sandwich_norms=family.sandwich_norms,
-            activation=family.activation,
-            **specifics,
-        )
-    except ValueError as exc:  # ModelConfig's own checks (head counts, head_dim, ...)
-        raise ModelFormatError(f"GGUF metadata describes an impossible model: {exc}") from exc
+    hidden = values.dimension(f"{arch}.embedding_length", "hidden_size")
+    num_heads = values.dimension(f"{arch}.attention.head_count", "num_heads")
+    num_layers = values.dimension(f"{arch}.block_count", "num_layers")
+    head_dim = values.head_dim(f"{arch}.attention.key_length", hidden, num_heads)
+    _refuse_variants(values, arch, head_dim, tensor_names)
+    tokens = values.list_of("tokenizer.ggml.tokens", "strings")
+    specifics = _gemma3(values, num_layers, hidden, num_heads, head_dim) if arch == "gemma3" else {}
+    window_key = f"{arch}.attention.sliding_window"
+    if arch in ("llama", "qwen2", "qwen3") and values.raw(window_key, None):
+        specifics["sliding_window"] = values.dimension(window_key, "sliding_window")
+    return values.model_config(
+        architecture="llama",
+        source_architecture=f"gguf:{arch}",
+        name=str(meta.get("general.name", "")),
+        vocab_size=values.dimension(f"{arch}.vocab_size", "vocab_size", len(tokens)),
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=values.dimension(f"{arch}.attention.head_count_kv", "num_kv_heads", num_heads),
+        head_dim=head_dim,
+        intermediate_size=values.dimension(f"{arch}.feed_forward_length", "intermediate_size"),
+        max_position_embeddings=values.dimension(f"{arch}.context_length", "max_position_embeddings"),
+        norm_eps=values.number(f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=values.number(f"{arch}.rope.freq_base", 10000.0),
+        rope_scaling=_rope_scaling(values, arch),
+        qkv_bias="blk.0.attn_q.bias" in tensor_names,
+        o_bias="blk.0.attn_output.bias" in tensor_names,
+        tie_word_embeddings="output.weight" not in tensor_names,
+        qk_norm=family.qk_norm,
+        sandwich_norms=family.sandwich_norms,
+        activation=family.activation,
+        **specifics,
+    )

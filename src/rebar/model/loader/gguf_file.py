@@ -20,13 +20,13 @@ from rebar import heap
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig
 from rebar.model.loader.base import Checkpoint, TensorInfo
+from rebar.model.loader.config_values import ConfigValues
 from rebar.model.loader.ggml_dequant import BLOCK_TYPES, SUPPORTED_TYPES, dequantize
 from rebar.model.loader.gguf_families import (
     DEFAULT_TEMPLATES,
     FAMILIES,
     Part,
     config_from_metadata,
-    require_key,
     tensor_parts,
 )
 from rebar.model.loader.gguf_reader import GGUFFile, GGUFTensor
@@ -34,22 +34,28 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.quant.block_weight import BlockWeight
 
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
+    values = ConfigValues(meta, "GGUF metadata")
+    tokens = values.list_of("tokenizer.ggml.tokens", "strings")
+    token_types = values.list_of("tokenizer.ggml.token_type", "integers", None)
+    if token_types is not None and len(token_types) != len(tokens):
+        raise ModelFormatError(f"GGUF metadata 'tokenizer.ggml.token_type' has {len(token_types)} entries for "
+                               f"{len(tokens)} tokens")
+
     def token_id(key: str) -> int | None:
-        value = meta.get(f"tokenizer.ggml.{key}")
-        return None if value is None else int(value)
+        return values.token_id(f"tokenizer.ggml.{key}", len(tokens))
 
     return Tokenizer.from_gguf_vocab(
-        model=str(require_key(meta, "tokenizer.ggml.model")),
-        pre=str(meta.get("tokenizer.ggml.pre", "default")),
-        tokens=require_key(meta, "tokenizer.ggml.tokens"),
-        token_types=meta.get("tokenizer.ggml.token_type"),
-        merges=meta.get("tokenizer.ggml.merges", []),
+        model=values.string("tokenizer.ggml.model"),
+        pre=values.string("tokenizer.ggml.pre", "default"),
+        tokens=tokens,
+        token_types=token_types,
+        merges=values.list_of("tokenizer.ggml.merges", "strings", []),
         bos_token_id=token_id("bos_token_id"),
         eos_token_id=token_id("eos_token_id"),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        scores=meta.get("tokenizer.ggml.scores"),
+        add_bos=values.flag("tokenizer.ggml.add_bos_token", False),
+        scores=values.list_of("tokenizer.ggml.scores", "numbers", None),
         unknown_token_id=token_id("unknown_token_id"),
-        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+        add_space_prefix=values.flag("tokenizer.ggml.add_space_prefix", True),
         end_of_turn_ids=[i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None],
     )
 
@@ -122,7 +128,7 @@ def load_gguf(path: Path) -> Checkpoint:
     def release(name: str) -> None:
         gguf.release(gguf.tensors[parts[name].file_name])
 
-    template = meta.get("tokenizer.chat_template") or DEFAULT_TEMPLATES.get(arch)
+    template = ConfigValues(meta, "GGUF metadata").string("tokenizer.chat_template", "") or DEFAULT_TEMPLATES.get(arch)
     tokenizer = tokenizer_from_metadata(meta)
     for key in _VOCABULARY_KEYS:  # the tokenizer holds them now; as Python lists they take ~40 MiB
         meta.pop(key, None)

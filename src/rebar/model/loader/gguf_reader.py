@@ -2,14 +2,16 @@
 
 The `gguf` package's reader builds a numpy view per metadata string, which takes seconds for a
 50k-token vocabulary; this reader parses the header with `struct` in one pass over a memory map
-and returns plain Python values. Type ids and block sizes still come from `gguf` itself.
+(the metadata in gguf_metadata.py) and returns plain Python values. Type ids and block sizes still
+come from `gguf` itself. Whatever the header claims is checked against the file before it is used:
+counts against the bytes left, each tensor's bytes against the file's end, its offset against the
+alignment and the other tensors.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
-import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +22,19 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from rebar.errors import ModelFormatError, UnsupportedModelError
+from rebar.model.loader.gguf_metadata import Cursor, read_metadata
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# GGUF metadata value types -> struct format (scalars); 8 = string, 9 = array.
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+# GGML tensors have at most four dimensions. The fewest bytes one entry takes, to bound the counts
+# in the header: a tensor's (its name's length, dimension count, type id, offset) and a metadata
+# entry's (its key's length, value type, a one-byte value).
+MAX_TENSOR_DIMS = 4
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+MIN_METADATA_ENTRY_BYTES = 8 + 4 + 1
+# (name, shape in torch order, type, offset in the data section) of one tensor index entry
+_TensorInfo = tuple[str, tuple[int, ...], GGMLQuantizationType, int]
 
 
 @dataclass(frozen=True)
@@ -47,49 +55,6 @@ class GGUFTensor:
         return raw.reshape(*self.shape[:-1], -1)
 
 
-class _Cursor:
-    def __init__(self, data: mmap.mmap, path: Path) -> None:
-        self.data, self.pos, self.path = data, 0, path
-
-    def unpack(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
-            raise ModelFormatError(f"{self.path} is truncated (header ends at byte {len(self.data)})")
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
-        return value
-
-    def string(self) -> str:
-        length = self.unpack("<Q")
-        start, end = self.pos, self.pos + length
-        if end > len(self.data):
-            raise ModelFormatError(f"{self.path} is truncated inside a string at byte {start}")
-        raw = self.data[start:end]
-        self.pos = end
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ModelFormatError(f"{self.path}: a metadata string at byte {start} is not UTF-8") from exc
-
-    def value(self, value_type: int) -> Any:
-        if value_type in _SCALAR_FORMATS:
-            return self.unpack(_SCALAR_FORMATS[value_type])
-        if value_type == _STRING:
-            return self.string()
-        if value_type == _ARRAY:
-            item_type, count = self.unpack("<I"), self.unpack("<Q")
-            if item_type in _SCALAR_FORMATS:  # numeric arrays in one call
-                fmt = _SCALAR_FORMATS[item_type]
-                size = struct.calcsize(fmt) * count
-                if self.pos + size > len(self.data):
-                    raise ModelFormatError(f"{self.path} is truncated inside an array")
-                items = list(struct.unpack_from(f"<{count}{fmt[1]}", self.data, self.pos))
-                self.pos += size
-                return items
-            return [self.value(item_type) for _ in range(count)]
-        raise ModelFormatError(f"{self.path}: unknown metadata value type {value_type} at byte {self.pos}")
-
-
 class GGUFFile:
     """An open GGUF file: `metadata` (key -> value), `tensors` (name -> GGUFTensor), `buffer` (the mapping)."""
 
@@ -102,36 +67,45 @@ class GGUFFile:
             raise ModelFormatError(f"cannot map {path}: {exc}") from exc
         self._mapped = mapped
         self.buffer = np.frombuffer(mapped, dtype=np.uint8)
-        cursor = _Cursor(mapped, path)
+        cursor = Cursor(mapped, path)
         if mapped[:4] != GGUF_MAGIC:
             raise ModelFormatError(f"{path} is not a GGUF file (bad magic {bytes(mapped[:4])!r})")
         cursor.pos = 4
-        version = cursor.unpack("<I")
+        version = cursor.unpack("<I", "the GGUF version")
         if version not in (2, 3):
             raise UnsupportedModelError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
-        num_tensors, num_kv = cursor.unpack("<Q"), cursor.unpack("<Q")
-        self.metadata: dict[str, Any] = {}
-        for _ in range(num_kv):
-            key = cursor.string()
-            if key in self.metadata:
-                raise ModelFormatError(f"{path}: metadata key {key!r} appears twice")
-            self.metadata[key] = cursor.value(cursor.unpack("<I"))
-        infos = [self._tensor_info(cursor) for _ in range(num_tensors)]
+        num_tensors = cursor.unpack("<Q", "the tensor count")
+        num_kv = cursor.count(MIN_METADATA_ENTRY_BYTES, "the metadata count")
+        self.metadata: dict[str, Any] = read_metadata(cursor, num_kv)
+        cursor.check_fits(num_tensors, MIN_TENSOR_INFO_BYTES, "the tensor index")  # the index follows the metadata
+        infos = [_tensor_info(cursor, index) for index in range(num_tensors)]
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):  # bool is no alignment
             raise ModelFormatError(f"{path}: general.alignment must be a power of two, got {alignment!r}")
-        data_start = -(-cursor.pos // alignment) * alignment
-        self.tensors: dict[str, GGUFTensor] = {}
+        self.tensors = self._place(infos, -(-cursor.pos // alignment) * alignment, alignment)
+
+    def _place(self, infos: list[_TensorInfo], data_start: int, alignment: int) -> dict[str, GGUFTensor]:
+        """The index's tensors at their places in the file, each aligned, inside the file and apart."""
+        tensors: dict[str, GGUFTensor] = {}
         for name, shape, qtype, relative in infos:
-            if name in self.tensors:
-                raise ModelFormatError(f"{path}: tensor {name!r} appears twice in the tensor index")
-            tensor = GGUFTensor(name, shape, qtype, data_start + relative, _num_bytes(name, shape, qtype))
-            if tensor.offset + tensor.num_bytes > len(mapped):
+            if name in tensors:
+                raise ModelFormatError(f"{self.path}: tensor {name!r} appears twice in the tensor index")
+            if relative % alignment:
+                raise ModelFormatError(f"{self.path}: tensor {name!r} starts at data offset {relative}, which is "
+                                       f"not a multiple of the alignment {alignment}")
+            tensors[name] = GGUFTensor(name, shape, qtype, data_start + relative, _num_bytes(name, shape, qtype))
+        in_order = sorted(tensors.values(), key=lambda t: t.offset)
+        for tensor in in_order:  # in file order, so that a cut file names the tensor it cut
+            if tensor.offset + tensor.num_bytes > len(self._mapped):
                 raise ModelFormatError(
-                    f"{path} is truncated: tensor {name!r} needs bytes up to {tensor.offset + tensor.num_bytes}, "
-                    f"the file has {len(mapped)}"
+                    f"{self.path} is truncated: tensor {tensor.name!r} needs bytes up to "
+                    f"{tensor.offset + tensor.num_bytes}, the file has {len(self._mapped)}"
                 )
-            self.tensors[name] = tensor
+        for before, after in zip(in_order, in_order[1:]):
+            if after.offset < before.offset + before.num_bytes:
+                raise ModelFormatError(f"{self.path}: tensors {before.name!r} and {after.name!r} overlap "
+                                       f"(bytes {after.offset}..{before.offset + before.num_bytes})")
+        return tensors
 
     def raw_rows(self, tensor: GGUFTensor) -> torch.Tensor:
         """The tensor's bytes as uint8 `[rows, bytes per row]`, a view of the mapping (no copy; read-only
@@ -168,18 +142,23 @@ class GGUFFile:
         if hasattr(mmap, "MADV_DONTNEED") and end > start:
             self._mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    @staticmethod
-    def _tensor_info(cursor: _Cursor) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
-        name = cursor.string()
-        num_dims = cursor.unpack("<I")
-        ggml_dims = [cursor.unpack("<Q") for _ in range(num_dims)]
-        type_id = cursor.unpack("<I")
-        offset = cursor.unpack("<Q")
-        try:
-            qtype = GGMLQuantizationType(type_id)
-        except ValueError:
-            raise UnsupportedModelError(f"tensor {name!r} has unknown GGML type id {type_id}") from None
-        return name, tuple(reversed(ggml_dims)), qtype, offset
+
+def _tensor_info(cursor: Cursor, index: int) -> _TensorInfo:
+    """The tensor index's next entry."""
+    name = cursor.string(f"the name of tensor {index} in the tensor index")
+    what = f"the index entry of tensor {name!r}"
+    num_dims = cursor.unpack("<I", what)
+    if num_dims > MAX_TENSOR_DIMS:
+        raise ModelFormatError(f"{cursor.path}: tensor {name!r} has {num_dims} dimensions; GGUF tensors have at "
+                               f"most {MAX_TENSOR_DIMS}")
+    ggml_dims = [cursor.unpack("<Q", what) for _ in range(num_dims)]
+    type_id = cursor.unpack("<I", what)
+    offset = cursor.unpack("<Q", what)
+    try:
+        qtype = GGMLQuantizationType(type_id)
+    except ValueError:
+        raise UnsupportedModelError(f"tensor {name!r} has unknown GGML type id {type_id}") from None
+    return name, tuple(reversed(ggml_dims)), qtype, offset
 
 
 def _num_bytes(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:

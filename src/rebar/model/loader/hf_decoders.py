@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from rebar.errors import UnsupportedModelError
-from rebar.model.config import ModelConfig, RopeScaling
+from rebar.errors import ModelFormatError, UnsupportedModelError
+from rebar.model.config import DIMENSION_LIMITS, InvalidModelConfig, ModelConfig, RopeScaling
+from rebar.model.loader.config_values import ConfigValues
 
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Gemma3ForCausalLM", "Phi3ForCausalLM")
@@ -86,108 +86,117 @@ def _phi3_rows(fused: str, config: ModelConfig) -> dict[str, tuple[int, int]]:
     return {"attn.q_proj.weight": (0, q), "attn.k_proj.weight": (q, q + kv), "attn.v_proj.weight": (q + kv, q + 2 * kv)}
 
 
-def _rope(params: dict[str, Any], theta: float) -> tuple[float, RopeScaling | None]:
-    kind = params.get("rope_type", params.get("type", "default"))
-    theta = float(params.get("rope_theta", theta))
+def _rope(params: ConfigValues, theta: float) -> tuple[float, RopeScaling | None]:
+    kind = params.string("rope_type", None) or params.string("type", "default")
+    theta = params.number("rope_theta", theta)
     if kind == "default":
         return theta, None
     if kind == "linear":
-        return theta, RopeScaling(kind="linear", factor=float(params["factor"]))
+        return theta, RopeScaling(kind="linear", factor=params.number("factor"))
     if kind == "llama3":
-        return theta, RopeScaling(
-            kind="llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]),
-        )
+        scaling = {"factor": params.number("factor"), "low_freq_factor": params.number("low_freq_factor"),
+                   "high_freq_factor": params.number("high_freq_factor")}
+        original = params.dimension("original_max_position_embeddings", "original_max_position")
+        try:
+            return theta, RopeScaling(kind="llama3", original_max_position=original, **scaling)
+        except InvalidModelConfig as exc:
+            raise ModelFormatError(f"{params.source}: {exc}") from exc
     raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported (rebar has linear and llama3)")
 
 
-def _rope_config(config: dict[str, Any]) -> tuple[float, RopeScaling | None, float | None]:
+def _rope_config(config: ConfigValues) -> tuple[float, RopeScaling | None, float | None]:
     """(global theta, global scaling, local theta or None). transformers 4.x writes rope_theta +
     rope_scaling, 5.x one rope_parameters dict, per layer type for Gemma 3."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    base = float(config.get("rope_theta", 10000.0))
-    if "full_attention" in params:  # one set per layer type
-        theta, scaling = _rope(params["full_attention"], base)
-        local = params.get("sliding_attention")
-        if local is None:
+    params = config.section("rope_parameters" if config.raw("rope_parameters", None) else "rope_scaling")
+    base = config.number("rope_theta", 10000.0)
+    if params.has("full_attention"):  # one set per layer type
+        theta, scaling = _rope(params.section("full_attention"), base)
+        if not params.has("sliding_attention"):
             return theta, scaling, None
-        local_theta, local_scaling = _rope(local, float(config.get("rope_local_base_freq", 10000.0)))
+        local_base = config.number("rope_local_base_freq", 10000.0)
+        local_theta, local_scaling = _rope(params.section("sliding_attention"), local_base)
         if local_scaling is not None:
             raise UnsupportedModelError("scaled RoPE on the sliding-window layers is not supported")
         return theta, scaling, local_theta
     theta, scaling = _rope(params, base)
-    local_theta = config.get("rope_local_base_freq")  # transformers 4.x Gemma 3
-    return theta, scaling, None if local_theta is None else float(local_theta)
+    local_theta = config.number("rope_local_base_freq") if config.has("rope_local_base_freq") else None  # 4.x Gemma 3
+    return theta, scaling, local_theta
 
 
-def _sliding(config: dict[str, Any], arch: str) -> tuple[int | None, tuple[bool, ...] | None]:
+def _layer_types(config: ConfigValues, arch: str, num_layers: int) -> list[str] | None:
+    """Each layer's attention ("sliding_attention" or "full_attention"), or None when every layer slides."""
+    if config.has("layer_types"):
+        config.keys["sliding_layers"] = "layer_types"
+        return config.list_of("layer_types", "strings")
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):  # transformers 4.x: layers from max_window_layers on
+        first = config.integer("max_window_layers", 0, high=DIMENSION_LIMITS["num_layers"])
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if arch == "Gemma3ForCausalLM":  # transformers 4.x: every sixth layer is global
+        pattern = config.integer("sliding_window_pattern", 6, low=1, high=DIMENSION_LIMITS["num_layers"])
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    return None
+
+
+def _sliding(config: ConfigValues, arch: str, num_layers: int) -> tuple[int | None, tuple[bool, ...] | None]:
     """(window, which layers use it; None: all of them)."""
-    window = config.get("sliding_window")
-    num_layers = int(config["num_hidden_layers"])
     is_qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-    if not window or (is_qwen and not config.get("use_sliding_window", False)):
+    if not config.raw("sliding_window", 0) or (is_qwen and not config.flag("use_sliding_window", False)):
         return None, None
-    layer_types = config.get("layer_types")
-    if layer_types is None and is_qwen:  # transformers 4.x: layers from max_window_layers on are windowed
-        first = int(config.get("max_window_layers", 0))
-        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    if layer_types is None and arch == "Gemma3ForCausalLM":  # transformers 4.x: every sixth layer is global
-        pattern = int(config.get("sliding_window_pattern", 6))
-        layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    window = config.dimension("sliding_window", "sliding_window")
+    layer_types = _layer_types(config, arch, num_layers)
     if layer_types is None:
-        return int(window), None
+        return window, None
     sliding = tuple(kind == "sliding_attention" for kind in layer_types)
     if not any(sliding):
         return None, None
-    return int(window), None if all(sliding) else sliding
+    return window, None if all(sliding) else sliding
 
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
-def _check_supported(config: dict[str, Any], arch: str) -> None:
+def _check_supported(config: ConfigValues, arch: str) -> None:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if config.get(key):
-            raise UnsupportedModelError(f"{arch} with {key}={config[key]} is not supported")
-    if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModelError(f"partial rotary embeddings ({config['partial_rotary_factor']}) are not supported")
+        if config.raw(key, None):
+            raise UnsupportedModelError(f"{arch} with {key}={config.raw(key)} is not supported")
+    factor = config.number("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        raise UnsupportedModelError(f"partial rotary embeddings ({factor}) are not supported")
 
 
-def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
+def decoder_config(config: ConfigValues, arch: str) -> ModelConfig:
     _check_supported(config, arch)
-    act = config.get("hidden_activation") or config.get("hidden_act", "silu")
+    act = config.string("hidden_activation", None) or config.string("hidden_act", "silu")
     if act not in _ACTIVATIONS:
         raise UnsupportedModelError(f"activation {act!r} is not supported for {arch} (rebar has {sorted(_ACTIVATIONS)})")
-    hidden = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or hidden // num_heads)
+    hidden = config.dimension("hidden_size", "hidden_size")
+    num_heads = config.dimension("num_attention_heads", "num_heads")
+    num_layers = config.dimension("num_hidden_layers", "num_layers")
+    head_dim = config.head_dim("head_dim", hidden, num_heads)
     theta, scaling, local_theta = _rope_config(config)
-    window, sliding_layers = _sliding(config, arch)
-    attention_bias = bool(config.get("attention_bias", False))
+    window, sliding_layers = _sliding(config, arch, num_layers)
+    attention_bias = config.flag("attention_bias", False)
     is_gemma = arch == "Gemma3ForCausalLM"
-    scalar = config.get("query_pre_attn_scalar")
-    return ModelConfig(
+    scalar = config.number("query_pre_attn_scalar") if config.raw("query_pre_attn_scalar", None) else None
+    return config.model_config(
         architecture="llama",
         source_architecture=arch,
-        name=str(config.get("_name_or_path", "")),
-        vocab_size=int(config["vocab_size"]),
+        name=str(config.raw("_name_or_path", "")),
+        vocab_size=config.dimension("vocab_size", "vocab_size"),
         hidden_size=hidden,
-        num_layers=int(config["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        num_kv_heads=config.dimension("num_key_value_heads", "num_kv_heads", num_heads),
         head_dim=head_dim,
-        intermediate_size=int(config["intermediate_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        intermediate_size=config.dimension("intermediate_size", "intermediate_size"),
+        max_position_embeddings=config.dimension("max_position_embeddings", "max_position_embeddings", 2048),
+        norm_eps=config.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
         qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
         o_bias=attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", is_gemma)),
+        mlp_bias=config.flag("mlp_bias", False),
+        tie_word_embeddings=config.flag("tie_word_embeddings", is_gemma),
         sliding_window=window,
         sliding_layers=sliding_layers,
         rope_local_theta=local_theta if window is not None else None,
@@ -195,5 +204,5 @@ def decoder_config(config: dict[str, Any], arch: str) -> ModelConfig:
         sandwich_norms=is_gemma,
         activation=_ACTIVATIONS[act],
         embedding_scale=math.sqrt(hidden) if is_gemma else 1.0,
-        attention_scale=float(scalar) ** -0.5 if scalar else None,
+        attention_scale=scalar**-0.5 if scalar else None,
     )

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import ModelConfig
 from rebar.model.loader.base import Checkpoint, TensorInfo
+from rebar.model.loader.config_values import ConfigValues
 from rebar.model.loader.hf_decoders import DECODER_ARCHITECTURES, Part, decoder_config, tensor_parts
 from rebar.model.loader.mapped_files import MappedSafetensors
 from rebar.model.tokenizer import Tokenizer, read_tokenizer_config
@@ -32,17 +33,27 @@ def _encoder_name(file_name: str) -> str | None:
     return name if name.startswith(("embeddings.", "encoder.")) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, kind: type = dict) -> Any:
+    """The JSON in `path`, which must be a `kind` (an object unless said otherwise)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise ModelFormatError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, kind):
+        raise ModelFormatError(f"{path} holds {_JSON_KINDS.get(type(value), 'a value')} where "
+                               f"{_JSON_KINDS[kind]} belongs")
+    return value
+
+
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        weight_map = ConfigValues(_read_json(index), str(index)).section("weight_map")
+        shards = sorted({weight_map.string(name) for name in weight_map.names()})
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise ModelFormatError(f"{index.name} names shards that are missing: {missing}")
@@ -53,26 +64,26 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def encoder_config(config: dict[str, Any], folder: Path) -> ModelConfig:
-    act = config.get("hidden_act", "gelu")
+def encoder_config(config: ConfigValues, folder: Path) -> ModelConfig:
+    act = config.string("hidden_act", "gelu")
     if act != "gelu":
         raise UnsupportedModelError(f"BERT activation {act!r} is not supported (expected gelu)")
-    if config.get("position_embedding_type", "absolute") != "absolute":
+    if config.string("position_embedding_type", "absolute") != "absolute":
         raise UnsupportedModelError("only absolute position embeddings are supported for BERT")
     pooling, normalize, max_seq = _sentence_transformers_head(folder)
-    max_positions = int(config.get("max_position_embeddings", 512))
-    return ModelConfig(
+    max_positions = config.dimension("max_position_embeddings", "max_position_embeddings", 512)
+    return config.model_config(
         architecture="bert",
         source_architecture="BertModel",
-        name=str(config.get("_name_or_path", "")),
-        vocab_size=int(config["vocab_size"]),
-        hidden_size=int(config["hidden_size"]),
-        num_layers=int(config["num_hidden_layers"]),
-        num_heads=int(config["num_attention_heads"]),
-        intermediate_size=int(config["intermediate_size"]),
+        name=str(config.raw("_name_or_path", "")),
+        vocab_size=config.dimension("vocab_size", "vocab_size"),
+        hidden_size=config.dimension("hidden_size", "hidden_size"),
+        num_layers=config.dimension("num_hidden_layers", "num_layers"),
+        num_heads=config.dimension("num_attention_heads", "num_heads"),
+        intermediate_size=config.dimension("intermediate_size", "intermediate_size"),
         max_position_embeddings=max_positions,
-        norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-        type_vocab_size=int(config.get("type_vocab_size", 2)),
+        norm_eps=config.number("layer_norm_eps", 1e-12),
+        type_vocab_size=config.dimension("type_vocab_size", "type_vocab_size", 2),
         pooling=pooling,
         normalize_embeddings=normalize,
         max_seq_length=min(max_seq or max_positions, max_positions),
@@ -92,31 +103,44 @@ def _sentence_transformers_head(folder: Path) -> tuple[str, bool, int | None]:
     normalize = True
     modules_file = folder / "modules.json"
     if modules_file.is_file():
-        modules = _read_json(modules_file)
-        normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+        modules = _read_json(modules_file, list)
+        normalize = any(isinstance(m, dict) and str(m.get("type", "")).endswith("Normalize") for m in modules)
     bert_file = folder / "sentence_bert_config.json"
-    max_seq = _read_json(bert_file).get("max_seq_length") if bert_file.is_file() else None
-    return pooling, normalize, int(max_seq) if max_seq else None
+    if not bert_file.is_file():
+        return pooling, normalize, None
+    head = ConfigValues(_read_json(bert_file), str(bert_file))
+    max_seq = head.dimension("max_seq_length", "max_seq_length") if head.raw("max_seq_length", None) else None
+    return pooling, normalize, max_seq
 
 
 def _generation_eos_ids(folder: Path) -> list[int]:
     path = folder / "generation_config.json"
     if not path.is_file():
         return []
-    eos = _read_json(path).get("eos_token_id")
-    if eos is None:
-        return []
-    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+    generation = ConfigValues(_read_json(path), str(path))
+    if isinstance(generation.raw("eos_token_id", None), list):
+        return generation.list_of("eos_token_id", "integers")
+    eos = generation.token_id("eos_token_id")
+    return [] if eos is None else [eos]
 
 
 def _chat_template(folder: Path) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelFormatError(f"{jinja_file} is not UTF-8 text: {exc}") from exc
     template = read_tokenizer_config(folder).get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        named = (t for t in template if isinstance(t, dict) and t.get("name") == "default")
+        template = next((t.get("template") for t in named), None)
     return template if isinstance(template, str) else None
+
+
+def _architecture(config: ConfigValues) -> str:
+    archs = config.list_of("architectures", "strings", [])
+    return archs[0] if archs else ""
 
 
 def load_hf_folder(folder: Path) -> Checkpoint:
@@ -124,15 +148,15 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     if not config_path.is_file():
         raise ModelFormatError(f"{folder} has no config.json")
     raw_config = _read_json(config_path)
-    archs = raw_config.get("architectures") or []
-    arch = archs[0] if archs else ""
+    values = ConfigValues(raw_config, str(config_path))
+    arch = _architecture(values)
     if arch in DECODER_ARCHITECTURES:
-        config = decoder_config(raw_config, arch)
+        config = decoder_config(values, arch)
 
         def parts_of(file_name: str) -> dict[str, Part] | None:
             return tensor_parts(file_name, arch, config)
     elif arch in ENCODER_ARCHITECTURES:
-        config = encoder_config(raw_config, folder)
+        config = encoder_config(values, folder)
 
         def parts_of(file_name: str) -> dict[str, Part] | None:
             name = _encoder_name(file_name)
