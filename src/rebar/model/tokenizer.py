@@ -14,6 +14,7 @@ pieces' ids, as Hugging Face's own SentencePiece conversion does), takes the sam
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,13 +102,28 @@ class Tokenizer:
         self.special = special
         self._kind = kind
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
-        self._special_ids = frozenset(
-            token_id for token_id, added in backend.get_added_tokens_decoder().items() if added.special
-        )
+        added = backend.get_added_tokens_decoder()
+        self._special_ids = frozenset(token_id for token_id, token in added.items() if token.special)
+        texts = sorted({token.content for token in added.values() if token.special and token.content}, key=len, reverse=True)
+        self._special_pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+        self._text_backend: BackendTokenizer | None = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; `add_special_tokens` applies the model's post-processor (BERT's [CLS]/[SEP])."""
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return _encode_one(self._backend, text, add_special_tokens)
+
+    def encode_as_text(self, text: str) -> list[int]:
+        """Token ids of `text` with any special token written in it ("<|im_start|>") spelled out
+        as ordinary text: what a user typed can never become a control token."""
+        if self._text_backend is None:
+            # A private copy: the flag is the backend's state, and the shared one must keep matching.
+            self._text_backend = BackendTokenizer.from_str(self._backend.to_str())
+            self._text_backend.encode_special_tokens = True
+        return _encode_one(self._text_backend, text, False)
+
+    def holds_special_text(self, text: str) -> bool:
+        """True when `text` contains the written form of a special token."""
+        return self._special_pattern is not None and self._special_pattern.search(text) is not None
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         encodings = self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
@@ -244,6 +260,18 @@ class Tokenizer:
 # Tokens that end a turn in common chat formats; llama.cpp ends generation at each (its EOG set).
 END_OF_TURN_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
                      "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>")
+
+
+# Past this many characters a text goes through `encode_batch`: the backend's single `encode` holds
+# the GIL for the whole call (a megabyte: half a second in which no other thread of the server
+# runs), its batch form releases it. Both give the same ids.
+_GIL_FREE_CHARS = 4096
+
+
+def _encode_one(backend: BackendTokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    if len(text) <= _GIL_FREE_CHARS:
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+    return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def _end_of_generation_ids(vocab: dict[str, int], eos_token_id: int | None,
