@@ -18,10 +18,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(app, wait_ready: bool = True, timeout: float = 120.0):
-    """Yields the base URL; stops the server (graceful shutdown) on exit."""
+def live_server(app, wait_ready: bool = True, timeout: float = 120.0, settings=None):
+    """Yields the base URL; stops the server (graceful shutdown) on exit.
+
+    With `settings`, uvicorn runs as `rebar serve` configures it (connection guards included).
+    """
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5))
+    if settings is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+    else:
+        from rebar.server.serve import uvicorn_config
+
+        config = uvicorn_config(app, settings.server, "warning", port=port)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -48,7 +57,7 @@ def server_settings(**overrides):
     """Settings for a test server (dotted keys override): a context and KV cache sized for tests."""
     from rebar.config import load_settings
 
-    base = {"engine.max_model_len": 2048, "engine.kv_cache_memory": 256 * 2**20}
+    base = {"engine.max_model_len": 2048, "engine.kv_cache_memory": 256 * 2**20, "server.drain_timeout_s": 5}
     return load_settings(None, {**base, **overrides})
 
 
@@ -60,5 +69,21 @@ def serving_models(served_models, settings):
 
     served_models.engine = AsyncEngine(served_models.chat.engine)
     app = create_app(settings, served_models)
-    with live_server(app) as url:
+    with live_server(app, settings=settings) as url:
         yield url, app
+
+
+def assert_idle(app, timeout: float = 10.0) -> None:
+    """Nothing left behind: no admission tickets, no queued embeddings, no requests in the engine,
+    every KV block free (blocks that only cache a prefix count as free: they are reusable)."""
+    state = app.state.rebar
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = state.models.engine.core.stats()
+        embedding = state.embedding_queue.num_waiting_inputs if state.embedding_queue is not None else 0
+        idle = (state.admission.waiting_requests == 0 and embedding == 0 and stats.num_running == 0
+                and stats.num_waiting == 0 and stats.num_free_blocks == stats.num_blocks)
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert idle, (state.admission.waiting_requests, embedding, stats)

@@ -114,8 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }
     settings = load_settings(args.config, overrides)
     configure_logging(settings.logging.level, settings.logging.format)
-    run_server(create_app(settings), settings.server.host, settings.server.port, settings.server.drain_timeout_s,
-               settings.logging.level)
+    run_server(create_app(settings), settings.server, settings.logging.level)
     return 0
 
 

@@ -91,6 +91,15 @@ class ServerSettings(_Section):
     # TOML file is relative to that file's folder.
     api_key_file: Annotated[Path | None, Unsettable] = None
     max_body_bytes: int = Field(2**20, ge=1024)
+    # A connection that has not sent its request headers (or a request its body) within these is
+    # closed with 408: half-sent requests cannot hold connections open.
+    header_timeout_s: float = Field(15.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    # Open connections beyond this get 503 at once; the process file limit is raised to fit it.
+    max_connections: int = Field(1024, ge=1)
+    # Addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed ("*": any).
+    # Empty: the socket's peer address is the client, whatever the headers say.
+    trusted_proxies: tuple[str, ...] = ()
     drain_timeout_s: float = Field(30.0, ge=0)
     cors_allow_origins: tuple[str, ...] = ()
     # Keys for /admin/* (profiling). None configured: the admin endpoints answer 403.
@@ -157,6 +166,7 @@ class LimitsSettings(_Section):
     max_waiting_prompt_tokens: int = Field(262144, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)
     retry_after_s: int = Field(1, ge=0)
+    max_waiting_embedding_inputs: int = Field(4096, ge=1)
 
 
 class StoreSettings(_Section):
@@ -169,6 +179,10 @@ class StoreSettings(_Section):
     failure_threshold: int = Field(3, ge=1)  # consecutive failures that open the circuit
     open_for_s: float = Field(5.0, gt=0)  # how long the circuit stays open before a trial call
     on_store_error: Literal["allow", "deny"] = "allow"  # rate limiting while the store is down
+    # The in-process store's budget (caches, locks, counters); past either the oldest writes go first.
+    # Redis has its own (maxmemory with an eviction policy).
+    memory_max_entries: int = Field(100_000, ge=1)
+    memory_max_bytes: int = Field(256 * 2**20, ge=2**16)
 
 
 class CacheSettings(_Section):
@@ -179,6 +193,12 @@ class CacheSettings(_Section):
     stale_s: float = Field(60.0, ge=0)  # after that, served stale while one request refreshes it
     lock_timeout_s: float = Field(30.0, gt=0)  # identical requests wait this long for the first one
     embedding_ttl_s: float = Field(86400.0, gt=0)
+    # Keep each client's cached answers, embeddings and prefix-cache blocks to itself, so no client
+    # can learn what another sent from a cache hit or `cached_tokens`. A client is its API key
+    # (its address when keys are off). "auto": on when API keys are on.
+    tenant_isolation: Literal["auto", "on", "off"] = "auto"
+    # A bigger answer (many choices with logprobs, say) is served but not stored.
+    max_entry_bytes: int = Field(4 * 2**20, ge=1024)
 
 
 class RateLimitEntry(_Section):

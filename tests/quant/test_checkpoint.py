@@ -211,8 +211,11 @@ def test_tensors_that_disagree_with_the_manifest_are_named(made: dict, tmp_path:
         (lambda m: m["tensors"]["layers.0.attn.q_proj.weight"].update(kind="int3"), "malformed"),
         (lambda m: m["config"].update(num_kv_heads=3), "invalid model config"),
         (lambda m: m["files"].append("model-2.safetensors"), "names model-2.safetensors, which is missing"),
+        (lambda m: m.update(config=[1, 2]), "'config' .* must be JSON objects"),
+        (lambda m: m["config"].update(rope_scaling="linear"), "'config' .* must be JSON objects"),
     ],
-    ids=["version", "no-tensors", "format", "group-size", "kind", "config", "missing-file"],
+    ids=["version", "no-tensors", "format", "group-size", "kind", "config", "missing-file", "config-list",
+         "scaling-string"],
 )
 def test_bad_manifests_are_format_errors(made: dict, tmp_path: Path, edit, message: str) -> None:
     folder = copy_checkpoint(made["int4"], tmp_path / "c")

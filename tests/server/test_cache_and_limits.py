@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -58,7 +59,7 @@ def serving(served_models, backend: dict, **overrides):
     settings = load_settings(None, {**base, **backend, **{k.replace("__", "."): v for k, v in overrides.items()}})
     served_models.engine = AsyncEngine(served_models.chat.engine)  # the app's lifespan shuts it down
     app = create_app(settings, served_models)
-    with live_server(app) as url:
+    with live_server(app, settings=settings) as url:
         yield url, app
 
 
@@ -405,3 +406,76 @@ def test_api_keys_have_separate_limits_and_per_key_overrides(served_models, back
         denied = chat(url, "Hi.", max_tokens=2, headers={"Authorization": "Bearer key-c"})
         assert_rate_limited(denied, "requests", 4)
         assert chat(url, "Hi.", max_tokens=2, headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+# --- limits a client cannot escape, caches a tenant cannot read ----------------------------------
+
+
+def test_tokens_per_minute_stops_a_generation_that_runs_out(served_models, backend) -> None:
+    limit = 60
+    with serving(served_models, backend, rate_limits__tokens_per_minute=limit) as (url, app):
+        body = {"model": "smollm2", "prompt": "Tell me a story:", "max_tokens": 250, "ignore_eos": True, "temperature": 0}
+        response = httpx.post(url + COMPLETIONS, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] <= limit
+        assert response.json()["choices"][0]["finish_reason"] == "length"
+        assert_rate_limited(httpx.post(url + COMPLETIONS, json=body, timeout=60), "tokens", limit)
+        wait_until(lambda: app.state.rebar.models.engine.core.stats().num_running == 0)
+        assert app.state.rebar.models.engine.core.stats().num_running == 0  # the cut request was stopped
+
+
+def test_tokens_per_minute_holds_across_concurrent_streams(served_models, backend) -> None:
+    limit = 90
+    with serving(served_models, backend, rate_limits__tokens_per_minute=limit) as (url, _app):
+        def stream(i: int) -> int:
+            body = {"model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 100, "ignore_eos": True,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            response = httpx.post(url + COMPLETIONS, json=body, timeout=120)
+            if response.status_code == 429:
+                return 0
+            usage = json.loads(sse_payloads(response)[-2])["usage"]
+            return usage["prompt_tokens"] + usage["completion_tokens"]
+
+        with ThreadPoolExecutor(3) as pool:
+            spent = list(pool.map(stream, range(3)))
+        assert 0 < sum(spent) <= limit, spent
+
+
+def test_a_made_up_bearer_or_forwarded_for_is_not_a_new_client(served_models, backend) -> None:
+    with serving(served_models, backend, rate_limits__requests_per_minute=2) as (url, _app):
+        statuses = [
+            chat(url, "Hi.", max_tokens=2, headers={"Authorization": f"Bearer random-{i}",
+                                                   "X-Forwarded-For": f"10.0.0.{i}"}).status_code
+            for i in range(4)
+        ]
+        assert statuses == [200, 200, 429, 429]
+
+
+def test_tenants_do_not_share_cached_answers_or_prefix_blocks(served_models, backend) -> None:
+    with serving(served_models, backend, server__api_keys=["tenant-a", "tenant-b"]) as (url, app):
+        a, b = ({"Authorization": f"Bearer {key}"} for key in ("tenant-a", "tenant-b"))
+        # Unique per run: the engine (and its prefix cache) outlives each test's server.
+        secret = f"My account number is {uuid.uuid4()} and my password is hunter2; summarise my situation. " * 3
+        def cached_tokens(response: httpx.Response) -> int:
+            return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        first = chat(url, secret, headers=a)
+        assert first.status_code == 200 and first.headers["x-cache"] == "MISS"
+        chat(url, secret.replace("password", "passcode"), headers=b)  # b's own template blocks are now cached
+        guess = chat(url, secret, headers=b)
+        assert guess.headers["x-cache"] == "MISS"  # b cannot see a's answer...
+        control = chat(url, secret.replace("password", "pin"), headers=b)  # a prompt nobody sent
+        assert cached_tokens(guess) == cached_tokens(control)  # ...nor tell a's prompt blocks from no blocks
+        assert chat(url, secret, headers=a).headers["x-cache"] == "HIT"
+        uncached = chat(url, secret, headers={**a, "cache-control": "no-cache"})
+        assert cached_tokens(uncached) > cached_tokens(guess) + 32  # a still shares with itself
+        assert text_of(guess) == text_of(first)
+
+
+def test_tenant_isolation_off_shares_caches_between_keys(served_models, backend) -> None:
+    overrides = {"server__api_keys": ["tenant-a", "tenant-b"], "cache__tenant_isolation": "off"}
+    with serving(served_models, backend, **overrides) as (url, _app):
+        prompt = f"A prompt long enough to fill a couple of KV blocks of sixteen tokens each: {uuid.uuid4()}. " * 2
+        assert chat(url, prompt, headers={"Authorization": "Bearer tenant-a"}).headers["x-cache"] == "MISS"
+        assert chat(url, prompt, headers={"Authorization": "Bearer tenant-b"}).headers["x-cache"] == "HIT"

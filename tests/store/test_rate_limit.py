@@ -84,19 +84,26 @@ def test_per_key_limits_replace_the_default(backend: Backend) -> None:
     backend.run(body)
 
 
-def test_record_tokens_clamps_at_the_limit(backend: Backend) -> None:
+def test_spend_tokens_stops_at_the_limit_and_clamps(backend: Backend) -> None:
     async def body(store: Store) -> None:
         limiter = RateLimiter(store, "t", RateLimits(tokens_per_minute=100))
         assert (await limiter.check("erin", 90)).allowed
-        charged = await limiter.record_tokens("erin", 30)
-        assert charged is not None and charged.remaining == 0
-        assert await store.get("t:rl:erin:tok") == b"100"
+        assert [await limiter.spend_tokens("erin", 4) for _ in range(3)] == [True, True, False]
+        assert await store.get("t:rl:erin:tok") == b"100"  # the one that did not fit stands at the limit
         assert not (await limiter.check("erin", 1)).allowed
-        assert await limiter.record_tokens("erin", 0) is None
-        fits = await limiter.record_tokens("frank", 30)
-        assert fits is not None and fits.allowed and fits.remaining == 70
+        assert await limiter.spend_tokens("erin", 0)  # nothing spent, nothing refused
+        assert await limiter.spend_tokens("frank", 30) and await store.get("t:rl:frank:tok") == b"30"
         unlimited = RateLimiter(store, "t", RateLimits(requests_per_minute=5))
-        assert await unlimited.record_tokens("erin", 30) is None
+        assert await unlimited.spend_tokens("erin", 10**9)
+
+    backend.run(body)
+
+
+def test_concurrent_spending_never_exceeds_the_limit(backend: Backend) -> None:
+    async def body(store: Store) -> None:
+        limiter = RateLimiter(store, "t", RateLimits(tokens_per_minute=50))
+        spent = await asyncio.gather(*(limiter.spend_tokens("hal", 1) for _ in range(80)))
+        assert sum(spent) == 50 and await store.get("t:rl:hal:tok") == b"50"
 
     backend.run(body)
 
@@ -121,7 +128,7 @@ def test_unlimited_makes_no_store_call() -> None:
         limiter = RateLimiter(_NoCallsStore(), "t", RateLimits())
         result = await limiter.check("anyone", 10**9)
         assert result.allowed and result.headers == {}
-        assert await limiter.record_tokens("anyone", 10**9) is None
+        assert await limiter.spend_tokens("anyone", 10**9)
 
     asyncio.run(main())
 

@@ -222,6 +222,25 @@ def test_memory_store_evicts_oldest_write_first() -> None:
     asyncio.run(main())
 
 
+def test_memory_store_holds_at_most_its_byte_budget() -> None:
+    async def main() -> None:
+        store = MemoryStore(max_entries=1000, max_bytes=10_000)
+        for i in range(100):  # 100 values of ~1 KB: ten times the budget
+            await store.set(f"k{i}", bytes(1000))
+            assert store.num_bytes <= 10_000
+        assert await store.get("k99") is not None and await store.get("k0") is None  # oldest went first
+        assert store.num_bytes == sum(len(k) + 1000 for k in (f"k{i}" for i in range(100)) if k in store._entries)
+        await store.set("k99", b"small")  # overwriting gives the old value's bytes back
+        await store.delete("k98")
+        assert store.num_bytes == sum(len(k) + len(v) for k, (v, _) in store._entries.items())
+        with pytest.raises(StoreError, match="exceeds the store's budget"):
+            await store.set("huge", bytes(20_000))
+        await store.close()
+        assert store.num_bytes == 0
+
+    asyncio.run(main())
+
+
 def test_memory_store_uses_its_monotonic_clock() -> None:
     now = [100.0]
 

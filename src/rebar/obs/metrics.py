@@ -170,8 +170,11 @@ class StateCollector(Collector):
         yield _cache_family("rebar_response_cache", "Response cache lookups (stale hits count as hits).", s.response_cache)
         yield _cache_family("rebar_embedding_cache", "Embedding cache lookups, one per input text.", s.embedding_cache)
         yield _counter("rebar_rate_limited", "Requests rejected with 429.", s.num_rate_limited)
-        yield _counter("rebar_overload_rejected", "Requests rejected with 503 by the full waiting queue.",
-                       s.admission.num_rejected)
+        embedding = getattr(s, "embedding_queue", None)
+        yield _counter("rebar_overload_rejected", "Requests rejected with 503 by a full waiting queue (generation or embeddings).",
+                       s.admission.num_rejected + (embedding.num_rejected if embedding is not None else 0))
+        yield GaugeMetricFamily("rebar_embedding_inputs_waiting", "Embedding inputs admitted and not yet embedded.",
+                                value=float(embedding.num_waiting_inputs if embedding is not None else 0))
         yield _counter("rebar_store_errors", "Failed store calls (timeouts included).", getattr(s.store, "num_errors", 0))
         yield GaugeMetricFamily("rebar_store_circuit_open", "1 while the store's circuit breaker is open.",
                                 value=float(bool(getattr(s.store, "circuit_open", False))))

@@ -157,6 +157,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def _config(raw: dict[str, Any], folder: Path) -> ModelConfig:
+    if not isinstance(raw, dict) or not isinstance(raw.get("rope_scaling") or {}, dict):
+        raise ModelFormatError(f"{folder / MANIFEST_NAME}: 'config' (and its rope_scaling) must be JSON objects")
     try:
         scaling = raw.get("rope_scaling")
         return ModelConfig(**{**raw, "rope_scaling": RopeScaling(**scaling) if scaling else None})

@@ -21,11 +21,14 @@ from rebar.config import Settings
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
+from rebar.errors import RebarError
 from rebar.server.auth import ApiKeyChecker
+from rebar.server.embedding_queue import EmbeddingQueue
 from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.obs.tracing import Tracing
-from rebar.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, HTTPMetricsMiddleware, RequestIdMiddleware
+from rebar.server.middleware import (AdminKeyMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, HTTPMetricsMiddleware,
+                                     RequestIdMiddleware)
 from rebar.server.routes import admin, chat, completions, misc, web
 from rebar.server.state import Admission, ServedModels, ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
@@ -73,9 +76,10 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
     state = ServerState(Admission(limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s),
                         request_timeout_s=limits.request_timeout_s,
                         tracing=tracing or Tracing.from_settings(settings.tracing),
-                        log_prompts=settings.logging.log_prompts,
-                        admin_key_hashes=settings.admin_key_hashes())
+                        log_prompts=settings.logging.log_prompts)
 
+    tenants = settings.cache.tenant_isolation
+    state.isolate_tenants = tenants == "on" or (tenants == "auto" and bool(settings.api_key_hashes()))
     install_store(state, settings)
     state.metrics.attach(state)
 
@@ -87,6 +91,8 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
         loading.cancel()
         if state.models.engine is not None:
             state.models.engine.shutdown()
+        if state.embedding_queue is not None:
+            state.embedding_queue.shutdown()
         await state.store.close()
         state.tracing.shutdown()
 
@@ -96,14 +102,18 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
     for router in (chat.router, completions.router, misc.router, admin.router):
         app.include_router(router)
     web.install(app)
-    if settings.server.cors_allow_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.server.cors_allow_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"])
+    server = settings.server
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s)
+    admin_checker = ApiKeyChecker(settings.admin_key_hashes())
+    app.add_middleware(AdminKeyMiddleware, check=admin_checker.check, enabled=admin_checker.enabled)
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, check=checker.check)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_body_bytes)
-    # Outermost last: metrics > request id > trace > access log > body limit > auth > CORS > routes.
+    # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be readable.
+    if server.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_allow_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"])
+    # Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body > routes.
     app.add_middleware(AccessLogMiddleware, routes=lambda: app.routes, clock=state.metrics.clock)
     app.add_middleware(TracingMiddleware, tracer=state.tracing.tracer, routes=lambda: app.routes)
     app.add_middleware(RequestIdMiddleware)
@@ -116,12 +126,14 @@ def install_store(state: ServerState, settings: Settings) -> None:
     from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
     s = settings.store
-    url = "memory://" if s.backend == "memory" else s.url
-    state.store = ResilientStore(open_store(url), call_timeout_s=s.call_timeout_s, failure_threshold=s.failure_threshold,
+    backend = open_store("memory://", max_entries=s.memory_max_entries, max_bytes=s.memory_max_bytes) \
+        if s.backend == "memory" else open_store(s.url)
+    state.store = ResilientStore(backend, call_timeout_s=s.call_timeout_s, failure_threshold=s.failure_threshold,
                                  open_for_s=s.open_for_s, on_error=s.on_store_error, tracer=state.tracing.tracer)
     c = settings.cache
     if c.enabled:
-        state.response_cache = ResponseCache(state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s)
+        state.response_cache = ResponseCache(state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s,
+                                             c.max_entry_bytes)
         state.embedding_cache = EmbeddingCache(state.store, s.key_prefix, c.embedding_ttl_s)
     r = settings.rate_limits
     per_key = {f"key-{digest[:32]}": RateLimits(e.requests_per_minute, e.tokens_per_minute) for digest, e in r.per_key.items()}
@@ -132,11 +144,19 @@ def install_store(state: ServerState, settings: Settings) -> None:
 async def _load_and_warm(state: ServerState, settings: Settings, models: ServedModels | None) -> None:
     try:
         state.models = models if models is not None else await _in_thread(load_models, settings)
+        if state.models.embedding is not None:
+            embedder = state.models.embedding
+            state.embedding_queue = EmbeddingQueue(lambda texts: [v.numpy() for v in embedder.embed(texts)],
+                                                   settings.limits.max_waiting_embedding_inputs,
+                                                   settings.limits.retry_after_s)
         await warm_up(state.models)
         state.ready = True
         logger.info("ready: %s", ", ".join(state.models.names()))
     except asyncio.CancelledError:
         raise
+    except RebarError as exc:  # a bad file or setting: its message says it all, no traceback
+        logger.error("model loading failed: %s", exc)
+        state.load_error = str(exc)
     except Exception as exc:  # keep serving /health and report the failure on /ready
         logger.exception("model loading failed")
         state.load_error = str(exc)

@@ -4,7 +4,7 @@ neutral `Completion` that both fresh answers and cache hits are rendered from.""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -72,11 +72,17 @@ class Completion:
 
 
 def client_id(request: Request) -> str:
-    """Rate-limit identity: the API key's hash when one is sent, else the client address."""
-    authorization = request.headers.get("authorization", "")
-    if authorization.lower().startswith("bearer ") and authorization[7:].strip():
-        return "key-" + hashlib.sha256(authorization[7:].strip().encode()).hexdigest()[:32]
+    """Rate-limit identity, which a client cannot mint: the checked API key when keys are on, else
+    the client's address (the socket's peer, or X-Forwarded-For only from `server.trusted_proxies`)."""
+    key_id = request.scope.get("state", {}).get("api_key_id")
+    if key_id:
+        return key_id
     return "addr-" + (request.client.host if request.client else "unknown")
+
+
+def tenant(state: ServerState, request: Request) -> str | None:
+    """Whose caches this request may share: its client's when tenants are isolated, else everyone's (None)."""
+    return client_id(request) if state.isolate_tenants else None
 
 
 async def check_rate_limit(state: ServerState, request: Request, num_tokens: int) -> dict[str, str]:
@@ -95,9 +101,13 @@ async def check_rate_limit(state: ServerState, request: Request, num_tokens: int
     return result.headers
 
 
-async def charge_completion(state: ServerState, request: Request, num_tokens: int) -> None:
-    if state.rate_limiter is not None and num_tokens > 0:
-        await state.rate_limiter.record_tokens(client_id(request), num_tokens)
+def token_spender(state: ServerState, request: Request) -> Callable[[int], Awaitable[bool]] | None:
+    """Charges generated tokens to the client's tokens-per-minute limit while it generates; None without one."""
+    limiter = state.rate_limiter
+    if limiter is None or limiter.limits_for(client_id(request)).tokens_per_minute is None:
+        return None
+    identity = client_id(request)
+    return lambda num_tokens: limiter.spend_tokens(identity, num_tokens)
 
 
 def canonical_request(endpoint: str, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> dict:

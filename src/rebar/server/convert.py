@@ -22,7 +22,7 @@ def sampling_params(body: _SamplingFields, max_tokens: int | None, logprobs: int
         top_k=body.top_k,
         min_p=body.min_p,
         seed=body.seed,
-        stop=body.stop or (),
+        stop=body.stop if body.stop is not None else (),  # "" reaches the check that refuses it
         stop_token_ids=body.stop_token_ids or (),
         ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens,
@@ -40,7 +40,8 @@ def chat_params(body: ChatCompletionRequest) -> SamplingParams:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return sampling_params(body, max_tokens, logprobs)
 
 
 def completion_params(body: CompletionRequest) -> SamplingParams:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
+from rebar.server.schemas import INVALID_UNICODE
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
@@ -37,6 +38,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(location) or None
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    if first.get("type") == INVALID_UNICODE:  # the message names the field inside the body
+        param = first["ctx"]["param"]
+        return first["msg"], None if param == "body" else param
     if first.get("type") == "extra_forbidden":
         return f"parameter {param!r} is not supported by rebar", param
     return f"{param or 'body'}: {first.get('msg')}", param

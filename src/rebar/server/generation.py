@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -17,6 +18,8 @@ from rebar.server.errors import APIError
 from rebar.server.state import ServerState
 
 PING = ": ping\n\n"
+DISCONNECT_POLL_S = 0.2
+T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -25,11 +28,18 @@ def sse(data: dict | str) -> str:
     return f"data: {payload}\n\n"
 
 
+Spend = Callable[[int], Awaitable[bool]]  # charge generated tokens; False once they no longer fit
+
+
 async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                arrived_at: float | None = None) -> AsyncIterator[RequestOutput]:
+                arrived_at: float | None = None, spend: Spend | None = None,
+                cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
     """Validate (400 before any byte is sent), pass the admission gate, and stream engine outputs.
 
     `arrived_at` (the HTTP arrival on the metrics clock) starts the request's TTFT and e2e timers.
+    `spend` charges each output's new tokens to the client's tokens-per-minute limit as they come;
+    when they no longer fit, every unfinished choice ends with reason "length" and the engine stops.
+    `cache_salt` keeps the request's prefix-cache blocks apart from other tenants'.
     """
     engine.core.check_request(prompt_ids, params)
     ticket = state.admission.admit(len(prompt_ids))
@@ -38,9 +48,19 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
     span = tracer.start_span("generate", attributes={"rebar.n": params.n, "rebar.max_tokens": params.max_tokens or 0})
 
     async def outputs() -> AsyncIterator[RequestOutput]:
+        unfinished = set(range(params.n))
         try:
-            async for output in engine.generate(prompt_ids, params, request_id, timeout=state.request_timeout_s):
+            async for output in engine.generate(prompt_ids, params, request_id, timeout=state.request_timeout_s,
+                                                cache_salt=cache_salt):
                 ticket.release()
+                if spend is not None and output.new_token_ids and not await spend(len(output.new_token_ids)):
+                    for index in sorted(unfinished):  # leaving the loop aborts the engine request
+                        cut = _out_of_tokens(output, index)
+                        timer.on_output(cut)
+                        yield cut
+                    return
+                if output.finished:
+                    unfinished.discard(output.index)
                 timer.on_output(output)
                 yield output
         finally:
@@ -51,29 +71,45 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
     return outputs()
 
 
+def _out_of_tokens(last: RequestOutput, index: int) -> RequestOutput:
+    """The end of choice `index` when the client's tokens-per-minute budget ran out mid-generation."""
+    return RequestOutput(last.request_id, index, (), "", finished=True, finish_reason="length",
+                         num_prompt_tokens=last.num_prompt_tokens, num_cached_tokens=last.num_cached_tokens)
+
+
 async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> dict[int, ChoiceState]:
     """Gather a whole response; if the client disconnects first, abort the generation."""
     choices: dict[int, ChoiceState] = {}
 
-    async def consume() -> None:
+    async def consume() -> dict[int, ChoiceState]:
         async for output in stream:
             accumulate(choices, output)
+        return choices
 
-    task = asyncio.create_task(consume())
+    try:
+        return await unless_disconnected(request, consume())
+    finally:
+        await stream.aclose()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T], timeout_s: float | None = None) -> T:
+    """The result of `work`, cancelled (499) if the client disconnects first or (504) when `timeout_s` passes."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=0.2)
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
-                task.result()
-                return choices
+                return task.result()
             if await request.is_disconnected():
-                task.cancel()
                 raise APIError(499, "client disconnected")
+            if deadline is not None and loop.time() >= deadline:
+                raise APIError(504, "the request exceeded its time limit", code="timeout")
     finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await stream.aclose()
 
 
 def raise_for_failure(choices: dict[int, ChoiceState]) -> None:
@@ -81,7 +117,7 @@ def raise_for_failure(choices: dict[int, ChoiceState]) -> None:
         if choice.finish_reason == "timeout":
             raise APIError(504, "the request exceeded its time limit", code="timeout")
         if choice.finish_reason == "error":
-            raise APIError(500, f"generation failed: {choice.error}", code="internal_error")
+            raise APIError(500, choice.error or "generation failed", code="internal_error")
 
 
 async def with_pings(stream: AsyncIterator[RequestOutput], interval_s: float) -> AsyncIterator[RequestOutput | None]:
@@ -112,5 +148,6 @@ def stream_error(output: RequestOutput) -> str | None:
     if output.finish_reason == "timeout":
         return sse({"error": {"message": "the request exceeded its time limit", "type": "timeout_error", "param": None, "code": "timeout"}})
     if output.finish_reason == "error":
-        return sse({"error": {"message": f"generation failed: {output.error}", "type": "server_error", "param": None, "code": "internal_error"}})
+        return sse({"error": {"message": output.error or "generation failed", "type": "server_error", "param": None,
+                              "code": "internal_error"}})
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from starlette.routing import BaseRoute, Match
 
 from rebar.obs.logs import bind_request_id, unbind_request_id
+from rebar.server.auth import bearer_token, hash_key
 from rebar.server.errors import error_body
 
 Scope = dict
@@ -35,7 +37,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestIdMiddleware:
-    """Every response carries X-Request-ID: the client's (when well-formed) or a new one; logs carry it too."""
+    """Every response carries X-Request-ID: the client's (when well-formed) or a new one; logs carry it too.
+
+    The client's id is only a label. What identifies the request inside rebar (the engine's
+    request id, the response's `id`) is `internal_id`, always generated here, so two clients
+    that send the same X-Request-ID never see each other's work.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -45,7 +52,8 @@ class RequestIdMiddleware:
             return await self.app(scope, receive, send)
         given = _header(scope, b"x-request-id")
         request_id = given if given and _VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"], state["internal_id"] = request_id, uuid.uuid4().hex
 
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -59,47 +67,83 @@ class RequestIdMiddleware:
             unbind_request_id(token)
 
 
-class BodySizeLimitMiddleware:
-    """413 for bodies over `max_bytes`, whether announced by Content-Length or streamed chunked."""
+class BodyLimitMiddleware:
+    """Reads the whole request body before the app sees it: 413 past `max_bytes` (announced by
+    Content-Length or streamed chunked), 408 when it has not all arrived within `timeout_s`.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    Buffering first means the routes never parse a partial body and a slow upload never holds a
+    route (or the engine) waiting; later `receive` calls still report the client's disconnect.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await send_error(send, 413, f"request body exceeds {self.max_bytes} bytes", code="body_too_large")
+            return await self._too_large(send)
+        chunks: list[bytes] = []
         received = 0
-        too_large = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except TimeoutError:
+                return await send_error(send, 408, f"the request body did not arrive within {self.timeout_s:g}s",
+                                        [(b"connection", b"close")], code="request_timeout")
+            if message["type"] == "http.disconnect":
+                return  # the client left before its body arrived: nothing to answer
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                return await self._too_large(send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-        async def counting_receive() -> dict:
-            nonlocal received, too_large
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    too_large = True
-                    raise _BodyTooLarge
-            return message
-
-        started = False
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await send_error(send, 413, f"request body exceeds {self.max_bytes} bytes", code="body_too_large")
+    async def _too_large(self, send: Send) -> None:
+        # Connection: close, since the rest of the body is never read.
+        await send_error(send, 413, f"request body exceeds {self.max_bytes} bytes", [(b"connection", b"close")],
+                         code="body_too_large")
 
 
-class _BodyTooLarge(Exception):
-    pass
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands over the buffered body once, then waits on the client (for its disconnect)."""
+    delivered = False
+
+    async def replay() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class AdminKeyMiddleware:
+    """/admin/*: 403 while no admin key is configured, 401 unless `Authorization: Bearer <admin key>`.
+
+    Checked before the body is parsed, so a caller without the key learns nothing about the endpoint.
+    """
+
+    def __init__(self, app: ASGIApp, check: Callable[[str | None], bool], enabled: bool) -> None:
+        self.app, self.check, self.enabled = app, check, enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/admin/"):
+            return await self.app(scope, receive, send)
+        if not self.enabled:
+            return await send_error(send, 403, "admin endpoints are disabled; set server.admin_api_keys to enable them",
+                                    code="admin_disabled")
+        if not self.check(_header(scope, b"authorization")):
+            return await send_error(send, 401, "invalid or missing admin key (Authorization: Bearer <admin key>)",
+                                    [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+        await self.app(scope, receive, send)
 
 
 OPEN_PATHS = ("/health", "/ready", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
@@ -116,10 +160,18 @@ class ApiKeyMiddleware:
         # /admin/* checks its own, separate keys.
         if scope["type"] != "http" or path in self.open_paths or path == "/" or path.startswith(("/static", "/admin/")):
             return await self.app(scope, receive, send)
-        if not self.check(_header(scope, b"authorization")):
+        authorization = _header(scope, b"authorization")
+        if not self.check(authorization):
             return await send_error(send, 401, "invalid or missing API key (Authorization: Bearer <key>)",
                                     [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+        # The checked key is the caller's identity for rate limits and cache isolation.
+        scope.setdefault("state", {})["api_key_id"] = api_key_id(authorization)
         await self.app(scope, receive, send)
+
+
+def api_key_id(authorization: str | None) -> str:
+    """A stable, non-secret name for the key in a (checked) Authorization header."""
+    return "key-" + hash_key(bearer_token(authorization) or "")[:32]
 
 
 def _flat_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
@@ -175,4 +227,12 @@ class HTTPMetricsMiddleware:
             # After the call, so the router's own match is used; requests answered before routing
             # (401, 413) are matched here.
             route = route_template(self.routes(), scope)
-            self.metrics.observe_http(route, scope["method"], status, self.metrics.clock() - started)
+            self.metrics.observe_http(route, method_label(scope["method"]), status, self.metrics.clock() - started)
+
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """The request method for a metric label; any other token a client makes up is "other"."""
+    return method if method in HTTP_METHODS else "other"

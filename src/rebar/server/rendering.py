@@ -95,7 +95,8 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
     """Validate, rate-limit, serve from the cache or generate, and write the answer through."""
     engine.core.check_request(prompt_ids, params)
     headers = await flow.check_rate_limit(state, request, len(prompt_ids))
-    canonical = flow.canonical_request(endpoint, prompt_ids, params)
+    tenant = flow.tenant(state, request)
+    canonical = flow.canonical_request(endpoint, prompt_ids, params, {"tenant": tenant} if tenant else None)
     cached, lead, cache_header = await flow.cache_lookup(state, request, render.model, canonical, params)
     if cache_header:
         headers["X-Cache"] = cache_header
@@ -108,15 +109,15 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
         return JSONResponse(render.json(completion), headers=headers)
 
     try:
-        outputs = await generation.start(state, engine, prompt_ids, params, request.scope["state"]["request_id"],
-                                         request.scope["state"].get("arrived_at"))
+        outputs = await generation.start(state, engine, prompt_ids, params, request.scope["state"]["internal_id"],
+                                         request.scope["state"].get("arrived_at"), flow.token_spender(state, request),
+                                         cache_salt=tenant)
     except BaseException:
         await flow.finish_lead(lead, None)
         raise
 
     async def on_done(completion: Completion) -> None:
         note_for_access_log(state, request, engine, prompt_ids, completion)
-        await flow.charge_completion(state, request, completion.num_completion_tokens)
 
     if stream:
         events = render.stream(outputs, params.n, include_usage, state.ping_interval_s, lead, on_done)

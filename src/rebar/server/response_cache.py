@@ -68,6 +68,7 @@ class CacheStats:
     misses: int = 0
     stale_hits: int = 0
     waits: int = 0
+    too_large: int = 0  # answers over max_entry_bytes, not stored
 
 
 @dataclass
@@ -77,6 +78,7 @@ class ResponseCache:
     ttl_s: float
     stale_s: float
     lock_timeout_s: float
+    max_entry_bytes: int = 4 * 2**20  # a bigger answer is served but not stored
     clock: Any = time.time
     stats: CacheStats = field(default_factory=CacheStats)
     _local: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -158,8 +160,11 @@ class ResponseCache:
             return None, False  # unreadable entry: treat as a miss and overwrite it
 
     async def _write(self, key: str, value: dict) -> None:
-        entry = {"fresh_until": self.clock() + self.ttl_s, "value": value}
-        await self.store.set(key, json.dumps(entry, ensure_ascii=False).encode(), int((self.ttl_s + self.stale_s) * 1000))
+        entry = json.dumps({"fresh_until": self.clock() + self.ttl_s, "value": value}, ensure_ascii=False).encode()
+        if len(entry) > self.max_entry_bytes:
+            self.stats.too_large += 1
+            return
+        await self.store.set(key, entry, int((self.ttl_s + self.stale_s) * 1000))
 
 
 @dataclass

@@ -72,12 +72,13 @@ class ServerState:
     store: Any = None  # rebar.store Store (wrapped in ResilientStore)
     response_cache: Any = None  # ResponseCache, or None when caching is off
     embedding_cache: Any = None  # EmbeddingCache, or None
+    embedding_queue: Any = None  # EmbeddingQueue, once an embedding model is loaded
     rate_limiter: Any = None  # RateLimiter, or None when no limit is configured
     num_rate_limited: int = 0
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
     tracing: Tracing = field(default_factory=Tracing)  # this app's own tracer provider
     log_prompts: bool = False  # prompt and completion text in the access log
-    admin_key_hashes: frozenset[str] = frozenset()  # SHA-256 of the keys /admin/* accepts; empty: 403
+    isolate_tenants: bool = False  # response, embedding and prefix caches shared only within one client
 
     def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
         self._require_ready()

@@ -28,19 +28,22 @@ class MemoryStore:
       so each call runs to completion without another task of the event loop interleaving;
     - expiry measured on `clock` (default `time.monotonic`), so wall-clock jumps do not matter;
       expired keys are dropped lazily when touched and as the oldest entries are evicted;
-    - at most `max_entries` keys: a write that would exceed it evicts the least recently written
-      key first (a lock or counter can therefore vanish under memory pressure, as in Redis with
-      an eviction policy);
+    - at most `max_entries` keys and `max_bytes` of keys plus values: a write that would exceed
+      either evicts the least recently written keys first (a lock or counter can therefore vanish
+      under memory pressure, as in Redis with an eviction policy); a single value larger than
+      `max_bytes` is a StoreError;
     - not thread-safe: use it from one event loop.
     """
 
-    def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
+    def __init__(self, max_entries: int = 100_000, max_bytes: int = 256 * 2**20,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError(f"max_entries and max_bytes must be >= 1, got {max_entries} and {max_bytes}")
+        self.max_entries, self.max_bytes = max_entries, max_bytes
         self._clock = clock
         # key -> (value, expires_at on self._clock or None); order = oldest write first.
         self._entries: OrderedDict[str, tuple[bytes, float | None]] = OrderedDict()
+        self.num_bytes = 0  # keys and values held
         self.num_evicted = 0
 
     def __len__(self) -> int:
@@ -53,15 +56,28 @@ class MemoryStore:
             return None
         expires_at = entry[1]
         if expires_at is not None and expires_at <= self._clock():
-            del self._entries[key]
+            self._drop(key)
             return None
         return entry
 
+    @staticmethod
+    def _size(key: str, value: bytes) -> int:
+        return len(key) + len(value)
+
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.num_bytes -= self._size(key, entry[0])
+
     def _write(self, key: str, value: bytes, expires_at: float | None) -> None:
+        if self._size(key, value) > self.max_bytes:
+            raise StoreError(f"a value of {len(value)} bytes exceeds the store's budget of {self.max_bytes} bytes")
+        self._drop(key)
         self._entries[key] = (value, expires_at)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self.num_bytes += self._size(key, value)
+        while len(self._entries) > self.max_entries or self.num_bytes > self.max_bytes:
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
             self.num_evicted += 1
 
     def _expiry(self, ttl_ms: int | None) -> float | None:
@@ -90,7 +106,7 @@ class MemoryStore:
         return True
 
     async def delete(self, key: str) -> None:
-        self._entries.pop(key, None)
+        self._drop(key)
 
     async def ttl_ms(self, key: str) -> int | None:
         entry = self._live(key)
@@ -128,3 +144,4 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._entries.clear()
+        self.num_bytes = 0

@@ -80,8 +80,8 @@ class RateLimiter:
       OpenAI counts unsuccessful requests) but no tokens;
     - `per_key[client_id]` replacing `default` entirely for that client;
     - each counter being atomic in the store, so concurrent requests never exceed a limit;
-    - `record_tokens` charging tokens that were already spent (e.g. completion tokens) even past
-      the limit, capped so the client's remaining tokens reach 0 and never go negative.
+    - `spend_tokens` charging tokens as they are generated: False once they no longer fit, the
+      counter then capped at the limit, so the client's remaining tokens reach 0, never below.
     """
 
     def __init__(
@@ -130,10 +130,11 @@ class RateLimiter:
                 )
         return RateLimitResult(allowed=True, headers=headers)
 
-    async def record_tokens(self, client_id: str, extra_tokens: int) -> RateDecision | None:
-        """Charge `extra_tokens` already spent by `client_id`; None when nothing was charged
-        (no token limit, or `extra_tokens <= 0`)."""
+    async def spend_tokens(self, client_id: str, num_tokens: int) -> bool:
+        """Charge `num_tokens` just generated for `client_id`; False when they did not fit this
+        minute (the counter then stands at the limit), so the caller stops generating."""
         limit = self.limits_for(client_id).tokens_per_minute
-        if limit is None or extra_tokens <= 0:
-            return None
-        return await self.store.rate_limit(self._key(client_id, "tok"), extra_tokens, limit, WINDOW_MS, clamp=True)
+        if limit is None or num_tokens <= 0:
+            return True
+        decision = await self.store.rate_limit(self._key(client_id, "tok"), num_tokens, limit, WINDOW_MS, clamp=True)
+        return decision.allowed

@@ -1,4 +1,4 @@
-"""Admin endpoints, behind their own keys (`server.admin_api_keys`): POST /admin/profile."""
+"""Admin endpoints, behind their own keys (`server.admin_api_keys`, checked by AdminKeyMiddleware): POST /admin/profile."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from rebar.errors import RebarError
-from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import APIError
 from rebar.server.schemas import _Strict
 
@@ -19,16 +18,6 @@ class ProfileRequest(_Strict):
     top: int = Field(20, ge=1, le=200)  # operators in the summary
 
 
-def require_admin(request: Request) -> None:
-    """403 while no admin key is configured; 401 unless `Authorization: Bearer <admin key>`."""
-    checker = ApiKeyChecker(request.app.state.rebar.admin_key_hashes)
-    if not checker.enabled:
-        raise APIError(403, "admin endpoints are disabled; set server.admin_api_keys to enable them", code="admin_disabled")
-    if not checker.check(request.headers.get("authorization")):
-        raise APIError(401, "invalid or missing admin key (Authorization: Bearer <admin key>)", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
-
-
 @router.post("/admin/profile", include_in_schema=False)
 async def profile(body: ProfileRequest, request: Request) -> dict:
     """Profile the next `steps` engine steps of the live server with the torch profiler.
@@ -36,7 +25,6 @@ async def profile(body: ProfileRequest, request: Request) -> dict:
     Returns the top operators and the Chrome trace (`jq .trace > trace.json`, then open it in
     ui.perfetto.dev); every model layer is a named range in the trace.
     """
-    require_admin(request)
     state = request.app.state.rebar
     _, engine = state.chat_model(state.models.chat_name)
     try:

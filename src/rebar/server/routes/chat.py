@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Request
 
 from rebar.engine.outputs import RequestOutput
-from rebar.engine.prompt import prompt_token_ids
 from rebar.model.tokenizer import Tokenizer
-from rebar.server import generation
+from rebar.server import generation, prompts
 from rebar.server.completion_flow import ChoiceResult, Completion
 from rebar.server.convert import chat_logprobs, chat_params, openai_finish_reason, usage
 from rebar.server.rendering import Renderer, respond
@@ -23,9 +22,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.rebar
     llm, engine = state.chat_model(body.model)
     params = chat_params(body)
-    prompt = llm.render_chat([m.model_dump(exclude_none=True) for m in body.messages])
-    prompt_ids = prompt_token_ids(llm.tokenizer, prompt)
-    render = ChatRenderer(llm.tokenizer, f"chatcmpl-{request.scope['state']['request_id']}", body.model, params.logprobs is not None)
+    prompt_ids = await prompts.chat_prompt(llm, [m.model_dump(exclude_none=True) for m in body.messages])
+    render = ChatRenderer(llm.tokenizer, f"chatcmpl-{request.scope['state']['internal_id']}", body.model, params.logprobs is not None)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(state, request, engine, render, "chat", prompt_ids, params, body.stream, include_usage)
 

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Request
 
 from rebar.engine.outputs import RequestOutput
-from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
-from rebar.server import generation
+from rebar.server import generation, prompts
 from rebar.server.completion_flow import ChoiceResult, Completion
 from rebar.server.convert import completion_logprobs, completion_params, openai_finish_reason, usage
 from rebar.server.rendering import Renderer, respond
@@ -36,9 +35,9 @@ async def completions(body: CompletionRequest, request: Request):
     llm, engine = state.chat_model(body.model)
     params = completion_params(body)
     prompt = _single_prompt(body.prompt)
-    prompt_ids = prompt_token_ids(llm.tokenizer, prompt)
+    prompt_ids = await prompts.text_prompt(llm, prompt)
     echo_text = (prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt)) if body.echo else ""
-    response_id = f"cmpl-{request.scope['state']['request_id']}"
+    response_id = f"cmpl-{request.scope['state']['internal_id']}"
     render = CompletionRenderer(llm.tokenizer, response_id, body.model, echo_text, params.logprobs is not None, params.n)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(state, request, engine, render, "completions", prompt_ids, params, body.stream, include_usage)

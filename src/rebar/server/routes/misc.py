@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
@@ -12,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
+from rebar.server import generation, prompts
 from rebar.server.errors import APIError
 from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 
@@ -60,9 +60,12 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     dim = llm.config.hidden_size
     if body.dimensions is not None and body.dimensions != dim:
         raise InvalidRequestError(f"this model returns {dim} dimensions; dimensions={body.dimensions} is not supported", "dimensions")
-    num_tokens = sum(len(ids) for ids in llm.tokenizer.encode_batch(texts, add_special_tokens=True))
+    num_tokens = await prompts.count_tokens(llm, texts)
     headers = await flow.check_rate_limit(state, request, num_tokens)
-    vectors, headers["X-Cache"] = await _embed_with_cache(state, llm, body.model, texts)
+    tenant = flow.tenant(state, request)
+    cache_model = body.model if tenant is None else f"{body.model}:{tenant}"
+    work = _embed_with_cache(state, cache_model, texts)
+    vectors, headers["X-Cache"] = await generation.unless_disconnected(request, work, state.request_timeout_s)
     data = []
     for index, vector in enumerate(vectors):
         values = np.asarray(vector, dtype=np.float32)
@@ -72,16 +75,19 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage}, headers=headers)
 
 
-async def _embed_with_cache(state, llm, model: str, texts: list[str]) -> tuple[list[np.ndarray], str]:
-    """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once)."""
+async def _embed_with_cache(state, cache_model: str, texts: list[str]) -> tuple[list[np.ndarray], str]:
+    """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once).
+
+    `cache_model` names the model, and the tenant when caches are isolated.
+    """
     cache = state.embedding_cache
     if cache is None:
-        return [v.numpy() for v in await asyncio.to_thread(llm.embed, texts)], "MISS"
-    found = await cache.get_many(model, texts)
+        return await state.embedding_queue.embed(texts), "MISS"
+    found = await cache.get_many(cache_model, texts)
     missing = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))
     if missing:
-        computed = [v.numpy() for v in await asyncio.to_thread(llm.embed, missing)]
-        await cache.put_many(model, missing, computed)
+        computed = await state.embedding_queue.embed(missing)
+        await cache.put_many(cache_model, missing, computed)
         by_text = dict(zip(missing, computed))
         found = [v if v is not None else by_text[t] for t, v in zip(texts, found)]
     return found, "MISS" if missing else "HIT"
@@ -100,10 +106,10 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequestError("give exactly one of prompt or messages", "prompt")
     if body.messages is not None:
-        text = llm.render_chat([m.model_dump(exclude_none=True) for m in body.messages], body.add_generation_prompt)
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        tokens = await prompts.chat_prompt(llm, messages, body.add_generation_prompt, bos=False)
     else:
-        text = body.prompt
-    tokens = llm.tokenize(text)
+        tokens = await prompts.off_loop(len(body.prompt), llm.tokenize, body.prompt)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
 
 
