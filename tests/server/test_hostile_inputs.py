@@ -38,7 +38,7 @@ SURROGATE_CASES = [
     (COMPLETIONS, {"model": "smollm2", "prompt": SURROGATE}, "prompt"),
     (CHAT, {"model": "smollm2", "messages": ASK, "stop": ["a" + SURROGATE]}, "stop.0"),
     ("/tokenize", {"prompt": "x" + SURROGATE}, "prompt"),
-    ("/v1/embeddings", {"model": "all-MiniLM-L6-v2", "input": ["fine", SURROGATE]}, "input.1"),
+    ("/v1/embeddings", {"model": "minilm", "input": ["fine", SURROGATE]}, "input.1"),
 ]
 
 
