@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
 
+from expect import raises
 from float_reference import float_llm
 from gguf_builder import (
     GGUFContents,
@@ -70,14 +70,6 @@ def random_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int = 0) -> n
     return raw.reshape(rows, -1)
 
 
-def raises(error: type[Exception], action: Callable[[], object], *culprits: str) -> str:
-    """Run `action`, expect `error`, and check that its message names every culprit."""
-    with pytest.raises(error) as info:
-        action()
-    message = str(info.value)
-    for culprit in culprits:
-        assert culprit in message, f"{culprit!r} not in {message!r}"
-    return message
 
 
 # ----- dequantization ----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from expect import raises  # noqa: E402
 import hf_tiny  # noqa: E402  (sibling helper; pytest puts this folder on sys.path)
 
 from rebar.engine.llm import LLM  # noqa: E402
@@ -22,13 +22,6 @@ from rebar.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
 from rebar.model.loader import open_checkpoint  # noqa: E402
 
 
-def raises(error: type[Exception], action: Callable[[], object], *culprits: str) -> str:
-    with pytest.raises(error) as info:
-        action()
-    message = str(info.value)
-    for culprit in culprits:
-        assert culprit in message, f"{culprit!r} not in {message!r}"
-    return message
 
 
 @pytest.fixture(scope="module")

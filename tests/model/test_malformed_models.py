@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 from gguf import GGMLQuantizationType as QT
+from expect import raises
 from gguf_builder import Tensor, TinyConfig, Typed, model_contents
 
 from rebar.engine.llm import LLM
@@ -25,14 +26,6 @@ from rebar.model.loader.gguf_metadata import ARRAY, MAX_ARRAY_DEPTH, STRING
 HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 
 
-def raises(error: type[Exception], action: Callable[[], object], *culprits: str) -> str:
-    """Run `action`, expect exactly `error`, and check that its message names every culprit."""
-    with pytest.raises(error) as info:
-        action()
-    message = str(info.value)
-    for culprit in culprits:
-        assert culprit in message, f"{culprit!r} not in {message!r}"
-    return message
 
 
 @pytest.fixture(scope="module")
