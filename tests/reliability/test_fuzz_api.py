@@ -60,9 +60,11 @@ def test_no_input_gets_a_5xx_or_leaves_anything_behind(fuzz_server, case) -> Non
     url, app = fuzz_server
     models = app.state.rebar.models
     case.body = _bounded(case.body, {"chat": models.chat_name, "embedding": models.embedding_name})
+    added = app.state.rebar.models.engine.core.num_requests_added
     response = case.call(base_url=url, timeout=60)
     assert response.status_code < 500, (response.status_code, response.text[:500], case.body)
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert app.state.rebar.models.engine.core.num_requests_added == added  # nothing generated for it
     assert_idle(app)

@@ -86,9 +86,11 @@ def test_hostile_values_get_a_clean_answer(hostile_server, path: str, changes: d
     if path in ("/v1/chat/completions", "/v1/completions") and body.get("max_tokens") is None \
             and body.get("max_completion_tokens") is None:
         body["max_tokens"] = 8  # None means "until the context ends"
+    added = app.state.rebar.models.engine.core.num_requests_added
     response = httpx.post(url + path, content=_encode(body), headers={"content-type": "application/json"}, timeout=60)
     assert response.status_code < 500, (response.status_code, response.text[:300], body)
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert app.state.rebar.models.engine.core.num_requests_added == added  # nothing generated for it
     assert_idle(app)

@@ -479,3 +479,13 @@ def test_tenant_isolation_off_shares_caches_between_keys(served_models, backend)
         prompt = f"A prompt long enough to fill a couple of KV blocks of sixteen tokens each: {uuid.uuid4()}. " * 2
         assert chat(url, prompt, headers={"Authorization": "Bearer tenant-a"}).headers["x-cache"] == "MISS"
         assert chat(url, prompt, headers={"Authorization": "Bearer tenant-b"}).headers["x-cache"] == "HIT"
+
+
+def test_forwarded_for_is_believed_from_a_trusted_proxy(served_models, backend) -> None:
+    overrides = {"rate_limits__requests_per_minute": 1, "server__trusted_proxies": ["127.0.0.1"]}
+    with serving(served_models, backend, **overrides) as (url, _app):
+        def status(forwarded_for: str) -> int:
+            return chat(url, "Hi.", max_tokens=2, headers={"X-Forwarded-For": forwarded_for}).status_code
+
+        # Behind a trusted proxy each forwarded address is its own client.
+        assert [status("10.1.0.1"), status("10.1.0.2"), status("10.1.0.1")] == [200, 200, 429]
