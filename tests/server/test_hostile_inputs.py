@@ -82,6 +82,14 @@ def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(guarded, tempe
     assert_idle(app)
 
 
+@pytest.mark.parametrize("ids", [[-1], [2**63], [-(2**70)], [1, 10**9]])
+def test_echoed_token_ids_outside_the_vocabulary_are_a_400(guarded, ids: list[int]) -> None:
+    url, app = guarded
+    response = post(url, COMPLETIONS, {"model": "smollm2", "prompt": ids, "echo": True, "max_tokens": 2})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+    assert_idle(app)
+
+
 def test_repetition_penalty_that_would_overflow_is_a_400(guarded) -> None:
     url, _ = guarded
     response = post(url, CHAT, {"model": "smollm2", "messages": ASK, "repetition_penalty": 1e-50})

@@ -36,6 +36,8 @@ async def completions(body: CompletionRequest, request: Request):
     params = completion_params(body)
     prompt = _single_prompt(body.prompt)
     prompt_ids = await prompts.text_prompt(llm, prompt)
+    if body.echo and not isinstance(prompt, str):
+        engine.core.check_request(prompt_ids, params)  # only ids the model has can be decoded for the echo
     echo_text = (prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt)) if body.echo else ""
     response_id = f"cmpl-{request.scope['state']['internal_id']}"
     render = CompletionRenderer(llm.tokenizer, response_id, body.model, echo_text, params.logprobs is not None, params.n)
