@@ -5,10 +5,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
 import httpx
 import uvicorn
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -87,3 +91,26 @@ def assert_idle(app, timeout: float = 10.0) -> None:
             break
         time.sleep(0.05)
     assert idle, (state.admission.waiting_requests, embedding, stats)
+
+
+def slowest_health(url: str, during: Callable[[], T]) -> tuple[float, T]:
+    """Run `during()` while another client polls /health; (its slowest answer in seconds, during's result)."""
+    worst, done = 0.0, threading.Event()
+
+    def poll() -> None:
+        nonlocal worst
+        with httpx.Client() as client:
+            while not done.is_set():
+                started = time.monotonic()
+                client.get(url + "/health", timeout=30)
+                worst = max(worst, time.monotonic() - started)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        result = during()
+    finally:
+        done.set()
+        poller.join()
+    return worst, result

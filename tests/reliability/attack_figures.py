@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,33 +19,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: live_server
 
-from live_server import server_settings, serving_models  # noqa: E402
+from live_server import server_settings, serving_models, slowest_health  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def worst_health_latency(url: str, during) -> tuple[float, object]:
-    """Run `during()` while polling /health; (the slowest /health answer in seconds, during's result)."""
-    worst, done = 0.0, threading.Event()
-
-    def poll() -> None:
-        nonlocal worst
-        with httpx.Client() as client:
-            while not done.is_set():
-                started = time.monotonic()
-                client.get(url + "/health", timeout=30)
-                worst = max(worst, time.monotonic() - started)
-                time.sleep(0.02)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        result = during()
-    finally:
-        done.set()
-        poller.join()
-    return worst, result
 
 
 def made_up_methods(url: str, count: int = 20_000) -> dict:
@@ -83,7 +59,7 @@ def slow_clients(url: str, count: int = 300) -> dict:
 
 def huge_prompt(url: str) -> dict:
     text = "lorem ipsum dolor sit amet " * 36_000
-    worst, response = worst_health_latency(url, lambda: httpx.post(url + "/tokenize", json={"prompt": text}, timeout=120))
+    worst, response = slowest_health(url, lambda: httpx.post(url + "/tokenize", json={"prompt": text}, timeout=120))
     return {"prompt_bytes": len(text), "tokens": response.json()["count"], "worst_health_s": round(worst, 3)}
 
 
@@ -101,7 +77,7 @@ def abandoned_embeddings(url: str, app) -> dict:
         httpx.post(url + CHAT, json={"model": "smollm2", "messages": ASK, "max_tokens": 8}, timeout=120)
         return idle_s, time.monotonic() - chat_started
 
-    worst, (idle_s, chat_s) = worst_health_latency(url, attack)
+    worst, (idle_s, chat_s) = slowest_health(url, attack)
     return {"requests": 3, "inputs_each": 2048, "client_timeout_s": 2, "queue_idle_after_leaving_s": round(idle_s, 2),
             "chat_after_s": round(chat_s, 2), "worst_health_s": round(worst, 3)}
 

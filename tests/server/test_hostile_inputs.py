@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from live_server import assert_idle, server_settings, serving_models
+from live_server import assert_idle, server_settings, serving_models, slowest_health
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -254,24 +253,6 @@ def test_cors_preflight_and_401_work_with_api_keys_on(served_models) -> None:
 def test_a_huge_prompt_does_not_stall_health(guarded) -> None:
     url, _ = guarded
     text = "lorem ipsum dolor sit amet " * 36_000  # ~970 KB, just under the 1 MiB body limit
-    worst = 0.0
-    done = threading.Event()
-
-    def poll() -> None:
-        nonlocal worst
-        with httpx.Client() as client:
-            while not done.is_set():
-                started = time.monotonic()
-                client.get(url + "/health", timeout=10)
-                worst = max(worst, time.monotonic() - started)
-                time.sleep(0.02)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        response = post(url, "/tokenize", {"prompt": text})
-    finally:
-        done.set()
-        poller.join()
+    worst, response = slowest_health(url, lambda: post(url, "/tokenize", {"prompt": text}))
     assert response.status_code == 200 and response.json()["count"] > 100_000
     assert worst < 0.5, worst
