@@ -19,7 +19,7 @@ from collections import Counter
 import httpx
 
 from live_server import assert_idle, server_settings, serving_models
-from suite import resident_mib, scaled
+from suite import FULL, resident_mib, scaled
 
 CONCURRENCY = 16
 DURATION_S = float(os.environ.get("RELIABILITY_SOAK_S", scaled(30, 1200)))
@@ -102,4 +102,6 @@ def test_soak(served_models) -> None:
             out.write(json.dumps({"soak": report}) + "\n")
     assert not failures, failures
     assert outcomes["ok"] > CONCURRENCY
-    assert growth < 0.05, report  # flat within 5% after warm-up
+    # Flat within 5% over the 20-minute soak. The short run's 30 s hold too few requests to show a
+    # slow leak, and a slower machine may still be warming up: there it only catches a runaway.
+    assert growth < (0.05 if FULL else 0.10), report
