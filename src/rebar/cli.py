@@ -55,7 +55,7 @@ def _load(args: argparse.Namespace):
     return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize)
 
 
-def _stream_to_stdout(llm, prompt: str, params) -> str:
+def _stream_to_stdout(llm, prompt: str | list[int], params) -> str:
     text = []
     for step in llm.stream([prompt], params):
         sys.stdout.write(step.text_delta)
@@ -92,7 +92,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            answer = _stream_to_stdout(llm, llm.render_chat(messages), params)
+            answer = _stream_to_stdout(llm, llm.chat_prompt_ids(messages), params)
         except RebarError as exc:  # e.g. the conversation outgrew the context window
             messages.pop()
             print(f"error: {exc}", file=sys.stderr)

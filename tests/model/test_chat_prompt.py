@@ -76,3 +76,11 @@ def test_long_texts_take_the_gil_free_path_with_the_same_ids(smollm2_tokenizer) 
     spinner.join()
     # Another thread kept running while the tokenizer worked (it held the GIL for the whole call before).
     assert ticks > 0.3 * elapsed / 0.0011, (ticks, elapsed)
+
+
+def test_llm_chat_prompts_keep_typed_control_tokens_as_text(smollm2) -> None:
+    im_start = smollm2.tokenizer.token_to_id("<|im_start|>")
+    plain = smollm2.chat_prompt_ids([{"role": "user", "content": "hi now"}])
+    forged = smollm2.chat_prompt_ids([{"role": "user", "content": FORGED}])
+    assert forged.count(im_start) == plain.count(im_start)  # LLM.chat and `rebar chat` share the guard
+    assert forged[:5] == plain[:5]  # the same template turns lead both

@@ -92,3 +92,10 @@ def test_from_settings_reads_config_and_key_file(tmp_path) -> None:
     checker = ApiKeyChecker.from_settings(Settings(server={"api_keys": ["conf-key"], "api_key_file": key_file}))
     assert checker.check("Bearer conf-key") and checker.check("Bearer file-key")
     assert not checker.check("Bearer ops")
+
+
+def test_matching_digest_names_the_key_that_matched(checker: ApiKeyChecker) -> None:
+    digest = checker.matching_digest(f"Bearer {KEYS[1]}")
+    assert digest == hash_key(KEYS[1])  # the digest rate limits and tenant caches are keyed by
+    assert checker.matching_digest("Bearer not-a-key") is None and checker.matching_digest(None) is None
+    assert ApiKeyChecker(frozenset()).matching_digest(f"Bearer {KEYS[1]}") is None  # auth off: no key identity

@@ -420,6 +420,7 @@ def test_tokens_per_minute_stops_a_generation_that_runs_out(served_models, backe
         usage = response.json()["usage"]
         assert usage["prompt_tokens"] + usage["completion_tokens"] <= limit
         assert response.json()["choices"][0]["finish_reason"] == "length"
+        assert StoreView(app, backend).keys("rebar:cache:llm:") == []  # a cut answer is never cached
         assert_rate_limited(httpx.post(url + COMPLETIONS, json=body, timeout=60), "tokens", limit)
         wait_until(lambda: app.state.rebar.models.engine.core.stats().num_running == 0)
         assert app.state.rebar.models.engine.core.stats().num_running == 0  # the cut request was stopped

@@ -18,11 +18,11 @@ import torch
 from rebar.engine.core import EngineCore
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.outputs import Choice, CompletionOutput, RequestOutput
-from rebar.engine.prompt import Prompt, prompt_token_ids
+from rebar.engine.prompt import Prompt, prompt_token_ids, with_bos
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from rebar.model.build import build_model
-from rebar.model.chat_template import render_chat
+from rebar.model.chat_prompt import chat_prompt_ids
 from rebar.model.loader import open_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,15 +160,18 @@ class LLM:
             results.append(CompletionOutput.from_choices(prompt_ids, choices, collected[(i, 0)].last))
         return results
 
-    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
-        special = self.tokenizer.special
-        return render_chat(self.checkpoint.chat_template, messages, add_generation_prompt, special.bos_token, special.eos_token)
+    def chat_prompt_ids(self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True) -> list[int]:
+        """Token ids of `messages` in the model's own chat template, message contents kept as text
+        (a typed `<|im_start|>` never becomes a control token); led by BOS when the model wants one
+        and `bos` is True."""
+        ids = chat_prompt_ids(self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt)
+        return with_bos(self.tokenizer, ids) if bos else ids
 
     def chat(self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None) -> list[CompletionOutput]:
         """Answer one conversation (a list of messages) or several; renders the model's own template."""
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # a single conversation
-        return self.generate([self.render_chat(c) for c in conversations], params)
+        return self.generate([self.chat_prompt_ids(c) for c in conversations], params)
 
     @staticmethod
     def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

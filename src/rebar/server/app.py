@@ -28,7 +28,7 @@ from rebar.server.errors import install_error_handlers
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.obs.tracing import Tracing
 from rebar.server.middleware import (AdminKeyMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, HTTPMetricsMiddleware,
-                                     RequestIdMiddleware)
+                                     RequestIdMiddleware, api_key_id)
 from rebar.server.routes import admin, chat, completions, misc, web
 from rebar.server.state import Admission, ServedModels, ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
@@ -104,11 +104,10 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
     web.install(app)
     server = settings.server
     app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s)
-    admin_checker = ApiKeyChecker(settings.admin_key_hashes())
-    app.add_middleware(AdminKeyMiddleware, check=admin_checker.check, enabled=admin_checker.enabled)
+    app.add_middleware(AdminKeyMiddleware, checker=ApiKeyChecker(settings.admin_key_hashes()))
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
-        app.add_middleware(ApiKeyMiddleware, check=checker.check)
+        app.add_middleware(ApiKeyMiddleware, checker=checker)
     # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be readable.
     if server.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_allow_origins), allow_methods=["*"],
@@ -136,7 +135,7 @@ def install_store(state: ServerState, settings: Settings) -> None:
                                              c.max_entry_bytes)
         state.embedding_cache = EmbeddingCache(state.store, s.key_prefix, c.embedding_ttl_s)
     r = settings.rate_limits
-    per_key = {f"key-{digest[:32]}": RateLimits(e.requests_per_minute, e.tokens_per_minute) for digest, e in r.per_key.items()}
+    per_key = {api_key_id(digest): RateLimits(e.requests_per_minute, e.tokens_per_minute) for digest, e in r.per_key.items()}
     if r.requests_per_minute or r.tokens_per_minute or per_key:
         state.rate_limiter = RateLimiter(state.store, s.key_prefix, RateLimits(r.requests_per_minute, r.tokens_per_minute), per_key)
 

@@ -62,13 +62,15 @@ class ApiKeyChecker:
 
     def check(self, authorization_header: str | None) -> bool:
         """True when auth is off, or the header is `Bearer <key>` for a configured key."""
-        if not self._digests:
-            return True
+        return not self._digests or self.matching_digest(authorization_header) is not None
+
+    def matching_digest(self, authorization_header: str | None) -> str | None:
+        """The SHA-256 digest of the configured key the header carries, or None (always None when auth is off)."""
         token = bearer_token(authorization_header)
-        if token is None:
-            return False
+        if token is None or not self._digests:
+            return None
         presented = hash_key(token).encode("ascii")
         matched = False
         for digest in self._digests:  # every digest, no early exit
             matched |= hmac.compare_digest(presented, digest)
-        return matched
+        return presented.decode("ascii") if matched else None

@@ -103,10 +103,9 @@ async def check_rate_limit(state: ServerState, request: Request, num_tokens: int
 
 def token_spender(state: ServerState, request: Request) -> Callable[[int], Awaitable[bool]] | None:
     """Charges generated tokens to the client's tokens-per-minute limit while it generates; None without one."""
-    limiter = state.rate_limiter
-    if limiter is None or limiter.limits_for(client_id(request)).tokens_per_minute is None:
+    limiter, identity = state.rate_limiter, client_id(request)
+    if limiter is None or limiter.limits_for(identity).tokens_per_minute is None:
         return None
-    identity = client_id(request)
     return lambda num_tokens: limiter.spend_tokens(identity, num_tokens)
 
 

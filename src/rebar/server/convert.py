@@ -64,8 +64,14 @@ class ChoiceState:
 
 
 def openai_finish_reason(reason: str | None) -> str | None:
-    # OpenAI knows "stop" and "length"; an aborted or failed choice is reported as stopped.
+    # OpenAI knows "stop" and "length": a choice cut by the tokens-per-minute limit ran out of
+    # length; an aborted or failed one is reported as stopped.
+    if reason == OUT_OF_TOKENS:
+        return "length"
     return reason if reason in (None, "stop", "length") else "stop"
+
+
+OUT_OF_TOKENS = "rate_limited"  # the finish reason of a choice cut by the client's tokens-per-minute limit
 
 
 def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict:

@@ -13,7 +13,7 @@ from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.outputs import RequestOutput
 from rebar.engine.sampling_params import SamplingParams
 from rebar.obs.tracing import end_generate_span
-from rebar.server.convert import ChoiceState, accumulate
+from rebar.server.convert import OUT_OF_TOKENS, ChoiceState, accumulate
 from rebar.server.errors import APIError
 from rebar.server.state import ServerState
 
@@ -38,7 +38,8 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
 
     `arrived_at` (the HTTP arrival on the metrics clock) starts the request's TTFT and e2e timers.
     `spend` charges each output's new tokens to the client's tokens-per-minute limit as they come;
-    when they no longer fit, every unfinished choice ends with reason "length" and the engine stops.
+    when they no longer fit, every unfinished choice ends with reason OUT_OF_TOKENS ("length" to the
+    client; never cached, since the answer is cut) and the engine stops.
     `cache_salt` keeps the request's prefix-cache blocks apart from other tenants'.
     """
     engine.core.check_request(prompt_ids, params)
@@ -73,7 +74,7 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
 
 def _out_of_tokens(last: RequestOutput, index: int) -> RequestOutput:
     """The end of choice `index` when the client's tokens-per-minute budget ran out mid-generation."""
-    return RequestOutput(last.request_id, index, (), "", finished=True, finish_reason="length",
+    return RequestOutput(last.request_id, index, (), "", finished=True, finish_reason=OUT_OF_TOKENS,
                          num_prompt_tokens=last.num_prompt_tokens, num_cached_tokens=last.num_cached_tokens)
 
 

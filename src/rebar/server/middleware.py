@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from starlette.routing import BaseRoute, Match
 
 from rebar.obs.logs import bind_request_id, unbind_request_id
-from rebar.server.auth import bearer_token, hash_key
+from rebar.server.auth import ApiKeyChecker
 from rebar.server.errors import error_body
 
 Scope = dict
@@ -131,18 +131,17 @@ class AdminKeyMiddleware:
     Checked before the body is parsed, so a caller without the key learns nothing about the endpoint.
     """
 
-    def __init__(self, app: ASGIApp, check: Callable[[str | None], bool], enabled: bool) -> None:
-        self.app, self.check, self.enabled = app, check, enabled
+    def __init__(self, app: ASGIApp, checker: ApiKeyChecker) -> None:
+        self.app, self.checker = app, checker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/admin/"):
             return await self.app(scope, receive, send)
-        if not self.enabled:
+        if not self.checker.enabled:
             return await send_error(send, 403, "admin endpoints are disabled; set server.admin_api_keys to enable them",
                                     code="admin_disabled")
-        if not self.check(_header(scope, b"authorization")):
-            return await send_error(send, 401, "invalid or missing admin key (Authorization: Bearer <admin key>)",
-                                    [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+        if self.checker.matching_digest(_header(scope, b"authorization")) is None:
+            return await _refuse_key(send, "admin key (Authorization: Bearer <admin key>)")
         await self.app(scope, receive, send)
 
 
@@ -150,28 +149,34 @@ OPEN_PATHS = ("/health", "/ready", "/metrics", "/docs", "/openapi.json", "/docs/
 
 
 class ApiKeyMiddleware:
-    """401 with an OpenAI error body unless `Authorization: Bearer <key>` matches; open paths stay open."""
+    """401 with an OpenAI error body unless `Authorization: Bearer <key>` matches; open paths stay open.
 
-    def __init__(self, app: ASGIApp, check: Callable[[str | None], bool], open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
-        self.app, self.check, self.open_paths = app, check, open_paths
+    The matched key, as `api_key_id` in the request state, is the caller's identity for rate
+    limits and cache isolation.
+    """
+
+    def __init__(self, app: ASGIApp, checker: ApiKeyChecker, open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
+        self.app, self.checker, self.open_paths = app, checker, open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         # /admin/* checks its own, separate keys.
         if scope["type"] != "http" or path in self.open_paths or path == "/" or path.startswith(("/static", "/admin/")):
             return await self.app(scope, receive, send)
-        authorization = _header(scope, b"authorization")
-        if not self.check(authorization):
-            return await send_error(send, 401, "invalid or missing API key (Authorization: Bearer <key>)",
-                                    [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
-        # The checked key is the caller's identity for rate limits and cache isolation.
-        scope.setdefault("state", {})["api_key_id"] = api_key_id(authorization)
+        digest = self.checker.matching_digest(_header(scope, b"authorization"))
+        if digest is None:
+            return await _refuse_key(send, "API key (Authorization: Bearer <key>)")
+        scope.setdefault("state", {})["api_key_id"] = api_key_id(digest)
         await self.app(scope, receive, send)
 
 
-def api_key_id(authorization: str | None) -> str:
-    """A stable, non-secret name for the key in a (checked) Authorization header."""
-    return "key-" + hash_key(bearer_token(authorization) or "")[:32]
+def api_key_id(digest: str) -> str:
+    """A stable, non-secret name for a key, from its SHA-256 digest (as `rate_limits.per_key` names keys)."""
+    return "key-" + digest[:32]
+
+
+async def _refuse_key(send: Send, what: str) -> None:
+    await send_error(send, 401, f"invalid or missing {what}", [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
 
 
 def _flat_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:

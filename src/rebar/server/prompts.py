@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from rebar.engine.llm import LLM
-from rebar.engine.prompt import Prompt, prompt_token_ids, with_bos
-from rebar.model.chat_prompt import chat_prompt_ids
+from rebar.engine.prompt import Prompt, prompt_token_ids
 
 INLINE_CHARS = 8192  # below this, tokenizing costs less than the hop to a worker thread
 T = TypeVar("T")
@@ -31,13 +30,8 @@ def _chars(messages: Sequence[Mapping[str, Any]]) -> int:
 
 async def chat_prompt(llm: LLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                       bos: bool = True) -> list[int]:
-    """Ids of the model's chat template over `messages`, message contents always kept as text;
-    led by BOS when the model wants one, unless `bos` is False (/tokenize shows the bare ids)."""
-    def tokenize() -> list[int]:
-        ids = chat_prompt_ids(llm.tokenizer, llm.checkpoint.chat_template, messages, add_generation_prompt)
-        return with_bos(llm.tokenizer, ids) if bos else ids
-
-    return await off_loop(_chars(messages), tokenize)
+    """`LLM.chat_prompt_ids`, off the loop for long conversations (/tokenize passes bos=False: bare ids)."""
+    return await off_loop(_chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos)
 
 
 async def text_prompt(llm: LLM, prompt: Prompt) -> list[int]:
