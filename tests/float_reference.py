@@ -17,4 +17,6 @@ from rebar.engine.engine_config import EngineConfig
 def float_llm(model: str | Path, **engine: Any) -> LLM:
     """`model` loaded as the float32 reference on the CPU; `engine` overrides EngineConfig fields."""
     config = EngineConfig(**{"kv_cache_dtype": "float32", **engine})
-    return LLM(model=str(model), dtype="float32", device="cpu", dequantize=True, engine_config=config)
+    return LLM(
+        model=str(model), dtype="float32", device="cpu", dequantize=True, engine_config=config
+    )

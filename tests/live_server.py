@@ -29,7 +29,9 @@ def live_server(app, wait_ready: bool = True, timeout: float = 120.0, settings=N
     """
     port = free_port()
     if settings is None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
+        )
     else:
         from rebar.server.serve import uvicorn_config
 
@@ -61,7 +63,11 @@ def server_settings(**overrides):
     """Settings for a test server (dotted keys override): a context and KV cache sized for tests."""
     from rebar.config import load_settings
 
-    base = {"engine.max_model_len": 2048, "engine.kv_cache_memory": 256 * 2**20, "server.drain_timeout_s": 5}
+    base = {
+        "engine.max_model_len": 2048,
+        "engine.kv_cache_memory": 256 * 2**20,
+        "server.drain_timeout_s": 5,
+    }
     return load_settings(None, {**base, **overrides})
 
 
@@ -84,9 +90,16 @@ def assert_idle(app, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         stats = state.models.engine.core.stats()
-        embedding = state.embedding_queue.num_waiting_inputs if state.embedding_queue is not None else 0
-        idle = (state.admission.waiting_requests == 0 and embedding == 0 and stats.num_running == 0
-                and stats.num_waiting == 0 and stats.num_free_blocks == stats.num_blocks)
+        embedding = (
+            state.embedding_queue.num_waiting_inputs if state.embedding_queue is not None else 0
+        )
+        idle = (
+            state.admission.waiting_requests == 0
+            and embedding == 0
+            and stats.num_running == 0
+            and stats.num_waiting == 0
+            and stats.num_free_blocks == stats.num_blocks
+        )
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -60,18 +60,31 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         assert self.process is None or self.process.poll() is not None, "already running"
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self._dir.name,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
         ]
         with open(self._log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while not self.ping():
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"redis-server exited with {self.process.returncode}:\n{self.log()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"redis-server did not answer PING in {timeout_s}s:\n{self.log()}")
+                raise RuntimeError(
+                    f"redis-server did not answer PING in {timeout_s}s:\n{self.log()}"
+                )
             time.sleep(0.02)
 
     def ping(self) -> bool:
@@ -111,7 +124,9 @@ class RedisServer:
             raise RuntimeError("redis-cli not found next to redis-server")
         out = subprocess.run(
             [self.cli_binary, "-h", "127.0.0.1", "-p", str(self.port), *args],
-            capture_output=True, check=True, timeout=10,
+            capture_output=True,
+            check=True,
+            timeout=10,
         )
         return out.stdout.decode().strip()
 

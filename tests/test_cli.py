@@ -11,7 +11,11 @@ from markers import requires_gemma3, requires_minilm, requires_smollm2
 
 def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rebar.cli", *args], input=stdin, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "rebar.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -19,8 +23,15 @@ def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 def test_inspect_shows_architecture_types_tokenizer_and_template() -> None:
     result = rebar("inspect", "smollm2")
     assert result.returncode == 0, result.stderr
-    for expected in ("gguf:llama", "num_kv_heads: 3", "Q4_1 x210", "Q8_0 x1", "vocab 49152", "<|im_start|>",
-                     "general.name: Smollm2 135M"):
+    for expected in (
+        "gguf:llama",
+        "num_kv_heads: 3",
+        "Q4_1 x210",
+        "Q8_0 x1",
+        "vocab 49152",
+        "<|im_start|>",
+        "general.name: Smollm2 135M",
+    ):
         assert expected in result.stdout
 
 
@@ -29,16 +40,24 @@ def test_inspect_shows_the_family_traits() -> None:
     """Gemma 3's sliding/global layers, their two RoPE bases, its four norms per layer and GeGLU."""
     result = rebar("inspect", "gemma3")
     assert result.returncode == 0, result.stderr
-    for expected in ("gguf:gemma3", "layers: 15 sliding (window 512), 3 global: SSSSSG SSSSSG SSSSSG",
-                     "rope: base 1,000,000 (global layers), 10,000 (sliding layers)",
-                     "before attention and MLP, and on their outputs; per-head RMSNorm on queries and keys",
-                     "mlp: GeGLU", "embedding: scaled by 25.3, tied", "SentencePiece", "'<end_of_turn>'"):
+    for expected in (
+        "gguf:gemma3",
+        "layers: 15 sliding (window 512), 3 global: SSSSSG SSSSSG SSSSSG",
+        "rope: base 1,000,000 (global layers), 10,000 (sliding layers)",
+        "before attention and MLP, and on their outputs; per-head RMSNorm on queries and keys",
+        "mlp: GeGLU",
+        "embedding: scaled by 25.3, tied",
+        "SentencePiece",
+        "'<end_of_turn>'",
+    ):
         assert expected in result.stdout, expected
 
 
 @requires_smollm2
 def test_generate_streams_a_completion() -> None:
-    result = rebar("generate", "--model", "smollm2", "--max-tokens", "8", "The capital of France is")
+    result = rebar(
+        "generate", "--model", "smollm2", "--max-tokens", "8", "The capital of France is"
+    )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
@@ -46,8 +65,16 @@ def test_generate_streams_a_completion() -> None:
 @requires_smollm2
 def test_chat_keeps_the_conversation_and_exits_cleanly() -> None:
     # (SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar)
-    result = rebar("chat", "--model", "smollm2", "--max-tokens", "24", "--system", "You are a helpful AI assistant.",
-                   stdin="What is the capital of France?\n/exit\n")
+    result = rebar(
+        "chat",
+        "--model",
+        "smollm2",
+        "--max-tokens",
+        "24",
+        "--system",
+        "You are a helpful AI assistant.",
+        stdin="What is the capital of France?\n/exit\n",
+    )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
@@ -66,7 +93,11 @@ def _malformed_gguf(path: Path) -> Path:
     writer.add_uint32("llama.embedding_length", 64)
     writer.add_uint32("llama.attention.head_count", 0)
     writer.add_uint32("llama.block_count", 2)
-    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+    for write in (
+        writer.write_header_to_file,
+        writer.write_kv_data_to_file,
+        writer.write_tensors_to_file,
+    ):
         write()
     writer.close()
     return path
@@ -85,14 +116,19 @@ def test_inspect_and_generate_of_malformed_models_print_one_line(tmp_path: Path)
     the loading path `generate` and `serve` share."""
     bad = _malformed_gguf(tmp_path / "bad.gguf")
     _one_line_error(rebar("inspect", str(bad)), "'llama.attention.head_count'", "0")
-    _one_line_error(rebar("generate", "--model", str(bad), "--max-tokens", "1", "hi"), "'llama.attention.head_count'")
+    _one_line_error(
+        rebar("generate", "--model", str(bad), "--max-tokens", "1", "hi"),
+        "'llama.attention.head_count'",
+    )
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(bad.read_bytes()[:40])
     _one_line_error(rebar("inspect", str(cut)), "truncated", "metadata")
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text("[1, 2]")
-    _one_line_error(rebar("inspect", str(folder)), "config.json", "an array where an object belongs")
+    _one_line_error(
+        rebar("inspect", str(folder)), "config.json", "an array where an object belongs"
+    )
 
 
 def test_invalid_sampling_value_is_a_clean_error() -> None:
@@ -113,10 +149,25 @@ def test_profile_writes_a_chrome_trace_and_prints_top_operators(tmp_path) -> Non
     import json
 
     out = tmp_path / "trace.json"
-    result = rebar("profile", "--model", "smollm2", "--steps", "2", "--batch", "2", "--input-len", "16", "--top", "5",
-                   "--output", str(out))
+    result = rebar(
+        "profile",
+        "--model",
+        "smollm2",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--input-len",
+        "16",
+        "--top",
+        "5",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
-    assert "Self CPU" in result.stdout and "2 steps in" in result.stdout and str(out) in result.stdout
+    assert (
+        "Self CPU" in result.stdout and "2 steps in" in result.stdout and str(out) in result.stdout
+    )
     names = {event.get("name") for event in json.loads(out.read_text())["traceEvents"]}
     assert {"layers.0", "layers.29.attn", "layers.29.mlp", "embed_tokens"} <= names
 

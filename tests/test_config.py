@@ -41,11 +41,22 @@ def write(path: Path, text: str) -> Path:
 def test_defaults() -> None:
     settings = load_settings()
     assert settings == Settings()
-    assert (settings.server.host, settings.server.port, settings.server.api_keys) == ("127.0.0.1", 8000, ())
+    assert (settings.server.host, settings.server.port, settings.server.api_keys) == (
+        "127.0.0.1",
+        8000,
+        (),
+    )
     assert settings.server.max_body_bytes == 2**20 and settings.server.drain_timeout_s == 30
-    assert (settings.models.chat, settings.models.embedding, settings.models.dtype, settings.models.device) == (
-        "smollm2", "minilm", "float32", "auto")
-    assert settings.limits.max_waiting_requests == 256 and settings.limits.max_waiting_prompt_tokens == 262144
+    assert (
+        settings.models.chat,
+        settings.models.embedding,
+        settings.models.dtype,
+        settings.models.device,
+    ) == ("smollm2", "minilm", "float32", "auto")
+    assert (
+        settings.limits.max_waiting_requests == 256
+        and settings.limits.max_waiting_prompt_tokens == 262144
+    )
     assert settings.limits.request_timeout_s == 600 and settings.limits.retry_after_s == 1
     assert settings.logging.level == "info"
     assert settings.api_key_hashes() == frozenset()
@@ -57,11 +68,21 @@ def test_engine_section_mirrors_engine_config() -> None:
     engine_fields = {field.name for field in dataclasses.fields(EngineConfig)}
     assert set(EngineSettings.model_fields) == engine_fields | {"num_threads"}
     assert EngineSettings().to_engine_config() == EngineConfig()
-    custom = load_settings(overrides={"engine.max_model_len": 512, "engine.kv_cache_memory": 2**20,
-                                      "engine.attention_backend": "torch", "engine.num_threads": 2,
-                                      "engine.kv_cache_dtype": "float16"})
+    custom = load_settings(
+        overrides={
+            "engine.max_model_len": 512,
+            "engine.kv_cache_memory": 2**20,
+            "engine.attention_backend": "torch",
+            "engine.num_threads": 2,
+            "engine.kv_cache_dtype": "float16",
+        }
+    )
     config = custom.engine.to_engine_config()
-    assert (config.max_model_len, config.kv_cache_memory, config.attention_backend) == (512, 2**20, "torch")
+    assert (config.max_model_len, config.kv_cache_memory, config.attention_backend) == (
+        512,
+        2**20,
+        "torch",
+    )
     assert config.kv_cache_dtype == "float16"
 
 
@@ -76,9 +97,15 @@ def test_example_toml_shows_every_key_with_a_comment() -> None:
         if match := re.fullmatch(r"\[(\w+)\]", line.strip()):
             section = match.group(1)
         elif section and (match := re.fullmatch(r"#?\s*(\w+)\s*=.*", line.strip())):
-            assert lines[index - 1].startswith("#"), f"{section}.{match.group(1)} has no comment line"
+            assert lines[index - 1].startswith("#"), (
+                f"{section}.{match.group(1)} has no comment line"
+            )
             seen.add(f"{section}.{match.group(1)}")
-    expected = {f"{name}.{key}" for name, field in Settings.model_fields.items() for key in field.annotation.model_fields}
+    expected = {
+        f"{name}.{key}"
+        for name, field in Settings.model_fields.items()
+        for key in field.annotation.model_fields
+    }
     assert seen == expected
 
 
@@ -86,7 +113,10 @@ def test_example_toml_shows_every_key_with_a_comment() -> None:
 
 
 def test_precedence_toml_env_overrides(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
-    config = write(tmp_path / "rebar.toml", '[server]\nport = 9001\nhost = "0.0.0.0"\n[models]\nchat = "from-toml"\n')
+    config = write(
+        tmp_path / "rebar.toml",
+        '[server]\nport = 9001\nhost = "0.0.0.0"\n[models]\nchat = "from-toml"\n',
+    )
     clean_env.setenv("REBAR_SERVER__PORT", "9002")
     clean_env.setenv("REBAR_MODELS__CHAT", "from-env")
     clean_env.setenv("REBAR_LIMITS__RETRY_AFTER_S", "5")
@@ -99,7 +129,9 @@ def test_precedence_toml_env_overrides(tmp_path: Path, clean_env: pytest.MonkeyP
     assert settings.models.embedding == "minilm"  # nobody: default
 
 
-def test_toml_beats_defaults_and_env_beats_toml(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+def test_toml_beats_defaults_and_env_beats_toml(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
     config = write(tmp_path / "rebar.toml", "[server]\nport = 9001\n")
     assert load_settings(config).server.port == 9001
     clean_env.setenv("REBAR_SERVER__PORT", "9002")
@@ -126,8 +158,12 @@ def test_nested_env_vars(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
     assert settings.logging.level == "debug"
 
 
-def test_blank_or_none_unsets_optional_settings(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
-    config = write(tmp_path / "rebar.toml", '[models]\nembedding = ""\n[engine]\nmax_model_len = 1024\n')
+def test_blank_or_none_unsets_optional_settings(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    config = write(
+        tmp_path / "rebar.toml", '[models]\nembedding = ""\n[engine]\nmax_model_len = 1024\n'
+    )
     clean_env.setenv("REBAR_ENGINE__MAX_MODEL_LEN", "none")
     settings = load_settings(config)
     assert settings.models.embedding is None and settings.engine.max_model_len is None
@@ -149,7 +185,9 @@ def test_settings_are_frozen_and_ignore_the_environment(clean_env: pytest.Monkey
 
 
 @pytest.mark.parametrize("layer", ["toml", "env", "override"])
-def test_invalid_port_names_key_value_range_and_source(layer: str, tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+def test_invalid_port_names_key_value_range_and_source(
+    layer: str, tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
     config = write(tmp_path / "bad.toml", "[server]\nport = 70000\n" if layer == "toml" else "")
     if layer == "env":
         clean_env.setenv("REBAR_SERVER__PORT", "70000")
@@ -158,32 +196,44 @@ def test_invalid_port_names_key_value_range_and_source(layer: str, tmp_path: Pat
         load_settings(config, overrides)
     message = str(caught.value)
     assert "server.port" in message and "70000" in message and "1 to 65535" in message
-    assert {"toml": "bad.toml", "env": "REBAR_SERVER__PORT", "override": "overrides"}[layer] in message
+    assert {"toml": "bad.toml", "env": "REBAR_SERVER__PORT", "override": "overrides"}[
+        layer
+    ] in message
 
 
-@pytest.mark.parametrize(("key", "value", "allowed"), [
-    ("models.dtype", "int8", "'float32', 'bfloat16', 'float16'"),
-    ("logging.level", "loud", "'debug', 'info', 'warning', 'error'"),
-    ("models.device", "tpu", "cuda:N"),
-    ("server.port", "eighty", "an integer from 1 to 65535"),
-    ("server.max_body_bytes", 10, ">= 1024"),
-    ("engine.kv_cache_fraction", 1.5, "> 0.0 and <= 1.0"),
-    ("engine.max_model_len", 1, ">= 2"),
-    ("engine.kv_cache_dtype", "int8", "'auto', 'float32', 'float16', 'bfloat16'"),
-    ("limits.request_timeout_s", 0, "> 0"),
-    ("limits.max_waiting_requests", 0, ">= 1"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("models.dtype", "int8", "'float32', 'bfloat16', 'float16'"),
+        ("logging.level", "loud", "'debug', 'info', 'warning', 'error'"),
+        ("models.device", "tpu", "cuda:N"),
+        ("server.port", "eighty", "an integer from 1 to 65535"),
+        ("server.max_body_bytes", 10, ">= 1024"),
+        ("engine.kv_cache_fraction", 1.5, "> 0.0 and <= 1.0"),
+        ("engine.max_model_len", 1, ">= 2"),
+        ("engine.kv_cache_dtype", "int8", "'auto', 'float32', 'float16', 'bfloat16'"),
+        ("limits.request_timeout_s", 0, "> 0"),
+        ("limits.max_waiting_requests", 0, ">= 1"),
+    ],
+)
 def test_invalid_values_name_the_allowed_values(key: str, value: object, allowed: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(overrides={key: value})
-    assert key in str(caught.value) and repr(value) in str(caught.value) and allowed in str(caught.value)
+    assert (
+        key in str(caught.value)
+        and repr(value) in str(caught.value)
+        and allowed in str(caught.value)
+    )
 
 
-@pytest.mark.parametrize(("text", "named"), [
-    ("[server]\nprot = 9000\n", "server.prot"),
-    ("[bogus]\nx = 1\n", "bogus"),
-    ("port = 9000\n", "port"),
-])
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[server]\nprot = 9000\n", "server.prot"),
+        ("[bogus]\nx = 1\n", "bogus"),
+        ("port = 9000\n", "port"),
+    ],
+)
 def test_unknown_toml_key_is_an_error(text: str, named: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)) as caught:
         load_settings(write(tmp_path / "rebar.toml", text))
@@ -191,11 +241,13 @@ def test_unknown_toml_key_is_an_error(text: str, named: str, tmp_path: Path) -> 
 
 
 def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="did you mean 'server.port'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'server\.port'"):
         load_settings(write(tmp_path / "rebar.toml", "[server]\nprot = 9000\n"))
 
 
-@pytest.mark.parametrize("name", ["REBAR_SERVER__PROT", "REBAR_BOGUS", "REBAR_SERVER__PORT__X", "REBAR_"])
+@pytest.mark.parametrize(
+    "name", ["REBAR_SERVER__PROT", "REBAR_BOGUS", "REBAR_SERVER__PORT__X", "REBAR_"]
+)
 def test_unknown_env_var_is_an_error(name: str, clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv(name, "1")
     with pytest.raises(ConfigError, match=f"unknown setting.*{name}"):
@@ -217,7 +269,7 @@ def test_process_switches_are_not_settings(clean_env: pytest.MonkeyPatch) -> Non
 
 def test_unknown_key_inside_env_json_is_an_error(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("REBAR_SERVER", '{"prot": 1}')
-    with pytest.raises(ConfigError, match="unknown setting 'server.prot'.*REBAR_SERVER"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'server\.prot'.*REBAR_SERVER"):
         load_settings()
 
 
@@ -235,9 +287,9 @@ def test_unknown_override_is_an_error(key: str) -> None:
 
 
 def test_missing_and_unparsable_files_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="missing.toml.*not found"):
+    with pytest.raises(ConfigError, match=r"missing\.toml.*not found"):
         load_settings(tmp_path / "missing.toml")
-    with pytest.raises(ConfigError, match="broken.toml"):
+    with pytest.raises(ConfigError, match=r"broken\.toml"):
         load_settings(write(tmp_path / "broken.toml", "[server\nport = \n"))
     with pytest.raises(ConfigError, match=re.escape(str(tmp_path))):
         load_settings(tmp_path)  # a folder
@@ -257,12 +309,16 @@ def test_masked_output_never_contains_a_key(clean_env: pytest.MonkeyPatch) -> No
 
 
 def test_to_toml_round_trips(tmp_path: Path) -> None:
-    settings = load_settings(overrides={"server.port": 9005, "models.embedding": "", "server.cors_allow_origins": ["x"]})
-    assert load_settings(write(tmp_path / "shown.toml", to_toml(settings.masked_dict()))) == settings
+    settings = load_settings(
+        overrides={"server.port": 9005, "models.embedding": "", "server.cors_allow_origins": ["x"]}
+    )
+    assert (
+        load_settings(write(tmp_path / "shown.toml", to_toml(settings.masked_dict()))) == settings
+    )
 
 
 def test_invalid_key_error_does_not_echo_it() -> None:
-    with pytest.raises(ConfigError, match="server.api_keys") as caught:
+    with pytest.raises(ConfigError, match=r"server\.api_keys") as caught:
         load_settings(overrides={"server.api_keys": [SECRET + " with-space"]})
     assert SECRET not in str(caught.value)
 
@@ -272,18 +328,28 @@ def test_api_key_file_skips_blanks_and_comments_relative_to_the_toml(tmp_path: P
 
     (tmp_path / "conf").mkdir()
     write(tmp_path / "conf" / "keys.txt", "# team A\nkey-a\n\n   key-b  \n#key-c\n\t\n")
-    config = write(tmp_path / "conf" / "rebar.toml", '[server]\napi_keys = ["key-z"]\napi_key_file = "keys.txt"\n')
+    config = write(
+        tmp_path / "conf" / "rebar.toml",
+        '[server]\napi_keys = ["key-z"]\napi_key_file = "keys.txt"\n',
+    )
     settings = load_settings(config)
     assert settings.server.api_key_file == tmp_path / "conf" / "keys.txt"
-    assert settings.api_key_hashes() == frozenset(hash_key(key) for key in ("key-a", "key-b", "key-z"))
+    assert settings.api_key_hashes() == frozenset(
+        hash_key(key) for key in ("key-a", "key-b", "key-z")
+    )
 
 
-@pytest.mark.parametrize(("content", "match"), [
-    (None, "cannot read server.api_key_file"),  # missing
-    ("# only comments\n\n", "holds no keys"),
-    ("good\nbad key\n", "line 2"),
-])
-def test_bad_api_key_file_is_a_config_error(content: str | None, match: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (None, "cannot read server.api_key_file"),  # missing
+        ("# only comments\n\n", "holds no keys"),
+        ("good\nbad key\n", "line 2"),
+    ],
+)
+def test_bad_api_key_file_is_a_config_error(
+    content: str | None, match: str, tmp_path: Path
+) -> None:
     path = tmp_path / "keys.txt"
     if content is not None:
         write(path, content)
@@ -294,7 +360,7 @@ def test_bad_api_key_file_is_a_config_error(content: str | None, match: str, tmp
 
 
 def test_api_key_file_that_is_a_folder_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read server.api_key_file"):
+    with pytest.raises(ConfigError, match=r"cannot read server\.api_key_file"):
         load_settings(overrides={"server.api_key_file": str(tmp_path)}).api_key_hashes()
 
 
@@ -302,13 +368,23 @@ def test_api_key_file_that_is_a_folder_is_a_config_error(tmp_path: Path) -> None
 
 
 def rebar(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {name: value for name, value in os.environ.items() if not name.upper().startswith("REBAR_")}
-    return subprocess.run([sys.executable, "-m", "rebar.cli", *args], env={**clean, **env},
-                          capture_output=True, text=True, timeout=60)
+    clean = {
+        name: value for name, value in os.environ.items() if not name.upper().startswith("REBAR_")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "rebar.cli", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_config_show_prints_effective_settings_with_keys_masked(tmp_path: Path) -> None:
-    config = write(tmp_path / "rebar.toml", f'[server]\nport = 9001\napi_keys = ["{SECRET}"]\n[models]\nchat = "mine"\n')
+    config = write(
+        tmp_path / "rebar.toml",
+        f'[server]\nport = 9001\napi_keys = ["{SECRET}"]\n[models]\nchat = "mine"\n',
+    )
     result = rebar("config", "show", "--config", str(config), env={"REBAR_SERVER__PORT": "9123"})
     assert result.returncode == 0, result.stderr
     shown = tomllib.loads(result.stdout)
@@ -319,7 +395,9 @@ def test_config_show_prints_effective_settings_with_keys_masked(tmp_path: Path) 
 
 
 def test_config_show_json(tmp_path: Path) -> None:
-    result = rebar("config", "show", "--format", "json", env={"REBAR_SERVER__API_KEYS": json.dumps([SECRET])})
+    result = rebar(
+        "config", "show", "--format", "json", env={"REBAR_SERVER__API_KEYS": json.dumps([SECRET])}
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["server"]["api_keys"] == ["***"]
     assert SECRET not in result.stdout
@@ -328,6 +406,10 @@ def test_config_show_json(tmp_path: Path) -> None:
 def test_config_show_reports_errors_with_exit_2(tmp_path: Path) -> None:
     result = rebar("config", "show", env={"REBAR_SERVER__PORT": "0"})
     assert result.returncode == 2
-    assert result.stderr.startswith("error: ") and "server.port" in result.stderr and "1 to 65535" in result.stderr
+    assert (
+        result.stderr.startswith("error: ")
+        and "server.port" in result.stderr
+        and "1 to 65535" in result.stderr
+    )
     result = rebar("config", "show", "--config", str(tmp_path / "nope.toml"), env={})
     assert result.returncode == 2 and "nope.toml" in result.stderr

@@ -25,7 +25,13 @@ print(seen["at_torch"])
 
 def probe(**env: str) -> tuple:
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return eval(out.stdout.strip().splitlines()[-1])
 
 

@@ -17,8 +17,16 @@ VOCAB = 96
 
 def tiny_config(**overrides) -> ModelConfig:
     fields = dict(
-        architecture="llama", vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=16, intermediate_size=128, max_position_embeddings=256, norm_eps=1e-5,
+        architecture="llama",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        norm_eps=1e-5,
     )
     return ModelConfig(**{**fields, **overrides})
 
@@ -28,7 +36,11 @@ def tiny_model(config: ModelConfig, seed: int = 0) -> LlamaModel:
     model = LlamaModel(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else torch.randn_like(param) * 0.3)
+            param.copy_(
+                1.0 + 0.1 * torch.randn_like(param)
+                if "norm" in name
+                else torch.randn_like(param) * 0.3
+            )
     return model.eval().requires_grad_(False)
 
 
@@ -53,7 +65,14 @@ def make_core(tmp_path: Path, num_blocks: int = 64, seed: int = 0, **engine: obj
     kv_dtype = EngineConfig(**settings).kv_dtype(torch.float32, torch.device("cpu"))
     block_bytes = kv_bytes_per_token(config, kv_dtype) * int(settings["block_size"])
     engine_config = EngineConfig(**{"kv_cache_memory": num_blocks * block_bytes, **settings})
-    return EngineCore(tiny_model(config, seed), config, tiny_tokenizer(tmp_path / "tok"), engine_config, torch.float32, torch.device("cpu"))
+    return EngineCore(
+        tiny_model(config, seed),
+        config,
+        tiny_tokenizer(tmp_path / "tok"),
+        engine_config,
+        torch.float32,
+        torch.device("cpu"),
+    )
 
 
 def run_to_completion(core: EngineCore, max_steps: int = 10_000) -> dict[tuple[str, int], list]:

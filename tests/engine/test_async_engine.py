@@ -23,7 +23,10 @@ def engine(tmp_path):
 
 
 async def collect(engine: AsyncEngine, prompt, params, request_id=None, cache_salt=None) -> list:
-    return [output async for output in engine.generate(prompt, params, request_id, cache_salt=cache_salt)]
+    return [
+        output
+        async for output in engine.generate(prompt, params, request_id, cache_salt=cache_salt)
+    ]
 
 
 def reference_tokens(tmp_path, prompt: list[int], params: SamplingParams) -> list[int]:
@@ -60,7 +63,9 @@ def test_concurrent_requests_all_complete(engine) -> None:
 
 def test_leaving_the_stream_aborts_and_frees_blocks_within_a_second(engine) -> None:
     async def main():
-        stream = engine.generate([3, 4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True), "leaver")
+        stream = engine.generate(
+            [3, 4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True), "leaver"
+        )
         async for _ in stream:
             break
         await stream.aclose()
@@ -73,7 +78,9 @@ def test_leaving_the_stream_aborts_and_frees_blocks_within_a_second(engine) -> N
 
 def test_cancelled_task_aborts(engine) -> None:
     async def main():
-        task = asyncio.create_task(collect(engine, [3, 4], SamplingParams(max_tokens=120, ignore_eos=True)))
+        task = asyncio.create_task(
+            collect(engine, [3, 4], SamplingParams(max_tokens=120, ignore_eos=True))
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -86,7 +93,9 @@ def test_cancelled_task_aborts(engine) -> None:
 def test_explicit_abort_finishes_with_reason_abort(engine) -> None:
     async def main():
         outputs = []
-        async for output in engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True), "victim"):
+        async for output in engine.generate(
+            [3, 4], SamplingParams(max_tokens=120, ignore_eos=True), "victim"
+        ):
             outputs.append(output)
             if len(outputs) == 2:
                 engine.abort(output.request_id)
@@ -106,14 +115,25 @@ def test_invalid_request_raises_in_the_caller(engine) -> None:
 
 def test_timeout_finishes_the_request(engine) -> None:
     async def main():
-        return [o async for o in engine.generate([3, 4], SamplingParams(max_tokens=120, ignore_eos=True), timeout=0.0)]
+        return [
+            o
+            async for o in engine.generate(
+                [3, 4], SamplingParams(max_tokens=120, ignore_eos=True), timeout=0.0
+            )
+        ]
 
     outputs = asyncio.run(main())
     assert outputs[-1].finish_reason == "timeout"
 
 
 def test_n_choices_stream_until_all_finish(engine) -> None:
-    outputs = asyncio.run(collect(engine, [3, 4], SamplingParams(max_tokens=5, n=3, temperature=1.0, seed=1, ignore_eos=True)))
+    outputs = asyncio.run(
+        collect(
+            engine,
+            [3, 4],
+            SamplingParams(max_tokens=5, n=3, temperature=1.0, seed=1, ignore_eos=True),
+        )
+    )
     assert sorted(o.index for o in outputs if o.finished) == [0, 1, 2]
 
 
@@ -134,17 +154,23 @@ def test_calls_sharing_a_request_id_label_each_get_their_own_outputs(engine, tmp
     prompts = [[3, 4, 5], [9, 8, 7, 6], [20, 21]]
 
     async def main():
-        return await asyncio.gather(*(collect(engine, prompt, GREEDY, "same-label") for prompt in prompts))
+        return await asyncio.gather(
+            *(collect(engine, prompt, GREEDY, "same-label") for prompt in prompts)
+        )
 
     results = asyncio.run(main())
     for prompt, outputs in zip(prompts, results):
         assert tokens_of(outputs) == reference_tokens(tmp_path, prompt, GREEDY)
         assert outputs[-1].finish_reason == "length"
-        assert len({o.request_id for o in outputs}) == 1 and outputs[0].request_id.startswith("same-label@")
+        assert len({o.request_id for o in outputs}) == 1 and outputs[0].request_id.startswith(
+            "same-label@"
+        )
     assert len({outputs[0].request_id for outputs in results}) == len(prompts)
 
 
-def test_a_label_reused_right_after_its_stream_was_abandoned_gets_only_its_own_outputs(engine, tmp_path, monkeypatch) -> None:
+def test_a_label_reused_right_after_its_stream_was_abandoned_gets_only_its_own_outputs(
+    engine, tmp_path, monkeypatch
+) -> None:
     """The abandoned request's abort waits in the inbox while a slow step still produces its tokens."""
     real_step = engine.core.step
 

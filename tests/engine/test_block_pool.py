@@ -17,8 +17,13 @@ from rebar.engine.request import Request
 
 
 def make_request(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Request:
-    return Request(request_id, tokens, SamplingParams(max_tokens=4), max_total_tokens=len(tokens) + 4,
-                   cache_salt=cache_salt)
+    return Request(
+        request_id,
+        tokens,
+        SamplingParams(max_tokens=4),
+        max_total_tokens=len(tokens) + 4,
+        cache_salt=cache_salt,
+    )
 
 
 def test_allocate_and_free_round_trip() -> None:
@@ -71,9 +76,11 @@ def test_second_request_with_same_prefix_shares_full_blocks() -> None:
     first = make_request("a", list(range(10)))
     assert manager.allocate(first, 10)
     first.num_computed_tokens = 10
-    second = make_request("b", list(range(10)) + [99])
+    second = make_request("b", [*list(range(10)), 99])
     prefix = manager.find_cached_prefix(second)
-    assert prefix == manager.block_ids("a")[:2]  # two full blocks of 4; the partial third is not shared
+    assert (
+        prefix == manager.block_ids("a")[:2]
+    )  # two full blocks of 4; the partial third is not shared
     assert manager.allocate(second, 11 - 8, prefix)
     assert manager.block_ids("b")[:2] == prefix
     assert all(manager.pool.blocks[b].ref_count == 2 for b in prefix)
@@ -105,7 +112,7 @@ def test_free_cached_prefix_blocks_count_against_the_free_pool() -> None:
     first = make_request("a", list(range(8)))
     assert manager.allocate(first, 8)
     manager.free(first)  # both blocks free but cached
-    second = make_request("b", list(range(8)) + [50, 51, 52, 53, 54])
+    second = make_request("b", [*list(range(8)), 50, 51, 52, 53, 54])
     prefix = manager.find_cached_prefix(second)
     assert len(prefix) == 2
     # 13 tokens need 4 blocks: 2 shared + 2 new, but only 1 block is free besides the prefix.
@@ -124,9 +131,22 @@ def test_failed_step_uncaches_its_blocks() -> None:
 def test_block_hashes_are_sha256_of_a_canonical_encoding() -> None:
     first = chain_hash(None, [1, 2])
     assert first == hashlib.sha256(bytes(32) + struct.pack("<2q", 1, 2)).digest()
-    assert chain_hash(first, [3, 70000]) == hashlib.sha256(first + struct.pack("<2q", 3, 70000)).digest()
+    assert (
+        chain_hash(first, [3, 70000])
+        == hashlib.sha256(first + struct.pack("<2q", 3, 70000)).digest()
+    )
     assert chain_hash(salt_hash(None), [1, 2]) == first
-    assert len({first, chain_hash(salt_hash("a"), [1, 2]), chain_hash(salt_hash("b"), [1, 2]), chain_hash(None, [2, 1])}) == 4
+    assert (
+        len(
+            {
+                first,
+                chain_hash(salt_hash("a"), [1, 2]),
+                chain_hash(salt_hash("b"), [1, 2]),
+                chain_hash(None, [2, 1]),
+            }
+        )
+        == 4
+    )
 
 
 HASH_SCRIPT = """
@@ -138,7 +158,9 @@ print(chain_hash(chain_hash(salt_hash("tenant-\\u00e9"), range(16)), [5] * 16).h
 def test_block_hashes_do_not_depend_on_the_process_hash_seed() -> None:
     def digests(seed: str) -> str:
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        return subprocess.run([sys.executable, "-c", HASH_SCRIPT], env=env, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-c", HASH_SCRIPT], env=env, capture_output=True, text=True, check=True
+        ).stdout
 
     assert digests("1") == digests("2") != ""
 
@@ -152,5 +174,7 @@ def test_only_requests_with_the_same_salt_share_cached_blocks() -> None:
     assert len(manager.find_cached_prefix(make_request("same", tokens, "tenant-a"))) == 2
     assert len(manager.find_cached_prefix(make_request("unsalted", tokens))) == 2
     assert manager.find_cached_prefix(make_request("other", tokens, "tenant-b")) == []
-    assert manager.find_cached_prefix(make_request("empty", tokens, "")) == []  # "" is a salt, not None
+    assert (
+        manager.find_cached_prefix(make_request("empty", tokens, "")) == []
+    )  # "" is a salt, not None
     manager.check_integrity()

@@ -30,7 +30,9 @@ def alone(tmp_path, prompt: list[int], params: SamplingParams, **engine: object)
 
 def test_batched_greedy_equals_one_at_a_time(tmp_path) -> None:
     batch = prompts(8)
-    core = make_core(tmp_path, max_num_batched_tokens=24)  # forces chunked prefill alongside decodes
+    core = make_core(
+        tmp_path, max_num_batched_tokens=24
+    )  # forces chunked prefill alongside decodes
     for i, prompt in enumerate(batch):
         core.add_request(str(i), prompt, GREEDY)
     together = run_to_completion(core)
@@ -44,7 +46,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch(tmp_path) -> None:
     core = make_core(tmp_path)
     core.add_request("target", target, params)
     for i, prompt in enumerate(prompts(6, seed=9)):
-        core.add_request(f"noise{i}", prompt, SamplingParams(max_tokens=20, temperature=0.8, ignore_eos=True))
+        core.add_request(
+            f"noise{i}", prompt, SamplingParams(max_tokens=20, temperature=0.8, ignore_eos=True)
+        )
     busy = tokens_of(run_to_completion(core)[("target", 0)])
     assert busy == alone(tmp_path, target, params)
 
@@ -68,12 +72,20 @@ def test_prefix_cache_hits_need_the_same_cache_salt(tmp_path) -> None:
     core = make_core(tmp_path)
     prompt = list(range(2, 30))
     runs = {}
-    for request_id, salt in (("a1", "tenant-a"), ("b", "tenant-b"), ("none", None), ("a2", "tenant-a"), ("none2", None)):
+    for request_id, salt in (
+        ("a1", "tenant-a"),
+        ("b", "tenant-b"),
+        ("none", None),
+        ("a2", "tenant-a"),
+        ("none2", None),
+    ):
         core.add_request(request_id, prompt, GREEDY, cache_salt=salt)
         runs[request_id] = run_to_completion(core)[(request_id, 0)]
     cached = {request_id: outputs[-1].num_cached_tokens for request_id, outputs in runs.items()}
     assert cached == {"a1": 0, "b": 0, "none": 0, "a2": 24, "none2": 24}
-    assert len({tuple(tokens_of(outputs)) for outputs in runs.values()}) == 1  # a hit changes no token
+    assert (
+        len({tuple(tokens_of(outputs)) for outputs in runs.values()}) == 1
+    )  # a hit changes no token
     assert_all_blocks_idle(core)
 
 
@@ -87,7 +99,9 @@ def test_preemption_under_a_tiny_pool_still_completes_every_request_correctly(tm
     batch = prompts(10, seed=7)
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     big = make_core(tmp_path, num_blocks=256)
-    small = make_core(tmp_path, num_blocks=40, enable_prefix_caching=False)  # 160 slots for ~10 x 50 tokens
+    small = make_core(
+        tmp_path, num_blocks=40, enable_prefix_caching=False
+    )  # 160 slots for ~10 x 50 tokens
     for core in (big, small):
         for i, prompt in enumerate(batch):
             core.add_request(str(i), prompt, params)
@@ -104,7 +118,9 @@ def test_32_concurrent_requests_with_random_aborts_leave_no_blocks(tmp_path) -> 
     core = make_core(tmp_path, num_blocks=48, max_num_seqs=16)
     live = set()
     for i, prompt in enumerate(prompts(32, seed=11)):
-        core.add_request(str(i), prompt, SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0.7, seed=i))
+        core.add_request(
+            str(i), prompt, SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0.7, seed=i)
+        )
         live.add(str(i))
     finished = {}
     while core.has_unfinished_requests():
@@ -147,7 +163,12 @@ def test_n_choices_differ_and_replay_with_a_seed(tmp_path) -> None:
 
 def test_deadline_finishes_with_timeout(tmp_path) -> None:
     core = make_core(tmp_path)
-    core.add_request("slow", [3, 4, 5], SamplingParams(max_tokens=100, ignore_eos=True), deadline=time.monotonic() - 1)
+    core.add_request(
+        "slow",
+        [3, 4, 5],
+        SamplingParams(max_tokens=100, ignore_eos=True),
+        deadline=time.monotonic() - 1,
+    )
     (output,) = core.step()
     assert output.finished and output.finish_reason == "timeout"
     assert core.stats().num_free_blocks == core.stats().num_blocks
@@ -164,21 +185,31 @@ def test_a_failing_request_fails_alone(tmp_path) -> None:
 
     bad.state.detokenizer.add = explode
     out = run_to_completion(core)
-    assert out[("bad", 0)][-1].finish_reason == "error" and out[("bad", 0)][-1].error == ENGINE_FAULT
+    assert (
+        out[("bad", 0)][-1].finish_reason == "error" and out[("bad", 0)][-1].error == ENGINE_FAULT
+    )
     assert out[("good", 0)][-1].finish_reason == "length" and len(tokens_of(out[("good", 0)])) == 12
 
 
-def test_a_failing_model_step_fails_its_batch_and_the_engine_recovers(tmp_path, monkeypatch) -> None:
+def test_a_failing_model_step_fails_its_batch_and_the_engine_recovers(
+    tmp_path, monkeypatch
+) -> None:
     core = make_core(tmp_path)
     core.add_request("a", [3, 4, 5, 6, 7], GREEDY)
     real = core.runner.execute
-    monkeypatch.setattr(core.runner, "execute", lambda items: (_ for _ in ()).throw(RuntimeError("device lost")))
+    monkeypatch.setattr(
+        core.runner, "execute", lambda items: (_ for _ in ()).throw(RuntimeError("device lost"))
+    )
     (output,) = core.step()
-    assert output.finish_reason == "error" and output.error == ENGINE_FAULT  # no exception text for clients
+    assert (
+        output.finish_reason == "error" and output.error == ENGINE_FAULT
+    )  # no exception text for clients
     monkeypatch.setattr(core.runner, "execute", real)
     core.add_request("b", [3, 4, 5, 6, 7], GREEDY)
     out = run_to_completion(core)
-    assert out[("b", 0)][-1].num_cached_tokens == 0  # the failed step's blocks were not left in the prefix cache
+    assert (
+        out[("b", 0)][-1].num_cached_tokens == 0
+    )  # the failed step's blocks were not left in the prefix cache
     assert out[("b", 0)][-1].finish_reason == "length"
 
 
@@ -193,8 +224,17 @@ def rows_of(items) -> list[str]:
     return [item.request_id for item in items if item.sample]
 
 
-@pytest.mark.parametrize("extra", [{}, {"top_k": 5}, {"top_p": 0.5}, {"min_p": 0.1}, {"top_p": 1e-50},
-                                   {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 0.5}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"top_k": 5},
+        {"top_p": 0.5},
+        {"min_p": 0.1},
+        {"top_p": 1e-50},
+        {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 0.5},
+    ],
+)
 def test_a_vanishing_temperature_is_greedy_and_harms_no_one(tmp_path, extra) -> None:
     """1e-50 underflows float32: it must mean greedy, not NaN probabilities and an id past the vocabulary."""
     tiny = SamplingParams(max_tokens=12, temperature=1e-50, ignore_eos=True, **extra)
@@ -210,7 +250,9 @@ def test_a_vanishing_temperature_is_greedy_and_harms_no_one(tmp_path, extra) -> 
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
-def test_a_row_of_broken_model_logits_fails_that_request_alone(tmp_path, monkeypatch, poison) -> None:
+def test_a_row_of_broken_model_logits_fails_that_request_alone(
+    tmp_path, monkeypatch, poison
+) -> None:
     core = make_core(tmp_path)
     sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=3, ignore_eos=True)
     core.add_request("good", [6, 7, 8], GREEDY)
@@ -229,16 +271,24 @@ def test_a_row_of_broken_model_logits_fails_that_request_alone(tmp_path, monkeyp
     out = run_to_completion(core)
     bad = out[("bad", 0)]
     assert bad[-1].finish_reason == "error" and bad[-1].error == ENGINE_FAULT
-    assert tokens_of(bad) == alone(tmp_path, [3, 4, 5, 6, 7, 8, 9], GREEDY)[:2]  # no token from the broken row
+    assert (
+        tokens_of(bad) == alone(tmp_path, [3, 4, 5, 6, 7, 8, 9], GREEDY)[:2]
+    )  # no token from the broken row
     assert tokens_of(out[("good", 0)]) == alone(tmp_path, [6, 7, 8], GREEDY)
     assert tokens_of(out[("sampled", 0)]) == alone(tmp_path, [9, 8, 7], sampled)
     assert_all_blocks_idle(core)
     core.add_request("again", [3, 4, 5, 6, 7, 8, 9], GREEDY)
-    assert run_to_completion(core)[("again", 0)][-1].num_cached_tokens == 0  # its KV was not left cached
+    assert (
+        run_to_completion(core)[("again", 0)][-1].num_cached_tokens == 0
+    )  # its KV was not left cached
 
 
-def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(tmp_path, monkeypatch, caplog) -> None:
-    core = make_core(tmp_path, max_num_batched_tokens=24)  # chunked prefills share steps with decodes
+def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    core = make_core(
+        tmp_path, max_num_batched_tokens=24
+    )  # chunked prefills share steps with decodes
     batch = prompts(5, seed=21)
     for i, prompt in enumerate(batch):
         core.add_request(str(i), prompt, GREEDY)
@@ -246,7 +296,10 @@ def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
     real = core.runner.execute
 
     def execute(items):
-        if any(item.request_id == "poison" for item in items) and core.scheduler.requests["poison"].num_computed_tokens:
+        if (
+            any(item.request_id == "poison" for item in items)
+            and core.scheduler.requests["poison"].num_computed_tokens
+        ):
             raise RuntimeError("CUDA error: an illegal memory access at 0xdeadbeef")
         return real(items)
 
@@ -254,14 +307,18 @@ def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
     out = run_to_completion(core)
     poison = out[("poison", 0)][-1]
     assert poison.finish_reason == "error" and poison.error == ENGINE_FAULT
-    assert "0xdeadbeef" in caplog.text and "poison" in caplog.text  # the log keeps what the client is not told
+    assert (
+        "0xdeadbeef" in caplog.text and "poison" in caplog.text
+    )  # the log keeps what the client is not told
     for i, prompt in enumerate(batch):
         assert out[(str(i), 0)][-1].finish_reason == "length"
         assert tokens_of(out[(str(i), 0)]) == alone(tmp_path, prompt, GREEDY)
     assert_all_blocks_idle(core)
 
 
-def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(tmp_path, monkeypatch) -> None:
+def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(
+    tmp_path, monkeypatch
+) -> None:
     """Two identical prompts admitted in one step: the second's prefix hit reads blocks the first fills."""
     core = make_core(tmp_path)
     prompt = list(range(3, 23))
@@ -281,7 +338,11 @@ def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(tmp_pa
     out = run_to_completion(core)
     assert out[("writer", 0)][-1].finish_reason == "error"
     (reader,) = out[("reader", 0)]
-    assert reader.finish_reason == "error" and reader.num_cached_tokens > 0 and not reader.new_token_ids
+    assert (
+        reader.finish_reason == "error"
+        and reader.num_cached_tokens > 0
+        and not reader.new_token_ids
+    )
     assert ("reader",) not in calls  # never run over K/V that was not written
     assert tokens_of(out[("bystander", 0)]) == alone(tmp_path, [5, 6, 7], GREEDY)
     assert_all_blocks_idle(core)
@@ -290,15 +351,27 @@ def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(tmp_pa
 def test_stop_token_and_eos(tmp_path) -> None:
     reference = alone(tmp_path, [3, 4, 5], GREEDY)
     core = make_core(tmp_path)
-    core.add_request("s", [3, 4, 5], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[reference[3]], ignore_eos=True))
+    core.add_request(
+        "s",
+        [3, 4, 5],
+        SamplingParams(
+            max_tokens=12, temperature=0, stop_token_ids=[reference[3]], ignore_eos=True
+        ),
+    )
     out = run_to_completion(core)[("s", 0)]
-    assert tokens_of(out)[-1] == reference[3] and out[-1].finish_reason == "stop" and out[-1].stop_reason == reference[3]
+    assert (
+        tokens_of(out)[-1] == reference[3]
+        and out[-1].finish_reason == "stop"
+        and out[-1].stop_reason == reference[3]
+    )
 
 
 def test_logprobs_match_log_softmax_of_the_model(tmp_path) -> None:
     core = make_core(tmp_path)
     prompt = [3, 4, 5, 6]
-    core.add_request("lp", prompt, SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True))
+    core.add_request(
+        "lp", prompt, SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True)
+    )
     out = run_to_completion(core)[("lp", 0)]
     tokens = tokens_of(out)
     logprobs = [lp for o in out for lp in o.logprobs]
@@ -340,9 +413,15 @@ def test_kv_pool_smaller_than_one_sequence_is_a_config_error(tmp_path) -> None:
 
 def test_penalties_see_the_token_history(tmp_path) -> None:
     """The core hands histories to the sampler when (and only when) a penalty needs them."""
-    plain = alone(tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    plain = alone(
+        tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    )
     assert len(set(plain)) < len(plain), "the test needs a greedy run that repeats itself"
-    penalised = alone(tmp_path, [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, presence_penalty=2.0))
+    penalised = alone(
+        tmp_path,
+        [3, 4, 5],
+        SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, presence_penalty=2.0),
+    )
     assert penalised != plain
     assert len(set(penalised)) > len(set(plain))
 
@@ -354,7 +433,10 @@ def test_auto_kv_cache_is_float16_for_a_float32_model_on_the_cpu(tmp_path) -> No
     assert auto.kv_dtype(torch.float32, torch.device("cpu")) == torch.float16
     assert auto.kv_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
     assert auto.kv_dtype(torch.float32, torch.device("cuda")) == torch.float32
-    assert EngineConfig(kv_cache_dtype="float32").kv_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert (
+        EngineConfig(kv_cache_dtype="float32").kv_dtype(torch.float32, torch.device("cpu"))
+        == torch.float32
+    )
     assert make_core(tmp_path).runner.kv_cache.keys[0].dtype == torch.float16
 
 
@@ -364,12 +446,19 @@ def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, bac
     read the half-precision K/V back: a batch decodes as each prompt alone does, and the logits stay
     within float16 rounding of the float32 cache's (a random tiny model's near-ties may still pick
     other greedy tokens, so those are not compared across dtypes)."""
-    batch = prompts(6, seed=3) + [prompts(1, seed=3)[0]]  # the repeat hits the prefix cache
-    budget = 64 * 4 * kv_bytes_per_token(tiny_config(), torch.float32)  # 64 float32 blocks of 4 tokens
+    batch = [*prompts(6, seed=3), prompts(1, seed=3)[0]]  # the repeat hits the prefix cache
+    budget = (
+        64 * 4 * kv_bytes_per_token(tiny_config(), torch.float32)
+    )  # 64 float32 blocks of 4 tokens
     outputs = {}
     for dtype in ("float32", "float16"):
-        core = make_core(tmp_path, max_num_batched_tokens=24, attention_backend=backend, kv_cache_dtype=dtype,
-                         kv_cache_memory=budget)
+        core = make_core(
+            tmp_path,
+            max_num_batched_tokens=24,
+            attention_backend=backend,
+            kv_cache_dtype=dtype,
+            kv_cache_memory=budget,
+        )
         outputs[dtype] = core
         for i, prompt in enumerate(batch):
             core.add_request(str(i), prompt, GREEDY)

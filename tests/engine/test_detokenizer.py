@@ -19,7 +19,9 @@ TEXTS = [
 ]
 
 
-def stream(tokenizer, ids: list[int], stop: tuple[str, ...] = ()) -> tuple[list[str], IncrementalDetokenizer]:
+def stream(
+    tokenizer, ids: list[int], stop: tuple[str, ...] = ()
+) -> tuple[list[str], IncrementalDetokenizer]:
     detok = IncrementalDetokenizer(tokenizer, stop)
     deltas = []
     for token in ids:
@@ -31,7 +33,9 @@ def stream(tokenizer, ids: list[int], stop: tuple[str, ...] = ()) -> tuple[list[
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_streamed_text_equals_full_decode_and_never_splits_characters(smollm2_tokenizer, text: str) -> None:
+def test_streamed_text_equals_full_decode_and_never_splits_characters(
+    smollm2_tokenizer, text: str
+) -> None:
     ids = smollm2_tokenizer.encode(text)
     deltas, _ = stream(smollm2_tokenizer, ids)
     assert "".join(deltas) == smollm2_tokenizer.decode(ids) == text
@@ -40,7 +44,9 @@ def test_streamed_text_equals_full_decode_and_never_splits_characters(smollm2_to
 
 def test_multibyte_tokens_are_held_until_complete(smollm2_tokenizer) -> None:
     ids = smollm2_tokenizer.encode("🎉")
-    assert len(ids) > 1, "the emoji must span several byte-level tokens for this test to mean anything"
+    assert len(ids) > 1, (
+        "the emoji must span several byte-level tokens for this test to mean anything"
+    )
     deltas, _ = stream(smollm2_tokenizer, ids)
     assert deltas[:-2] == [""] * (len(ids) - 1)
     assert "".join(deltas) == "🎉"
@@ -52,7 +58,9 @@ def test_stop_string_is_cut_and_its_prefix_never_leaks(smollm2_tokenizer) -> Non
     deltas, detok = stream(smollm2_tokenizer, ids, stop=("\nUser:",))
     assert "".join(deltas) == "The answer is 42."
     assert detok.stop_string == "\nUser:"
-    assert not any(d.endswith("\n") for d in deltas[:-1]), "the stop string's beginning leaked early"
+    assert not any(d.endswith("\n") for d in deltas[:-1]), (
+        "the stop string's beginning leaked early"
+    )
 
 
 def test_held_back_prefix_is_released_when_it_does_not_complete(smollm2_tokenizer) -> None:
@@ -63,7 +71,9 @@ def test_held_back_prefix_is_released_when_it_does_not_complete(smollm2_tokenize
 
 
 def test_earliest_of_several_stop_strings_wins(smollm2_tokenizer) -> None:
-    deltas, detok = stream(smollm2_tokenizer, smollm2_tokenizer.encode("one two three four"), stop=("four", "two"))
+    deltas, detok = stream(
+        smollm2_tokenizer, smollm2_tokenizer.encode("one two three four"), stop=("four", "two")
+    )
     assert "".join(deltas) == "one "
     assert detok.stop_string == "two"
 
@@ -89,7 +99,9 @@ class PieceTokenizer:
 
 def naive_partial_stop_length(text: str, stops: list[str]) -> int:
     """The definition: the longest suffix of `text` that is a proper prefix of a stop string."""
-    return max((n for stop in stops for n in range(len(stop)) if text.endswith(stop[:n])), default=0)
+    return max(
+        (n for stop in stops for n in range(len(stop)) if text.endswith(stop[:n])), default=0
+    )
 
 
 def reference_stream(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
@@ -105,15 +117,20 @@ def reference_stream(pieces: list[str], stops: list[str]) -> tuple[list[str], st
         end = len(text) - naive_partial_stop_length(text, stops)
         deltas.append(text[emitted:end])
         emitted = end
-    return deltas + [text[emitted:]], None
+    return [*deltas, text[emitted:]], None
 
 
 small_stops = st.lists(st.text(alphabet="ab", min_size=1, max_size=6), min_size=1, max_size=3)
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=st.text(alphabet="abc", max_size=16), stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), max_size=3))
-def test_partial_stop_length_is_the_longest_suffix_that_is_a_proper_prefix(text: str, stops: list[str]) -> None:
+@given(
+    text=st.text(alphabet="abc", max_size=16),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), max_size=3),
+)
+def test_partial_stop_length_is_the_longest_suffix_that_is_a_proper_prefix(
+    text: str, stops: list[str]
+) -> None:
     assert _partial_stop_length(text, stops) == naive_partial_stop_length(text, stops)
 
 
@@ -159,15 +176,23 @@ def count_detokenizer_lines(work, limit: int) -> int:
 def test_long_stop_strings_cost_time_in_the_new_text_not_in_their_length() -> None:
     """16 stops of 60,000 characters over 1,000 tokens: the stop work per token follows the new
     characters (a few lines per character and stop), so it cannot stall the engine thread."""
-    pieces = [" w" + str(i % 97) for i in range(1000)]  # about 4 characters a token, never a stop prefix
-    stops = [f"{i:02d}" + "x" * 59_998 for i in range(16)] + ["w1 w2 w3 w4x"]  # and one that almost matches
-    detok = IncrementalDetokenizer(PieceTokenizer(pieces), stops)  # building the automata is not counted
+    pieces = [
+        " w" + str(i % 97) for i in range(1000)
+    ]  # about 4 characters a token, never a stop prefix
+    stops = [f"{i:02d}" + "x" * 59_998 for i in range(16)] + [
+        "w1 w2 w3 w4x"
+    ]  # and one that almost matches
+    detok = IncrementalDetokenizer(
+        PieceTokenizer(pieces), stops
+    )  # building the automata is not counted
     num_chars = sum(map(len, pieces))
 
     def stream_all() -> None:
         for token_id in range(len(pieces)):
             detok.add(token_id)
 
-    lines = count_detokenizer_lines(stream_all, limit=10 * num_chars * len(stops) + 60 * len(pieces))
+    lines = count_detokenizer_lines(
+        stream_all, limit=10 * num_chars * len(stops) + 60 * len(pieces)
+    )
     assert not detok.stopped and detok.num_released_chars == num_chars
     assert lines > num_chars * len(stops)  # the count does see the per-character work

@@ -13,8 +13,10 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
 def test_chat_answers_a_simple_question(smollm2) -> None:
     # with SmolLM2's default system prompt this 135M model rambles, in llama.cpp exactly as in rebar
-    messages = [{"role": "system", "content": "You are a helpful AI assistant."},
-                {"role": "user", "content": "What is the capital of France?"}]
+    messages = [
+        {"role": "system", "content": "You are a helpful AI assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     out = smollm2.chat(messages, SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in out.text
     assert out.finish_reason == "stop"
@@ -23,7 +25,9 @@ def test_chat_answers_a_simple_question(smollm2) -> None:
 
 
 def test_max_tokens_finishes_with_length(smollm2) -> None:
-    out = smollm2.generate("Once upon a time", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
+    out = smollm2.generate(
+        "Once upon a time", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )[0]
     assert out.finish_reason == "length"
     assert len(out.token_ids) == 5
     assert out.text == smollm2.detokenize(out.token_ids)
@@ -31,7 +35,9 @@ def test_max_tokens_finishes_with_length(smollm2) -> None:
 
 def test_greedy_continuation_matches_teacher_forced_argmax(smollm2) -> None:
     prompt = smollm2.tokenize("The first three planets from the sun are")
-    out = smollm2.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    out = smollm2.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[
+        0
+    ]
     logits = smollm2.logits(prompt + out.token_ids[:-1])
     expected = logits[len(prompt) - 1 :].argmax(-1).tolist()
     assert out.token_ids == expected
@@ -40,15 +46,21 @@ def test_greedy_continuation_matches_teacher_forced_argmax(smollm2) -> None:
 def test_stop_string_cuts_text_and_reports_it(smollm2) -> None:
     base = smollm2.generate("1, 2, 3, 4,", SamplingParams(max_tokens=12, temperature=0))[0].text
     assert " 7" in base, f"the test needs the model to count on; got {base!r}"
-    out = smollm2.generate("1, 2, 3, 4,", SamplingParams(max_tokens=12, temperature=0, stop=[" 7"]))[0]
+    out = smollm2.generate(
+        "1, 2, 3, 4,", SamplingParams(max_tokens=12, temperature=0, stop=[" 7"])
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == " 7"
     assert out.text == base[: base.index(" 7")]
 
 
 def test_stop_token_id_finishes(smollm2) -> None:
-    base = smollm2.generate("1, 2, 3, 4,", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    base = smollm2.generate(
+        "1, 2, 3, 4,", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    )[0]
     stop_id = base.token_ids[2]
-    out = smollm2.generate("1, 2, 3, 4,", SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[stop_id]))[0]
+    out = smollm2.generate(
+        "1, 2, 3, 4,", SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[stop_id])
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
     assert out.token_ids == base.token_ids[: base.token_ids.index(stop_id) + 1]
 
@@ -72,7 +84,9 @@ def test_batched_prompts_match_running_alone(smollm2) -> None:
 def test_logits_shape_and_dtype(smollm2) -> None:
     ids = smollm2.tokenize("Hello there")
     logits = smollm2.logits(ids)
-    assert logits.shape == (len(ids), smollm2.tokenizer.vocab_size) and logits.dtype == torch.float32
+    assert (
+        logits.shape == (len(ids), smollm2.tokenizer.vocab_size) and logits.dtype == torch.float32
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,7 +94,10 @@ def test_logits_shape_and_dtype(smollm2) -> None:
     [
         (lambda llm: llm.generate("", GREEDY), "prompt"),
         (lambda llm: llm.generate([[1, 2, 10**9]], GREEDY), "prompt"),
-        (lambda llm: llm.generate("hi", SamplingParams(max_tokens=llm.max_model_len)), "max_tokens"),
+        (
+            lambda llm: llm.generate("hi", SamplingParams(max_tokens=llm.max_model_len)),
+            "max_tokens",
+        ),
         (lambda llm: llm.generate([[1] * llm.max_model_len], GREEDY), "prompt"),
         (lambda llm: llm.logits([]), "prompt"),
         (lambda llm: llm.logits([-1]), "prompt"),

@@ -21,7 +21,9 @@ from rebar.engine.sampler import (
 LOGITS = torch.log(torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]))
 
 
-def draw_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def draw_one(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
     """One draw from a single row through the engine's batched sampler."""
     return sample_batch(logits[None], [SampleRequest(params, generator, [], [])])[0].token_id
 
@@ -88,9 +90,14 @@ def test_filtered_tokens_are_never_sampled() -> None:
 
 
 def request(
-    params: SamplingParams, prompt: tuple[int, ...] = (), output: tuple[int, ...] = (), seeded: bool = True
+    params: SamplingParams,
+    prompt: tuple[int, ...] = (),
+    output: tuple[int, ...] = (),
+    seeded: bool = True,
 ) -> SampleRequest:
-    return SampleRequest(params, make_generator(params) if seeded else None, list(prompt), list(output))
+    return SampleRequest(
+        params, make_generator(params) if seeded else None, list(prompt), list(output)
+    )
 
 
 def processed(values: list[float], params: SamplingParams, prompt=(), output=()) -> list[float]:
@@ -112,7 +119,11 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() ->
 
 
 def test_repetition_penalty_below_one_rewards_seen_tokens() -> None:
-    assert processed([2.0, -1.0, 1.0], SamplingParams(repetition_penalty=0.5), prompt=(0, 1)) == [4.0, -0.5, 1.0]
+    assert processed([2.0, -1.0, 1.0], SamplingParams(repetition_penalty=0.5), prompt=(0, 1)) == [
+        4.0,
+        -0.5,
+        1.0,
+    ]
 
 
 def test_repetition_penalty_changes_the_greedy_choice_exactly_at_the_hand_computed_value() -> None:
@@ -125,18 +136,32 @@ def test_repetition_penalty_changes_the_greedy_choice_exactly_at_the_hand_comput
 
 
 def test_presence_penalty_counts_a_token_once() -> None:
-    got = processed([1.0, 1.0, 1.0, 1.0], SamplingParams(presence_penalty=0.5), prompt=(3, 3), output=(0, 0, 0, 1))
+    got = processed(
+        [1.0, 1.0, 1.0, 1.0],
+        SamplingParams(presence_penalty=0.5),
+        prompt=(3, 3),
+        output=(0, 0, 0, 1),
+    )
     assert got == [0.5, 0.5, 1.0, 1.0]  # the prompt-only token 3 is not penalised
 
 
 def test_frequency_penalty_scales_with_the_count() -> None:
-    got = processed([1.0, 1.0, 1.0, 1.0], SamplingParams(frequency_penalty=0.25), prompt=(3, 3), output=(0, 0, 0, 1))
+    got = processed(
+        [1.0, 1.0, 1.0, 1.0],
+        SamplingParams(frequency_penalty=0.25),
+        prompt=(3, 3),
+        output=(0, 0, 0, 1),
+    )
     assert got == [0.25, 0.75, 1.0, 1.0]
 
 
 def test_presence_and_frequency_add_up_and_may_be_negative() -> None:
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.25)
-    assert processed([1.0, 1.0, 1.0], params, output=(0, 0, 1)) == [1.0, 0.75, 1.0]  # 1 - 0.5 + 0.5; 1 - 0.5 + 0.25
+    assert processed([1.0, 1.0, 1.0], params, output=(0, 0, 1)) == [
+        1.0,
+        0.75,
+        1.0,
+    ]  # 1 - 0.5 + 0.5; 1 - 0.5 + 0.25
 
 
 def test_repetition_comes_before_presence_and_frequency() -> None:
@@ -164,7 +189,9 @@ def test_logit_bias_forces_and_bans_tokens() -> None:
 
 def test_process_logits_leaves_the_input_alone() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0]])
-    reqs = [request(SamplingParams(temperature=0, logit_bias={0: 5}, presence_penalty=1.0), output=(2,))]
+    reqs = [
+        request(SamplingParams(temperature=0, logit_bias={0: 5}, presence_penalty=1.0), output=(2,))
+    ]
     assert process_logits(logits, reqs).tolist() == [[6.0, 2.0, 2.0]]
     assert sample_batch(logits, reqs)[0].token_id == 0
     assert logits.tolist() == [[1.0, 2.0, 3.0]]
@@ -174,7 +201,12 @@ def test_logprobs_come_from_the_raw_logits_sorted_and_of_the_requested_length() 
     torch.manual_seed(0)
     logits = torch.randn(1, 50)
     params = SamplingParams(
-        temperature=0.5, seed=4, logprobs=5, logit_bias={7: 3.0}, presence_penalty=1.0, repetition_penalty=1.5
+        temperature=0.5,
+        seed=4,
+        logprobs=5,
+        logit_bias={7: 3.0},
+        presence_penalty=1.0,
+        repetition_penalty=1.5,
     )
     result = sample_batch(logits, [request(params, prompt=(1, 2), output=(3, 7))])[0]
     reference = torch.log_softmax(logits[0], -1)
@@ -213,9 +245,13 @@ def test_each_row_gets_its_own_number_of_alternatives() -> None:
     reqs = [request(SamplingParams(temperature=0, logprobs=k)) for k in (2, None, 5)]
     results = sample_batch(logits, reqs)
     assert results[0].logprobs is not None and results[2].logprobs is not None
-    assert [t for t, _ in results[0].logprobs.top] == torch.argsort(logits[0], descending=True)[:2].tolist()
+    assert [t for t, _ in results[0].logprobs.top] == torch.argsort(logits[0], descending=True)[
+        :2
+    ].tolist()
     assert results[1].logprobs is None
-    assert [t for t, _ in results[2].logprobs.top] == torch.argsort(logits[2], descending=True)[:5].tolist()
+    assert [t for t, _ in results[2].logprobs.top] == torch.argsort(logits[2], descending=True)[
+        :5
+    ].tolist()
 
 
 def test_plain_greedy_batch_takes_each_rows_argmax() -> None:
@@ -239,15 +275,17 @@ def _neighbours(vocab_size: int) -> list[tuple[SamplingParams, torch.Tensor]]:
     return [(p, torch.randn(vocab_size, generator=g) * 3) for p in params]
 
 
-def _draw_sequence(row_logits: torch.Tensor, params: SamplingParams, neighbours, position: int) -> list[int]:
+def _draw_sequence(
+    row_logits: torch.Tensor, params: SamplingParams, neighbours, position: int
+) -> list[int]:
     """50 tokens for one row, fed back as its output history, optionally among neighbour rows."""
     target = request(params, prompt=(1, 2, 3))
     others = [request(p, prompt=(4,)) for p, _ in neighbours]
     tokens = []
     for _ in range(50):
-        reqs = others[:position] + [target] + others[position:]
-        rows = [l for _, l in neighbours]
-        logits = torch.stack(rows[:position] + [row_logits] + rows[position:])
+        reqs = [*others[:position], target, *others[position:]]
+        rows = [row for _, row in neighbours]
+        logits = torch.stack([*rows[:position], row_logits, *rows[position:]])
         results = sample_batch(logits, reqs)
         token = results[position].token_id
         tokens.append(token)
@@ -264,11 +302,21 @@ def _draw_sequence(row_logits: torch.Tensor, params: SamplingParams, neighbours,
     [
         SamplingParams(temperature=0.8, seed=1234),
         SamplingParams(temperature=0.8, seed=1234, top_k=20, top_p=0.9, min_p=0.02),
-        SamplingParams(temperature=1.5, seed=9, top_p=0.9),  # in 4096 tokens: wider than the candidates
-        SamplingParams(temperature=1.1, seed=77, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={0: 1.0}),
+        SamplingParams(
+            temperature=1.5, seed=9, top_p=0.9
+        ),  # in 4096 tokens: wider than the candidates
+        SamplingParams(
+            temperature=1.1,
+            seed=77,
+            repetition_penalty=1.3,
+            presence_penalty=0.5,
+            logit_bias={0: 1.0},
+        ),
     ],
 )
-def test_a_seeded_row_draws_the_same_tokens_alone_or_in_a_batch(params: SamplingParams, vocab_size: int) -> None:
+def test_a_seeded_row_draws_the_same_tokens_alone_or_in_a_batch(
+    params: SamplingParams, vocab_size: int
+) -> None:
     row_logits = torch.randn(vocab_size, generator=torch.Generator().manual_seed(3))
     alone = _draw_sequence(row_logits, params, [], 0)
     in_batch = _draw_sequence(row_logits, params, _neighbours(vocab_size), 5)
@@ -282,7 +330,7 @@ def test_greedy_rows_are_unaffected_by_their_neighbours() -> None:
     penalised_params = SamplingParams(temperature=0, frequency_penalty=2.0)
     for position in (0, 3, 7):
         neighbours = _neighbours(vocab_size)
-        logits = [l for _, l in neighbours]
+        logits = [row for _, row in neighbours]
         reqs = [request(p) for p, _ in neighbours]
         logits.insert(position, plain)
         reqs.insert(position, request(SamplingParams(temperature=0)))
@@ -313,7 +361,9 @@ def test_batched_sampling_follows_the_distribution() -> None:
         (SamplingParams(seed=5), {0, 1, 2, 3, 4}),
     ],
 )
-def test_batched_filters_keep_exactly_the_hand_computed_set(params: SamplingParams, expected: set[int]) -> None:
+def test_batched_filters_keep_exactly_the_hand_computed_set(
+    params: SamplingParams, expected: set[int]
+) -> None:
     row = request(params)
     assert {sample_batch(LOGITS.unsqueeze(0), [row])[0].token_id for _ in range(1500)} == expected
 
@@ -386,7 +436,9 @@ def test_bad_shapes_and_history_ids_are_rejected() -> None:
     with pytest.raises(ValueError):
         sample_batch(torch.zeros(4), [request(SamplingParams())])
     with pytest.raises(ValueError):
-        sample_batch(torch.zeros(1, 4), [request(SamplingParams(presence_penalty=1.0), output=(4,))])
+        sample_batch(
+            torch.zeros(1, 4), [request(SamplingParams(presence_penalty=1.0), output=(4,))]
+        )
 
 
 # --- extreme settings and broken logits -------------------------------------------------------
@@ -405,8 +457,17 @@ def extreme_params() -> list[SamplingParams]:
         (None, {7: 100.0, 8: -100.0}),  # logit_bias
     )
     return [
-        SamplingParams(temperature=t, top_p=p, top_k=k, min_p=m, repetition_penalty=r, presence_penalty=pr,
-                       frequency_penalty=f, logit_bias=bias, seed=i)
+        SamplingParams(
+            temperature=t,
+            top_p=p,
+            top_k=k,
+            min_p=m,
+            repetition_penalty=r,
+            presence_penalty=pr,
+            frequency_penalty=f,
+            logit_bias=bias,
+            seed=i,
+        )
         for i, (t, p, k, m, (r, pr, f), bias) in enumerate(combos)
     ]
 
@@ -421,8 +482,20 @@ def test_no_valid_setting_can_produce_an_invalid_token() -> None:
 
 
 @pytest.mark.parametrize(
-    "extra", [{}, {"top_k": 5}, {"top_p": 0.5}, {"top_p": 1e-50}, {"min_p": 0.2},
-              {"repetition_penalty": 1.5, "presence_penalty": 2.0, "frequency_penalty": -1.0, "logit_bias": {3: 2.0}}]
+    "extra",
+    [
+        {},
+        {"top_k": 5},
+        {"top_p": 0.5},
+        {"top_p": 1e-50},
+        {"min_p": 0.2},
+        {
+            "repetition_penalty": 1.5,
+            "presence_penalty": 2.0,
+            "frequency_penalty": -1.0,
+            "logit_bias": {3: 2.0},
+        },
+    ],
 )
 def test_a_vanishing_temperature_picks_the_greedy_token(extra: dict) -> None:
     torch.manual_seed(1)
@@ -439,7 +512,9 @@ def test_a_top_p_that_rounds_to_zero_keeps_the_best_token() -> None:
         generator = make_generator(params)
         assert {draw_one(LOGITS, params, generator) for _ in range(50)} == {0}
     big = torch.randn(VOCAB)
-    assert draw_one(big, SamplingParams(temperature=1.0, top_p=1e-50, seed=5), None) == int(big.argmax())
+    assert draw_one(big, SamplingParams(temperature=1.0, top_p=1e-50, seed=5), None) == int(
+        big.argmax()
+    )
 
 
 NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW = 1, 3, 5
@@ -487,6 +562,9 @@ def test_every_broken_row_fails_and_no_healthy_one_does() -> None:
 def test_penalties_that_overflow_the_logits_fail_that_row_alone() -> None:
     """Defence in depth: SamplingParams bounds the penalty, but a huge logit can still overflow it."""
     logits = torch.tensor([[3e38, 1.0, 0.0], [0.0, 1.0, 0.0]])
-    rows = [request(SamplingParams(temperature=0, repetition_penalty=0.01), prompt=(0,)), request(SamplingParams(temperature=0))]
+    rows = [
+        request(SamplingParams(temperature=0, repetition_penalty=0.01), prompt=(0,)),
+        request(SamplingParams(temperature=0)),
+    ]
     tokens = sample_batch(logits, rows)
     assert tokens[0] is None and tokens[1] is not None and tokens[1].token_id == 1

@@ -10,13 +10,24 @@ from rebar.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 BLOCK = 4
 
 
-def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 8, max_tokens: int = 64, prefix: bool = True) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs, max_tokens), KVCacheManager(num_blocks, BLOCK, prefix))
+def make_scheduler(
+    num_blocks: int = 64, max_num_seqs: int = 8, max_tokens: int = 64, prefix: bool = True
+) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(max_num_seqs, max_tokens), KVCacheManager(num_blocks, BLOCK, prefix)
+    )
 
 
-def make_request(request_id: str, num_prompt: int, max_new: int = 8, first_token: int = 0) -> Request:
+def make_request(
+    request_id: str, num_prompt: int, max_new: int = 8, first_token: int = 0
+) -> Request:
     prompt = list(range(first_token, first_token + num_prompt))
-    return Request(request_id, prompt, SamplingParams(max_tokens=max_new), max_total_tokens=num_prompt + max_new)
+    return Request(
+        request_id,
+        prompt,
+        SamplingParams(max_tokens=max_new),
+        max_total_tokens=num_prompt + max_new,
+    )
 
 
 def run_step(scheduler: Scheduler, next_token: int = 7) -> SchedulerOutput:
@@ -34,9 +45,13 @@ def test_prefill_then_decode_one_token_at_a_time() -> None:
     scheduler = make_scheduler()
     scheduler.add_request(make_request("a", 10))
     first = run_step(scheduler)
-    assert [(s.request_id, len(s.token_ids), s.start_position, s.sample) for s in first.scheduled] == [("a", 10, 0, True)]
+    assert [
+        (s.request_id, len(s.token_ids), s.start_position, s.sample) for s in first.scheduled
+    ] == [("a", 10, 0, True)]
     second = run_step(scheduler)
-    assert [(len(s.token_ids), s.start_position, s.sample) for s in second.scheduled] == [(1, 10, True)]
+    assert [(len(s.token_ids), s.start_position, s.sample) for s in second.scheduled] == [
+        (1, 10, True)
+    ]
     assert second.scheduled[0].token_ids == (7,)
 
 
@@ -56,7 +71,11 @@ def test_running_requests_go_first_and_waiting_ones_fill_the_budget_in_order() -
     scheduler.add_request(make_request("b", 8, first_token=100))
     scheduler.add_request(make_request("c", 8, first_token=200))
     plan = run_step(scheduler)
-    assert [(s.request_id, len(s.token_ids)) for s in plan.scheduled] == [("a", 1), ("b", 8), ("c", 3)]
+    assert [(s.request_id, len(s.token_ids)) for s in plan.scheduled] == [
+        ("a", 1),
+        ("b", 8),
+        ("c", 3),
+    ]
 
 
 def test_max_num_seqs_limits_admission() -> None:
@@ -79,11 +98,17 @@ def test_block_shortage_preempts_the_newest_and_it_recomputes_later() -> None:
     assert plan.preempted == ("new",)
     assert [s.request_id for s in plan.scheduled] == ["old"]
     new = scheduler.requests["new"]
-    assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and new.num_preemptions == 1
+    assert (
+        new.status == RequestStatus.PREEMPTED
+        and new.num_computed_tokens == 0
+        and new.num_preemptions == 1
+    )
     scheduler.finish_request("old", RequestStatus.FINISHED_STOPPED)
     plan = run_step(scheduler)
     assert plan.scheduled[0].request_id == "new"
-    assert plan.scheduled[0].start_position == 0 and len(plan.scheduled[0].token_ids) == 9  # prompt + 2 outputs
+    assert (
+        plan.scheduled[0].start_position == 0 and len(plan.scheduled[0].token_ids) == 9
+    )  # prompt + 2 outputs
     assert plan.scheduled[0].sample
 
 
@@ -105,7 +130,9 @@ def test_prefix_hit_skips_cached_blocks() -> None:
     scheduler.add_request(make_request("b", 10))
     plan = run_step(scheduler)
     b = next(s for s in plan.scheduled if s.request_id == "b")
-    assert b.start_position == 8 and len(b.token_ids) == 2  # two full blocks of 4 came from the cache
+    assert (
+        b.start_position == 8 and len(b.token_ids) == 2
+    )  # two full blocks of 4 came from the cache
     assert scheduler.requests["b"].num_cached_tokens == 8
 
 
@@ -114,9 +141,14 @@ def test_abort_of_waiting_and_running_requests_frees_everything() -> None:
     scheduler.add_request(make_request("run", 6))
     scheduler.add_request(make_request("wait", 6))
     run_step(scheduler)
-    assert scheduler.finish_request("wait", RequestStatus.FINISHED_ABORTED).status == RequestStatus.FINISHED_ABORTED
+    assert (
+        scheduler.finish_request("wait", RequestStatus.FINISHED_ABORTED).status
+        == RequestStatus.FINISHED_ABORTED
+    )
     scheduler.finish_request("run", RequestStatus.FINISHED_ABORTED)
-    assert scheduler.finish_request("run", RequestStatus.FINISHED_ABORTED) is None  # unknown now: ignored
+    assert (
+        scheduler.finish_request("run", RequestStatus.FINISHED_ABORTED) is None
+    )  # unknown now: ignored
     assert scheduler.num_unfinished == 0
     scheduler.check_integrity()
     assert scheduler.kv.pool.num_free_blocks == scheduler.kv.pool.num_blocks

@@ -55,8 +55,12 @@ def advance(scheduler: Scheduler, token: int) -> None:
     budget=st.integers(1, 40),
     prefix=st.booleans(),
 )
-def test_random_traffic_keeps_invariants_and_returns_every_block(actions, num_blocks, max_num_seqs, budget, prefix) -> None:
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget), KVCacheManager(num_blocks, BLOCK, prefix))
+def test_random_traffic_keeps_invariants_and_returns_every_block(
+    actions, num_blocks, max_num_seqs, budget, prefix
+) -> None:
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs, budget), KVCacheManager(num_blocks, BLOCK, prefix)
+    )
     added: list[str] = []
     for action in actions:
         kind = action[0]
@@ -65,12 +69,20 @@ def test_random_traffic_keeps_invariants_and_returns_every_block(actions, num_bl
             # Admission guarantees one request fits the pool on its own.
             max_new = min(max_new, num_blocks * BLOCK - len(prompt))
             request_id = f"r{len(added)}"
-            scheduler.add_request(Request(request_id, prompt, SamplingParams(max_tokens=max_new), len(prompt) + max_new))
+            scheduler.add_request(
+                Request(
+                    request_id, prompt, SamplingParams(max_tokens=max_new), len(prompt) + max_new
+                )
+            )
             added.append(request_id)
         elif kind == "step":
             advance(scheduler, action[1])
         elif added:
-            status = RequestStatus.FINISHED_ABORTED if kind == "abort" else RequestStatus.FINISHED_STOPPED
+            status = (
+                RequestStatus.FINISHED_ABORTED
+                if kind == "abort"
+                else RequestStatus.FINISHED_STOPPED
+            )
             scheduler.finish_request(added[action[1] % len(added)], status)
         scheduler.check_integrity()
 

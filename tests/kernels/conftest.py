@@ -7,7 +7,6 @@ None and such a test reports the outcome of the same test from a subprocess run 
 from __future__ import annotations
 
 import pytest
-
 from interpreted_triton import subprocess_outcomes
 
 

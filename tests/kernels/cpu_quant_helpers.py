@@ -21,7 +21,9 @@ def require_kernels() -> None:
         return
     reason = load_extension().reason
     if os.environ.get("CI", "").lower() == "true" and {"avx2", "fma", "f16c"} <= cpu_flags():
-        pytest.fail(f"CI requires rebar's CPU kernels on this AVX2 machine: {reason}", pytrace=False)
+        pytest.fail(
+            f"CI requires rebar's CPU kernels on this AVX2 machine: {reason}", pytrace=False
+        )
     pytest.skip(f"rebar CPU kernels unavailable: {reason}")
 
 
@@ -42,7 +44,9 @@ def _expand(per_group: torch.Tensor, group_size: int, in_features: int) -> torch
     return per_group.double().repeat_interleave(group_size, dim=1)[:, :in_features]
 
 
-def random_int4(out_f: int, in_f: int, group_size: int, dtype: torch.dtype, gen: torch.Generator) -> QuantWeight:
+def random_int4(
+    out_f: int, in_f: int, group_size: int, dtype: torch.dtype, gen: torch.Generator
+) -> QuantWeight:
     codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
     qweight = codes[:, 0::2] | (codes[:, 1::2] << 4)
     num_groups = in_f // group_size
@@ -53,7 +57,9 @@ def random_int4(out_f: int, in_f: int, group_size: int, dtype: torch.dtype, gen:
     return QuantWeight(qweight, scales, offsets, scaled, _expand(offsets, group_size, in_f))
 
 
-def random_int8(out_f: int, in_f: int, group_size: int, dtype: torch.dtype, gen: torch.Generator) -> QuantWeight:
+def random_int8(
+    out_f: int, in_f: int, group_size: int, dtype: torch.dtype, gen: torch.Generator
+) -> QuantWeight:
     codes = torch.randint(-128, 128, (out_f, in_f), generator=gen, dtype=torch.int8)
     scales = ((torch.rand(out_f, in_f // group_size, generator=gen) + 0.5) * 1e-3).to(dtype)
     scaled = _expand(scales, group_size, in_f) * codes.double()
@@ -72,7 +78,9 @@ class Reference:
     same_activations: torch.Tensor  # the same with x rounded as the kernel rounds it
     magnitude: torch.Tensor  # sum over c of |each term|: the scale of float32 round-off
     rounding_bound: torch.Tensor  # sum_c |w| * d_x(c) / 2: the most activation rounding can move y
-    rounding_rms: torch.Tensor  # the typical move: rounding errors as independent uniform noise on +-d_x / 2
+    rounding_rms: (
+        torch.Tensor
+    )  # the typical move: rounding errors as independent uniform noise on +-d_x / 2
 
 
 def reference(x: torch.Tensor, weight) -> Reference:
@@ -80,13 +88,16 @@ def reference(x: torch.Tensor, weight) -> Reference:
     of the kernels (the offsets' too) multiplies the rounded activations."""
     in_f = x.shape[1]
     q, d, _, _ = cpu_quant.quantize_activations(x)
-    x_hat = (q.double().reshape(len(x), -1, 32) * d.double()[..., None]).reshape(len(x), -1)[:, :in_f]
+    x_hat = (q.double().reshape(len(x), -1, 32) * d.double()[..., None]).reshape(len(x), -1)[
+        :, :in_f
+    ]
     half_step = (d.double() / 2).repeat_interleave(32, dim=1)[:, :in_f]
     dense = weight.dense
     return Reference(
         exact=x.double() @ dense.T,
         same_activations=x_hat @ dense.T,
-        magnitude=x_hat.abs() @ weight.scaled_codes.abs().T + x_hat.abs() @ weight.offset_part.abs().T,
+        magnitude=x_hat.abs() @ weight.scaled_codes.abs().T
+        + x_hat.abs() @ weight.offset_part.abs().T,
         rounding_bound=half_step @ dense.abs().T,
         rounding_rms=(half_step.square() @ dense.square().T / 3).sqrt(),
     )
@@ -114,7 +125,9 @@ def random_kind(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> Packe
     codes = torch.randint(0, 1 << bits, (out_f, in_f), generator=gen, dtype=torch.uint8)
     q = codes.double()
     if kind.startswith("sym"):
-        scales = ((torch.rand(out_f, in_f // 32, generator=gen) + 0.5) * (0.08 / (1 << bits))).half()
+        scales = (
+            (torch.rand(out_f, in_f // 32, generator=gen) + 0.5) * (0.08 / (1 << bits))
+        ).half()
         zero_point = 1 << (bits - 1)
         packed = cpu_quant.pack_sym(codes, bits, scales, 32, zero_point)
         zeros = torch.zeros(out_f, in_f, dtype=torch.float64)

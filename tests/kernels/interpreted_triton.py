@@ -76,7 +76,12 @@ def subprocess_outcomes(test_file: Path) -> dict[str, tuple[str, str]]:
         env = {**os.environ, "TRITON_INTERPRET": "1", _CHILD_FLAG: "1"}
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         if not report.exists():
-            return {"": ("failed", f"the subprocess wrote no report:\n{(done.stdout + done.stderr)[-4000:]}")}
+            return {
+                "": (
+                    "failed",
+                    f"the subprocess wrote no report:\n{(done.stdout + done.stderr)[-4000:]}",
+                )
+            }
         return _parse_junit(report)
 
 

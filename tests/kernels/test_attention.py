@@ -18,8 +18,12 @@ import pytest
 import torch
 
 from rebar.errors import InvalidRequestError
-from rebar.kernels.attention import AttentionMetadata, paged_attention, pad_block_tables
-from rebar.kernels.backends import ATTENTION_BACKENDS, default_attention_backend, get_attention_backend
+from rebar.kernels.attention import AttentionMetadata, pad_block_tables, paged_attention
+from rebar.kernels.backends import (
+    ATTENTION_BACKENDS,
+    default_attention_backend,
+    get_attention_backend,
+)
 
 BACKENDS = ["torch", "batched"]
 HEAD_DIM = 16
@@ -69,7 +73,9 @@ def make_step(
     tables, slots, dense_keys, dense_values, new_k, new_v = [], [], [], [], [], []
     for query_len, context_len in specs:
         table = [pool.pop() for _ in range(-(-context_len // block_size))]
-        seq_slots = [table[p // block_size] * block_size + p % block_size for p in range(context_len)]
+        seq_slots = [
+            table[p // block_size] * block_size + p % block_size for p in range(context_len)
+        ]
         keys = torch.randn(context_len, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
         values = torch.randn(context_len, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
         num_cached = context_len - query_len
@@ -85,7 +91,9 @@ def make_step(
 
     block_tables = pad_block_tables(tables)
     # Runners may keep wider tables than this step needs; the extra columns are padding too.
-    block_tables = torch.cat([block_tables, torch.zeros(len(specs), extra_table_width, dtype=torch.long)], dim=1)
+    block_tables = torch.cat(
+        [block_tables, torch.zeros(len(specs), extra_table_width, dtype=torch.long)], dim=1
+    )
     num_tokens = sum(query_len for query_len, _ in specs)
     meta = AttentionMetadata(
         query_lens=tuple(query_len for query_len, _ in specs),
@@ -95,7 +103,16 @@ def make_step(
     )
     q = torch.randn(num_tokens, num_heads, HEAD_DIM, generator=gen).to(dtype)
     empty = torch.empty(0, num_kv_heads, HEAD_DIM, dtype=dtype)
-    return Step(q, torch.cat([empty, *new_k]), torch.cat([empty, *new_v]), key_cache, value_cache, meta, dense_keys, dense_values)
+    return Step(
+        q,
+        torch.cat([empty, *new_k]),
+        torch.cat([empty, *new_v]),
+        key_cache,
+        value_cache,
+        meta,
+        dense_keys,
+        dense_values,
+    )
 
 
 def dense_attention(step: Step, scale: float, sliding_window: int | None) -> torch.Tensor:
@@ -156,7 +173,9 @@ HEADS = {"gqa_8q_2kv": (8, 2), "mha_4": (4, 4)}
 
 def run_backend(name: str, step: Step, sliding_window: int | None) -> torch.Tensor:
     backend = get_attention_backend(name)
-    return backend(step.q, step.k, step.v, step.key_cache, step.value_cache, step.meta, SCALE, sliding_window)
+    return backend(
+        step.q, step.k, step.v, step.key_cache, step.value_cache, step.meta, SCALE, sliding_window
+    )
 
 
 # ----- numerics against the dense reference ------------------------------------------------
@@ -171,7 +190,9 @@ def test_float32_matches_dense_reference(
     backend: str, batch: str, heads: str, block_size: int, sliding_window: int | None
 ) -> None:
     num_heads, num_kv_heads = HEADS[heads]
-    step = make_step(BATCHES[batch](block_size), num_heads, num_kv_heads, block_size, seed=block_size)
+    step = make_step(
+        BATCHES[batch](block_size), num_heads, num_kv_heads, block_size, seed=block_size
+    )
     out = run_backend(backend, step, sliding_window)
     expected = dense_attention(step, SCALE, sliding_window)
     assert out.shape == step.q.shape and out.dtype == torch.float32
@@ -181,7 +202,9 @@ def test_float32_matches_dense_reference(
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block_size", [16, 5])
 @pytest.mark.parametrize("sliding_window", [None, 6])
-def test_bfloat16_matches_dense_reference(backend: str, block_size: int, sliding_window: int | None) -> None:
+def test_bfloat16_matches_dense_reference(
+    backend: str, block_size: int, sliding_window: int | None
+) -> None:
     step = make_step(mixed_specs(block_size), 8, 2, block_size, dtype=torch.bfloat16, seed=3)
     out = run_backend(backend, step, sliding_window)
     expected = dense_attention(step, SCALE, sliding_window)  # from the same bf16-rounded inputs
@@ -199,13 +222,17 @@ def test_sliding_window_case_is_not_trivial() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 @pytest.mark.parametrize("sliding_window", [None, 6])
-def test_unused_cache_slots_never_reach_outputs(backend: str, garbage: str, sliding_window: int | None) -> None:
+def test_unused_cache_slots_never_reach_outputs(
+    backend: str, garbage: str, sliding_window: int | None
+) -> None:
     """Free blocks, table padding and the tails of partial blocks hold NaN or 3e38; outputs stay exact."""
     for batch in BATCHES.values():
         step = make_step(batch(5), 8, 2, 5, garbage=GARBAGE[garbage], seed=11)
         out = run_backend(backend, step, sliding_window)
         assert torch.isfinite(out).all()
-        torch.testing.assert_close(out.double(), dense_attention(step, SCALE, sliding_window), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            out.double(), dense_attention(step, SCALE, sliding_window), atol=1e-5, rtol=0
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -239,13 +266,18 @@ def test_new_keys_and_values_are_written_to_their_slots_only(backend: str) -> No
     assert torch.equal(flat_keys[slots], step.k)
     assert torch.equal(flat_values[slots], step.v)
 
-    expected_keys, expected_values = keys_before.view(-1, 2, HEAD_DIM), values_before.view(-1, 2, HEAD_DIM)
+    expected_keys, expected_values = (
+        keys_before.view(-1, 2, HEAD_DIM),
+        values_before.view(-1, 2, HEAD_DIM),
+    )
     expected_keys[slots], expected_values[slots] = step.k, step.v
     assert torch.equal(flat_keys, expected_keys), "a slot outside slot_mapping changed"
     assert torch.equal(flat_values, expected_values), "a slot outside slot_mapping changed"
 
     # And every sequence's whole context now sits where its block table says.
-    for table, context_len, keys in zip(step.meta.block_tables, step.meta.context_lens, step.dense_keys):
+    for table, context_len, keys in zip(
+        step.meta.block_tables, step.meta.context_lens, step.dense_keys
+    ):
         positions = torch.arange(context_len)
         context_slots = table[positions // 5] * 5 + positions % 5
         assert torch.equal(flat_keys[context_slots], keys)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.kernels.cpu_quant_helpers import require_kernels
 
 from rebar.kernels import cpu_elementwise
 from rebar.kernels.cpu_quant.build import load_extension
 from rebar.model.rope import apply_rope as reference_rope
 from rebar.model.rope import rope_cos_sin
-from tests.kernels.cpu_quant_helpers import require_kernels
 
 
 @pytest.fixture
@@ -46,7 +46,9 @@ def test_silu_and_mul_is_the_same_however_it_is_split(extension):
     gen = torch.Generator().manual_seed(2)
     gate, up = torch.randn(70_001, generator=gen), torch.randn(70_001, generator=gen)
     whole = extension.silu_and_mul(gate, up)
-    pieces = torch.cat([extension.silu_and_mul(gate[i:i + 13], up[i:i + 13]) for i in range(0, 70_001, 13)])
+    pieces = torch.cat(
+        [extension.silu_and_mul(gate[i : i + 13], up[i : i + 13]) for i in range(0, 70_001, 13)]
+    )
     assert torch.equal(whole, pieces)
 
 
@@ -54,10 +56,14 @@ def test_silu_and_mul_reads_non_contiguous_inputs(extension):
     gen = torch.Generator().manual_seed(3)
     both = torch.randn(6, 64, generator=gen)
     gate, up = both[:, :32], both[:, 32:]
-    torch.testing.assert_close(extension.silu_and_mul(gate, up), torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(
+        extension.silu_and_mul(gate, up), torch.nn.functional.silu(gate) * up
+    )
 
 
-@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 1, 2), (3, 9, 64), (100, 3, 64), (33, 2, 10)])
+@pytest.mark.parametrize(
+    ("tokens", "heads", "head_dim"), [(1, 1, 2), (3, 9, 64), (100, 3, 64), (33, 2, 10)]
+)
 def test_rope_matches_reference(extension, tokens, heads, head_dim):
     x, cos, sin = rope_inputs(tokens, heads, head_dim)
     expected = reference_rope(x.double(), cos.double(), sin.double())
@@ -72,7 +78,10 @@ def test_rope_matches_reference(extension, tokens, heads, head_dim):
         (lambda x, c, s: (x.double(), c, s), "float32"),
         (lambda x, c, s: (x.transpose(0, 1), c, s), "contiguous"),
         (lambda x, c, s: (x, c[:-1], s[:-1]), "cos and sin"),
-        (lambda x, c, s: (x[..., :63], c[:, :63].contiguous(), s[:, :63].contiguous()), "even head_dim"),
+        (
+            lambda x, c, s: (x[..., :63], c[:, :63].contiguous(), s[:, :63].contiguous()),
+            "even head_dim",
+        ),
     ],
 )
 def test_rope_rejects_bad_arguments(extension, make_args, message):
@@ -93,7 +102,9 @@ def test_dispatch_uses_the_compiled_ops_once_loaded(extension):
     assert rotated.data_ptr() == x.data_ptr()  # the compiled op rotates in place
     torch.testing.assert_close(rotated, reference_rope(original, cos, sin), rtol=1e-6, atol=1e-5)
     gate, up = torch.randn(4, 16), torch.randn(4, 16)
-    torch.testing.assert_close(cpu_elementwise.silu_and_mul(gate, up), torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(
+        cpu_elementwise.silu_and_mul(gate, up), torch.nn.functional.silu(gate) * up
+    )
 
 
 @pytest.mark.parametrize("case", ["float64", "requires_grad", "non-contiguous"])
@@ -132,5 +143,7 @@ def test_dispatch_never_builds_the_extension():
         "cpu_elementwise.silu_and_mul(x, x)\n"
         "print(out.data_ptr() != x.data_ptr(), loaded_extension() is None)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
     assert result.stdout.split() == ["True", "True"]

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 import torch
-from cpu_quant_helpers import KINDS, random_activations, random_kind, reference, require_kernels
+from cpu_quant_helpers import KINDS, random_activations, random_kind, require_kernels
 from test_cpu_quant_linear import assert_matches
 
 from rebar.kernels import cpu_quant
@@ -76,7 +76,17 @@ def test_bad_layouts_raise_value_errors() -> None:
         (6, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 256),  # unknown kind
         (3, 5, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 256),  # wrong bits
         (3, 6, packed.codes, packed.scales, None, None, 32, 16, 256),  # no sub-scales
-        (3, 6, packed.codes, packed.scales, None, packed.sub_scales[:, :, :8], 32, 16, 256),  # short
+        (
+            3,
+            6,
+            packed.codes,
+            packed.scales,
+            None,
+            packed.sub_scales[:, :, :8],
+            32,
+            16,
+            256,
+        ),  # short
         (3, 6, packed.codes, packed.scales.float(), None, packed.sub_scales, 32, 16, 256),  # fp32 d
         (3, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 17, 256),  # out_features
         (3, 6, packed.codes, packed.scales, None, packed.sub_scales, 32, 16, 224),  # in_features
@@ -118,10 +128,16 @@ def test_avx2_build_gives_the_same_bits() -> None:
     results = {}
     for isa in ("avx2", ISAS[0][0] if ISAS[0][1] <= cpu_flags() else "avx-vnni"):
         env = {**os.environ, "REBAR_CPU_ISA": isa}
-        done = subprocess.run([sys.executable, "-c", script, here], capture_output=True, text=True, timeout=900, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", script, here],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         results[isa] = json.loads(done.stdout.strip().splitlines()[-1])
-    (narrow, narrow_out), (wide, wide_out) = results.items()
+    (_narrow, narrow_out), (_wide, wide_out) = results.items()
     assert narrow_out.pop("isa") == "avx2" and wide_out.pop("isa") != "avx2"
     for kind in narrow_out:
         assert narrow_out[kind] == wide_out[kind], kind

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_quant_helpers import random_activations, random_int4, random_int8, reference, require_kernels
+from cpu_quant_helpers import (
+    random_activations,
+    random_int4,
+    random_int8,
+    reference,
+    require_kernels,
+)
 
 from rebar.kernels import cpu_quant
 
@@ -44,12 +50,18 @@ def assert_matches(y: torch.Tensor, x: torch.Tensor, weight) -> None:
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("out_f,in_f", SHAPES)
-@pytest.mark.parametrize("group_size,dtype", [(32, torch.float16), (32, torch.float32), (64, torch.float16)])
+@pytest.mark.parametrize(
+    "group_size,dtype", [(32, torch.float16), (32, torch.float32), (64, torch.float16)]
+)
 def test_int4_linear(out_f: int, in_f: int, rows: int, group_size: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(out_f * 7 + in_f + rows)
     weight = random_int4(out_f, in_f, group_size, dtype, gen)
     x = random_activations(rows, in_f, gen)
-    assert_matches(cpu_quant.int4_linear(x, weight.qweight, weight.scales, weight.offsets, group_size), x, weight)
+    assert_matches(
+        cpu_quant.int4_linear(x, weight.qweight, weight.scales, weight.offsets, group_size),
+        x,
+        weight,
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16])
@@ -58,13 +70,19 @@ def test_int4_larger_groups(rows: int, group_size: int) -> None:
     gen = torch.Generator().manual_seed(rows + group_size)
     weight = random_int4(200, 1536, group_size, torch.float32, gen)
     x = random_activations(rows, 1536, gen)
-    assert_matches(cpu_quant.int4_linear(x, weight.qweight, weight.scales, weight.offsets, group_size), x, weight)
+    assert_matches(
+        cpu_quant.int4_linear(x, weight.qweight, weight.scales, weight.offsets, group_size),
+        x,
+        weight,
+    )
 
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("out_f,in_f", SHAPES)
 @pytest.mark.parametrize("per_channel,dtype", [(True, torch.float32), (False, torch.float16)])
-def test_int8_linear(out_f: int, in_f: int, rows: int, per_channel: bool, dtype: torch.dtype) -> None:
+def test_int8_linear(
+    out_f: int, in_f: int, rows: int, per_channel: bool, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(out_f * 5 + in_f + rows)
     group_size = in_f if per_channel else 32
     weight = random_int8(out_f, in_f, group_size, dtype, gen)
@@ -135,10 +153,15 @@ def test_leading_dims_and_empty_batch() -> None:
     packed = cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, 32)
     x = random_activations(6, 64, gen)
     y = cpu_quant.linear_packed(x.reshape(2, 3, 64), packed)
-    assert y.shape == (2, 3, 24) and torch.equal(y.reshape(6, 24), cpu_quant.linear_packed(x, packed))
+    assert y.shape == (2, 3, 24) and torch.equal(
+        y.reshape(6, 24), cpu_quant.linear_packed(x, packed)
+    )
     assert cpu_quant.linear_packed(torch.empty(0, 64), packed).shape == (0, 24)
     strided = torch.randn(64, 6, generator=gen).T  # non-contiguous input is accepted
-    assert torch.equal(cpu_quant.linear_packed(strided, packed), cpu_quant.linear_packed(strided.contiguous(), packed))
+    assert torch.equal(
+        cpu_quant.linear_packed(strided, packed),
+        cpu_quant.linear_packed(strided.contiguous(), packed),
+    )
 
 
 def test_activation_quantizer() -> None:
@@ -155,7 +178,9 @@ def test_activation_quantizer() -> None:
     assert torch.equal(q, expected)
     assert torch.equal(half_sums, q.reshape(4, 8, 16).int().sum(dim=-1))
     # the offsets multiply the sums of the rounded activations, d * sum(q)
-    torch.testing.assert_close(sums, d * half_sums.reshape(4, 4, 2).sum(dim=-1).float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        sums, d * half_sums.reshape(4, 4, 2).sum(dim=-1).float(), rtol=1e-6, atol=0
+    )
     assert q.abs().max() <= 127
 
 

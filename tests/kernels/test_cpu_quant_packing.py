@@ -50,7 +50,11 @@ def test_int8_is_stored_as_unsigned_codes_with_zero_point_128() -> None:
     codes = torch.randint(-128, 128, (10, 40), generator=gen, dtype=torch.int8)
     scales = torch.rand(10, 1, generator=gen)
     packed = cpu_quant.pack_int8(codes, scales, 40)
-    assert packed.kind == cpu_quant.WeightKind.SYM and packed.zero_point == 128 and packed.code_bits == 8
+    assert (
+        packed.kind == cpu_quant.WeightKind.SYM
+        and packed.zero_point == 128
+        and packed.code_bits == 8
+    )
     assert packed.codes.shape == (2, 2, 8, 32)
     stored = cpu_quant.packing.untile_codes(packed.codes, 8, 10)
     assert torch.equal(stored[:, :40].to(torch.int16) - 128, codes.to(torch.int16))
@@ -59,18 +63,43 @@ def test_int8_is_stored_as_unsigned_codes_with_zero_point_128() -> None:
 
 
 def test_mixed_scale_dtypes_become_float32() -> None:
-    packed = cpu_quant.pack_int4(torch.zeros(8, 16, dtype=torch.uint8), torch.ones(8, 1).half(), torch.ones(8, 1), 32)
+    packed = cpu_quant.pack_int4(
+        torch.zeros(8, 16, dtype=torch.uint8), torch.ones(8, 1).half(), torch.ones(8, 1), 32
+    )
     assert packed.scales.dtype == packed.offsets.dtype == torch.float32
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: cpu_quant.pack_int4(torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1), 48), "multiple of 32"),
-        (lambda: cpu_quant.pack_int4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 2), torch.ones(8, 1), 32), "offsets must have shape"),
-        (lambda: cpu_quant.pack_int4(torch.zeros(8, 16, dtype=torch.int8), torch.ones(8, 1), torch.ones(8, 1), 32), "uint8"),
-        (lambda: cpu_quant.pack_int8(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 1, dtype=torch.bfloat16), 64), "float16 or float32"),
-        (lambda: cpu_quant.pack_int8(torch.zeros(8, 80, dtype=torch.int8), torch.ones(8, 2), 40), "multiple of 32"),
+        (
+            lambda: cpu_quant.pack_int4(
+                torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1), 48
+            ),
+            "multiple of 32",
+        ),
+        (
+            lambda: cpu_quant.pack_int4(
+                torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 2), torch.ones(8, 1), 32
+            ),
+            "offsets must have shape",
+        ),
+        (
+            lambda: cpu_quant.pack_int4(
+                torch.zeros(8, 16, dtype=torch.int8), torch.ones(8, 1), torch.ones(8, 1), 32
+            ),
+            "uint8",
+        ),
+        (
+            lambda: cpu_quant.pack_int8(
+                torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 1, dtype=torch.bfloat16), 64
+            ),
+            "float16 or float32",
+        ),
+        (
+            lambda: cpu_quant.pack_int8(torch.zeros(8, 80, dtype=torch.int8), torch.ones(8, 2), 40),
+            "multiple of 32",
+        ),
     ],
 )
 def test_packing_rejects_bad_layouts(call, message: str) -> None:
@@ -96,7 +125,9 @@ def test_disable_switch_makes_kernels_unavailable() -> None:
         """
     )
     env = {**os.environ, cpu_quant.DISABLE_ENV: "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
@@ -127,7 +158,9 @@ def test_prefill_calls_share_torchs_openmp_runtime() -> None:
         print(json.dumps(sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line})))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     libraries = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(libraries) == 1 and "torch" in libraries[0], libraries
@@ -142,7 +175,9 @@ def test_packing_in_row_chunks_gives_the_same_tiles() -> None:
     sc, m = (torch.randint(0, 64, (37, 16), generator=gen, dtype=torch.uint8) for _ in range(2))
 
     def rows(start: int, end: int) -> cpu_quant.PackedQuant:
-        return cpu_quant.pack_super_affine(codes[start:end], 5, d[start:end], dmin[start:end], sc[start:end], m[start:end])
+        return cpu_quant.pack_super_affine(
+            codes[start:end], 5, d[start:end], dmin[start:end], sc[start:end], m[start:end]
+        )
 
     whole, chunked = rows(0, 37), cpu_quant.pack_in_row_chunks(37, 16, rows)
     for name in ("codes", "scales", "offsets", "sub_scales"):
@@ -162,6 +197,8 @@ def test_k_quant_scale_pairs_pack_into_96_bytes_per_super_block() -> None:
     packed = cpu_quant.pack_super_affine(codes, 4, d, dmin, sc, m)
     assert packed.sub_scales.shape == (2, 2, 96)
     scales, mins = cpu_quant.packing._unpack_k_scales(packed.sub_scales)
-    assert torch.equal(cpu_quant.packing._untile(scales, 16), sc) and torch.equal(cpu_quant.packing._untile(mins, 16), m)
+    assert torch.equal(cpu_quant.packing._untile(scales, 16), sc) and torch.equal(
+        cpu_quant.packing._untile(mins, 16), m
+    )
     with pytest.raises(ValueError, match="6-bit"):
         cpu_quant.pack_super_affine(codes, 4, d, dmin, sc | 64, m)

@@ -16,8 +16,8 @@ from types import ModuleType
 
 import pytest
 import torch
-
 from interpreted_triton import import_interpreted
+
 from rebar.kernels import backends
 from rebar.kernels.attention import AttentionMetadata, pad_block_tables, paged_attention, write_kv
 from rebar.kernels.attention_batched import batched_paged_attention
@@ -39,11 +39,16 @@ class Step:
     meta: AttentionMetadata
 
     def run(
-        self, backend: Callable[..., torch.Tensor], sliding_window: int | None, dtype: torch.dtype | None = None
+        self,
+        backend: Callable[..., torch.Tensor],
+        sliding_window: int | None,
+        dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """`backend` on copies of this step's tensors (converted to `dtype` when given)."""
         tensors = [t.clone() if dtype is None else t.to(dtype) for t in (self.q, self.k, self.v)]
-        caches = [c.clone() if dtype is None else c.to(dtype) for c in (self.key_cache, self.value_cache)]
+        caches = [
+            c.clone() if dtype is None else c.to(dtype) for c in (self.key_cache, self.value_cache)
+        ]
         return backend(*tensors, *caches, self.meta, self.head_dim**-0.5, sliding_window)
 
     @property
@@ -68,16 +73,27 @@ def make_step(
     num_blocks = sum(-(-context_len // block_size) for _, context_len in specs) + 4
     pool = list(range(1, num_blocks))
     random.Random(seed).shuffle(pool)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    key_cache = torch.full(
+        (num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype
+    )
     value_cache = key_cache.clone()
-    flat_keys, flat_values = key_cache.view(-1, num_kv_heads, head_dim), value_cache.view(-1, num_kv_heads, head_dim)
+    flat_keys, flat_values = (
+        key_cache.view(-1, num_kv_heads, head_dim),
+        value_cache.view(-1, num_kv_heads, head_dim),
+    )
     tables, new_slots = [], []
     for query_len, context_len in specs:
         table = [pool.pop() for _ in range(-(-context_len // block_size))]
-        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(context_len)])
+        slots = torch.tensor(
+            [table[p // block_size] * block_size + p % block_size for p in range(context_len)]
+        )
         num_cached = context_len - query_len
-        flat_keys[slots[:num_cached]] = torch.randn(num_cached, num_kv_heads, head_dim, generator=gen).to(dtype)
-        flat_values[slots[:num_cached]] = torch.randn(num_cached, num_kv_heads, head_dim, generator=gen).to(dtype)
+        flat_keys[slots[:num_cached]] = torch.randn(
+            num_cached, num_kv_heads, head_dim, generator=gen
+        ).to(dtype)
+        flat_values[slots[:num_cached]] = torch.randn(
+            num_cached, num_kv_heads, head_dim, generator=gen
+        ).to(dtype)
         tables.append(table)
         new_slots.append(slots[num_cached:])
     num_tokens = sum(query_len for query_len, _ in specs)
@@ -85,7 +101,9 @@ def make_step(
         query_lens=tuple(query_len for query_len, _ in specs),
         context_lens=tuple(context_len for _, context_len in specs),
         slot_mapping=torch.cat([torch.empty(0, dtype=torch.long), *new_slots]),
-        block_tables=torch.cat([pad_block_tables(tables), torch.zeros(len(specs), 2, dtype=torch.long)], dim=1),
+        block_tables=torch.cat(
+            [pad_block_tables(tables), torch.zeros(len(specs), 2, dtype=torch.long)], dim=1
+        ),
     )
 
     def randn(*shape: int) -> torch.Tensor:
@@ -101,7 +119,9 @@ def reference(step: Step, sliding_window: int | None) -> torch.Tensor:
     return step.run(paged_attention, sliding_window, dtype=torch.float64)
 
 
-def decode_with_partitions(kernels: ModuleType, tokens_per_partition: int) -> Callable[..., torch.Tensor]:
+def decode_with_partitions(
+    kernels: ModuleType, tokens_per_partition: int
+) -> Callable[..., torch.Tensor]:
     """The decode kernel as a backend, with partitions of the given length."""
 
     def backend(
@@ -127,7 +147,9 @@ def test_gqa_decode_matches_reference(
     kernels: ModuleType, sliding_window: int | None, tokens_per_partition: int
 ) -> None:
     """8 query / 2 kv heads, block size 16; 32 tokens per partition splits the longest context in 3."""
-    step = make_step([(1, n) for n in DECODE_LENS], num_heads=8, num_kv_heads=2, block_size=16, head_dim=32)
+    step = make_step(
+        [(1, n) for n in DECODE_LENS], num_heads=8, num_kv_heads=2, block_size=16, head_dim=32
+    )
 
     out = step.run(decode_with_partitions(kernels, tokens_per_partition), sliding_window)
     assert out.shape == step.q.shape and out.dtype == torch.float32
@@ -135,14 +157,23 @@ def test_gqa_decode_matches_reference(
 
 
 def test_backend_entry_point_on_a_decode_step(kernels: ModuleType) -> None:
-    step = make_step([(1, n) for n in DECODE_LENS], num_heads=8, num_kv_heads=2, block_size=16, head_dim=32, seed=1)
+    step = make_step(
+        [(1, n) for n in DECODE_LENS],
+        num_heads=8,
+        num_kv_heads=2,
+        block_size=16,
+        head_dim=32,
+        seed=1,
+    )
     out = step.run(kernels.triton_paged_attention, 20)
     torch.testing.assert_close(out.double(), reference(step, 20), atol=1e-5, rtol=0)
 
 
 def test_sizes_that_are_not_powers_of_two(kernels: ModuleType) -> None:
     """Block size 5, head dim 20, 3 query heads per kv head, a window of 7, 2 blocks per partition."""
-    step = make_step([(1, n) for n in (1, 4, 5, 12, 23)], num_heads=6, num_kv_heads=2, block_size=5, head_dim=20)
+    step = make_step(
+        [(1, n) for n in (1, 4, 5, 12, 23)], num_heads=6, num_kv_heads=2, block_size=5, head_dim=20
+    )
 
     for sliding_window in (None, 7):
         out = step.run(decode_with_partitions(kernels, 10), sliding_window)
@@ -161,13 +192,17 @@ def test_half_precision_caches(kernels: ModuleType, dtype: torch.dtype) -> None:
 
 
 def test_new_keys_and_values_land_in_the_cache(kernels: ModuleType) -> None:
-    step = make_step([(1, n) for n in (5, 18)], num_heads=4, num_kv_heads=2, block_size=16, head_dim=16)
+    step = make_step(
+        [(1, n) for n in (5, 18)], num_heads=4, num_kv_heads=2, block_size=16, head_dim=16
+    )
     expected_keys, expected_values = step.key_cache.clone(), step.value_cache.clone()
     slots = step.meta.slot_mapping
     expected_keys.view(-1, 2, 16)[slots] = step.k
     expected_values.view(-1, 2, 16)[slots] = step.v
     scale = step.head_dim**-0.5
-    kernels.triton_paged_attention(step.q, step.k, step.v, step.key_cache, step.value_cache, step.meta, scale, None)
+    kernels.triton_paged_attention(
+        step.q, step.k, step.v, step.key_cache, step.value_cache, step.meta, scale, None
+    )
     torch.testing.assert_close(step.key_cache, expected_keys, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(step.value_cache, expected_values, rtol=0, atol=0, equal_nan=True)
 
@@ -201,7 +236,9 @@ def fresh_default() -> Iterator[None]:
     backends._triton_unavailable_reason.cache_clear()
 
 
-def test_default_on_cpu_stays_batched(fresh_default: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_default_on_cpu_stays_batched(
+    fresh_default: None, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="rebar.kernels"):
         assert backends.default_attention_backend(torch.device("cpu")) == "batched"
     assert not caplog.records
@@ -237,7 +274,14 @@ def test_default_without_cuda_falls_back_with_the_reason(
 def test_float32_queries_over_a_float16_cache(kernels: ModuleType) -> None:
     """engine.kv_cache_dtype = "float16" with a float32 model: the kernel reads the half-precision
     cache (this step's K/V rounded into it) as the reference backend does."""
-    step = make_step([(1, n) for n in (3, 40, 71)], num_heads=8, num_kv_heads=2, block_size=16, head_dim=32, seed=2)
+    step = make_step(
+        [(1, n) for n in (3, 40, 71)],
+        num_heads=8,
+        num_kv_heads=2,
+        block_size=16,
+        head_dim=32,
+        seed=2,
+    )
 
     def run(backend: Callable[..., torch.Tensor]) -> torch.Tensor:
         caches = [c.to(torch.float16) for c in (step.key_cache, step.value_cache)]

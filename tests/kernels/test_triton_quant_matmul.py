@@ -10,7 +10,6 @@ from types import ModuleType
 
 import pytest
 import torch
-
 from interpreted_triton import import_interpreted
 
 
@@ -20,7 +19,9 @@ def kernels() -> ModuleType | None:
     return import_interpreted("rebar.kernels.triton_quant_matmul")
 
 
-def make_int8(num_out: int, num_in: int, group_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_int8(
+    num_out: int, num_in: int, group_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     qweight = torch.randint(-127, 128, (num_out, num_in), generator=gen, dtype=torch.int8)
     scales = torch.rand(num_out, num_in // group_size, generator=gen) * 0.01 + 0.002
@@ -39,10 +40,14 @@ def make_int4(num_out: int, num_in: int, group_size: int, seed: int) -> tuple[to
     return packed, scales, offsets
 
 
-def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> torch.Tensor:
+def dequantize_int4(
+    packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> torch.Tensor:
     low, high = (packed & 0xF).double(), (packed >> 4).double()
     q = torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # column 2j low, 2j + 1 high
-    return q * scales.double().repeat_interleave(group_size, 1) + offsets.double().repeat_interleave(group_size, 1)
+    return q * scales.double().repeat_interleave(
+        group_size, 1
+    ) + offsets.double().repeat_interleave(group_size, 1)
 
 
 def random_x(num_rows: int, num_in: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -83,7 +88,9 @@ def test_int4_grouped(kernels: ModuleType, group_size: int, num_rows: int) -> No
     packed, scales, offsets = make_int4(40, 256, group_size, seed=group_size)
     x = random_x(num_rows, 256, torch.float32, seed=num_rows)
     out = kernels.int4_matmul(x, packed, scales, offsets, group_size)
-    assert_matches(out, x.double() @ dequantize_int4(packed, scales, offsets, group_size).T, torch.float32)
+    assert_matches(
+        out, x.double() @ dequantize_int4(packed, scales, offsets, group_size).T, torch.float32
+    )
 
 
 def test_int4_one_group_per_row_with_a_partial_tile(kernels: ModuleType) -> None:
@@ -128,10 +135,10 @@ def test_unsupported_shapes_raise(kernels: ModuleType) -> None:
         kernels.int8_matmul(x, qweight, torch.ones(8, 2), 96)
     with pytest.raises(ValueError, match="x must be"):
         kernels.int8_matmul(torch.zeros(2, 64), qweight, scales, 96)
-    with pytest.raises(ValueError, match="torch.int8"):
+    with pytest.raises(ValueError, match=r"torch\.int8"):
         kernels.int8_matmul(x, qweight.to(torch.int16), scales, 96)
     packed, scales4, offsets = make_int4(8, 96, 32, seed=0)
-    with pytest.raises(ValueError, match="torch.uint8"):
+    with pytest.raises(ValueError, match=r"torch\.uint8"):
         kernels.int4_matmul(x, packed.to(torch.int8), scales4, offsets, 32)
     with pytest.raises(ValueError, match="offsets shape"):
         kernels.int4_matmul(x, packed, scales4, offsets[:, :1], 32)

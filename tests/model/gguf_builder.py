@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType, GGUFWriter, quants
 from kquant_encode import ENCODERS, encode_k
 
 TOKEN_TYPE_NORMAL = 1
@@ -28,7 +28,11 @@ MERGES = ("Ġ t", "h e", "Ġt he", "i n", "Ġ a", "Ġa n", "Ġan d", "e r", "o n
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table, the alphabet of every byte-level BPE vocabulary."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for byte in range(256):
@@ -58,7 +62,9 @@ def byte_level_vocab() -> Vocab:
     byte_tokens = [alphabet[b] for b in range(256)]
     merged = ["".join(pair.split(" ")) for pair in MERGES]
     tokens = byte_tokens + merged + list(SPECIAL_TOKENS)
-    types = [TOKEN_TYPE_NORMAL] * (len(byte_tokens) + len(merged)) + [TOKEN_TYPE_CONTROL] * len(SPECIAL_TOKENS)
+    types = [TOKEN_TYPE_NORMAL] * (len(byte_tokens) + len(merged)) + [TOKEN_TYPE_CONTROL] * len(
+        SPECIAL_TOKENS
+    )
     bos = eos = tokens.index("<|endoftext|>")
     return Vocab(tokens, types, list(MERGES), bos, eos)
 
@@ -184,7 +190,11 @@ def gguf_name(hf_name: str) -> str:
 
 def permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.permute`: each head's rows go from half-split to interleaved pairs."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def storage_type(values: np.ndarray, storage: QT) -> QT:
@@ -221,7 +231,10 @@ class Tensor:
 
 
 def gguf_tensors(
-    state: Mapping[str, np.ndarray], cfg: TinyConfig, storage: QT = QT.F32, permute_qk: bool | None = None
+    state: Mapping[str, np.ndarray],
+    cfg: TinyConfig,
+    storage: QT = QT.F32,
+    permute_qk: bool | None = None,
 ) -> dict[str, Tensor]:
     """HF weights -> llama.cpp tensors; Q/K rows are permuted for `llama` unless `permute_qk` says otherwise."""
     if permute_qk is None:
@@ -276,7 +289,11 @@ class GGUFContents:
         for key, value in self.metadata.items():
             _add_value(writer, key, value)
         for name, tensor in self.tensors.items():
-            writer.add_tensor(name, tensor.data, raw_dtype=None if tensor.qtype in (QT.F32, QT.F16) else tensor.qtype)
+            writer.add_tensor(
+                name,
+                tensor.data,
+                raw_dtype=None if tensor.qtype in (QT.F32, QT.F16) else tensor.qtype,
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -320,4 +337,6 @@ def model_contents(
     vocab = byte_level_vocab()
     assert cfg.vocab_size == len(vocab.tokens)
     state = random_hf_state(cfg) if state is None else state
-    return GGUFContents(cfg.arch, model_metadata(cfg, vocab), gguf_tensors(state, cfg, storage, permute_qk))
+    return GGUFContents(
+        cfg.arch, model_metadata(cfg, vocab), gguf_tensors(state, cfg, storage, permute_qk)
+    )

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
-from gguf_builder import GGUFContents, Tensor, byte_level_vocab, encode, storage_type, vocab_metadata
+from gguf_builder import (
+    GGUFContents,
+    Tensor,
+    byte_level_vocab,
+    encode,
+    storage_type,
+    vocab_metadata,
+)
 
 _GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
 _LAYER_NAMES = {
@@ -69,12 +76,14 @@ def metadata(model: torch.nn.Module, arch: str) -> dict[str, Any]:
         f"{arch}.rope.dimension_count": head_dim,
     }
     rope = c.rope_parameters
-    global_rope = rope["full_attention"] if "full_attention" in rope else rope
+    global_rope = rope.get("full_attention", rope)
     meta[f"{arch}.rope.freq_base"] = float(global_rope["rope_theta"])
     if arch == "gemma3" and c.sliding_window:
         meta["gemma3.attention.sliding_window"] = int(c.sliding_window)
         pattern = [kind == "sliding_attention" for kind in c.layer_types]
-        if pattern != [i % 6 < 5 for i in range(c.num_hidden_layers)]:  # not llama.cpp's default period
+        if pattern != [
+            i % 6 < 5 for i in range(c.num_hidden_layers)
+        ]:  # not llama.cpp's default period
             meta["gemma3.attention.sliding_window_pattern"] = pattern
         meta["gemma3.rope.freq_base_swa"] = float(rope["sliding_attention"]["rope_theta"])
     meta.update(vocab_metadata(byte_level_vocab()))

@@ -36,7 +36,10 @@ def write_decoder_tokenizer(folder: Path, vocab_size: int) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(list(DECODER_SPECIALS))
     tokenizer.save(str(folder / "tokenizer.json"))
-    _write_json(folder / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False})
+    _write_json(
+        folder / "tokenizer_config.json",
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False},
+    )
 
 
 def write_bert_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -45,11 +48,16 @@ def write_bert_tokenizer(folder: Path, vocab_size: int) -> None:
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
     )
     tokenizer.add_special_tokens(list(BERT_SPECIALS))
     tokenizer.save(str(folder / "tokenizer.json"))
-    _write_json(folder / "tokenizer_config.json", {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"})
+    _write_json(
+        folder / "tokenizer_config.json",
+        {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"},
+    )
 
 
 def randomize(model: nn.Module, seed: int, std: float = 0.15) -> None:
@@ -158,13 +166,28 @@ def save_bert(
         )
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling",
+            },
         ]
         if normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            modules.append(
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                }
+            )
         _write_json(folder / "modules.json", modules)
     if max_seq_length is not None:
-        _write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+        _write_json(
+            folder / "sentence_bert_config.json",
+            {"max_seq_length": max_seq_length, "do_lower_case": False},
+        )
     return folder
 
 

@@ -38,7 +38,9 @@ def _affine_k(blocks: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
     m = np.clip(_round(-low / np.where(dmin32 > 0, dmin32, 1)[:, None]), 0, 63).astype(np.uint8)
     scale = (d32[:, None] * sc)[..., None]
     offset = (dmin32[:, None] * m)[..., None]
-    codes = np.clip(_round((sub + offset) / np.where(scale > 0, scale, 1)), 0, levels).astype(np.uint8)
+    codes = np.clip(_round((sub + offset) / np.where(scale > 0, scale, 1)), 0, levels).astype(
+        np.uint8
+    )
     return codes.reshape(-1, SUPER), d, dmin, sc, m
 
 
@@ -54,15 +56,19 @@ def _low_nibbles_k(codes: np.ndarray) -> np.ndarray:
 
 def encode_q4_k(blocks: np.ndarray) -> np.ndarray:
     codes, d, dmin, sc, m = _affine_k(blocks, 15)
-    return np.concatenate([_fp16_bytes(d), _fp16_bytes(dmin), _six_bit_pairs(sc, m), _low_nibbles_k(codes)], axis=1)
+    return np.concatenate(
+        [_fp16_bytes(d), _fp16_bytes(dmin), _six_bit_pairs(sc, m), _low_nibbles_k(codes)], axis=1
+    )
 
 
 def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
     codes, d, dmin, sc, m = _affine_k(blocks, 31)
     high = (codes.reshape(-1, 8, 32) >> 4) & 1  # [n, sub-block s, l]: bit s of qh[l]
     qh = (high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1).astype(np.uint8)
-    return np.concatenate([_fp16_bytes(d), _fp16_bytes(dmin), _six_bit_pairs(sc, m), qh, _low_nibbles_k(codes)],
-                          axis=1)
+    return np.concatenate(
+        [_fp16_bytes(d), _fp16_bytes(dmin), _six_bit_pairs(sc, m), qh, _low_nibbles_k(codes)],
+        axis=1,
+    )
 
 
 def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -72,13 +78,34 @@ def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
     d32 = d.astype(np.float32)
     sc = np.clip(_round(step / np.where(d32 > 0, d32, 1)[:, None]), -128, 127).astype(np.int8)
     scale = (d32[:, None] * sc)[..., None]
-    q = np.clip(_round(sub / np.where(scale > 0, scale, 1)) + 32, 0, 63).astype(np.uint8).reshape(-1, 2, 4, 32)
+    q = (
+        np.clip(_round(sub / np.where(scale > 0, scale, 1)) + 32, 0, 63)
+        .astype(np.uint8)
+        .reshape(-1, 2, 4, 32)
+    )
     # per half of 128 values: q[k] = values 32k + l, k = 0..3
-    ql = np.concatenate([(q[:, :, 0] & 0x0F) | ((q[:, :, 2] & 0x0F) << 4),
-                         (q[:, :, 1] & 0x0F) | ((q[:, :, 3] & 0x0F) << 4)], axis=2).reshape(-1, 128)
-    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6))
-    return np.concatenate([ql.astype(np.uint8), qh.reshape(-1, 64).astype(np.uint8), sc.view(np.uint8),
-                           _fp16_bytes(d)], axis=1)
+    ql = np.concatenate(
+        [
+            (q[:, :, 0] & 0x0F) | ((q[:, :, 2] & 0x0F) << 4),
+            (q[:, :, 1] & 0x0F) | ((q[:, :, 3] & 0x0F) << 4),
+        ],
+        axis=2,
+    ).reshape(-1, 128)
+    qh = (
+        (q[:, :, 0] >> 4)
+        | ((q[:, :, 1] >> 4) << 2)
+        | ((q[:, :, 2] >> 4) << 4)
+        | ((q[:, :, 3] >> 4) << 6)
+    )
+    return np.concatenate(
+        [
+            ql.astype(np.uint8),
+            qh.reshape(-1, 64).astype(np.uint8),
+            sc.view(np.uint8),
+            _fp16_bytes(d),
+        ],
+        axis=1,
+    )
 
 
 ENCODERS = {"Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k}

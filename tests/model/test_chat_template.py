@@ -16,12 +16,17 @@ CHATML = (
 def test_renders_messages_and_generation_prompt() -> None:
     text = render_chat(CHATML, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert not render_chat(CHATML, [{"role": "user", "content": "hi"}], add_generation_prompt=False).endswith("assistant\n")
+    assert not render_chat(
+        CHATML, [{"role": "user", "content": "hi"}], add_generation_prompt=False
+    ).endswith("assistant\n")
 
 
 def test_bos_token_and_tojson_are_available() -> None:
     template = "{{ bos_token }}{{ messages[0] | tojson }}"
-    assert render_chat(template, [{"role": "user", "content": "é"}], bos_token="<s>") == '<s>{"role": "user", "content": "é"}'
+    assert (
+        render_chat(template, [{"role": "user", "content": "é"}], bos_token="<s>")
+        == '<s>{"role": "user", "content": "é"}'
+    )
 
 
 def test_template_raise_exception_becomes_invalid_request() -> None:
@@ -39,7 +44,13 @@ def test_sandbox_blocks_attribute_escapes() -> None:
 
 @pytest.mark.parametrize(
     "messages",
-    [[], "hello", [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 3}], ["not a dict"]],
+    [
+        [],
+        "hello",
+        [{"role": "wizard", "content": "x"}],
+        [{"role": "user", "content": 3}],
+        ["not a dict"],
+    ],
 )
 def test_bad_messages_are_rejected(messages) -> None:
     with pytest.raises(InvalidRequestError) as info:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = json.loads((Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_greedy.json").read_text("utf-8"))
+FIXTURES = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_greedy.json").read_text("utf-8")
+)
 
 
 def test_fixtures_were_made_from_the_bundled_file(gemma3_tokenizer) -> None:
@@ -25,7 +27,19 @@ def test_fixtures_were_made_from_the_bundled_file(gemma3_tokenizer) -> None:
 
 def test_fixtures_cover_the_hard_cases() -> None:
     texts = " ".join(case["text"] for case in FIXTURES["tokenize"])
-    for sample in ("日本語", "🎉", "👩‍👩‍👧", "مرحبا", "     ", "\t", "\r\n", "def f(x):", "<start_of_turn>", "<bos>", "\u200b"):
+    for sample in (
+        "日本語",
+        "🎉",
+        "👩‍👩‍👧",
+        "مرحبا",
+        "     ",
+        "\t",
+        "\r\n",
+        "def f(x):",
+        "<start_of_turn>",
+        "<bos>",
+        "\u200b",
+    ):
         assert sample in texts, sample
 
 
@@ -76,7 +90,9 @@ def test_default_greedy_continuations_follow_llamacpps(gemma3) -> None:
         if ours == theirs:
             identical += 1
             continue
-        split = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        split = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs))
+        )
         assert split < min(len(ours), len(theirs)), "one engine stopped where the other went on"
         logits = gemma3.logits(case["prompt_ids"] + theirs[:split])[-1]
         gap = float(logits[ours[split]] - logits[theirs[split]])

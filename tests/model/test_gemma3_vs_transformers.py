@@ -12,7 +12,9 @@ import torch
 
 from float_reference import float_llm
 
-FIXTURES = json.loads((Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_greedy.json").read_text("utf-8"))
+FIXTURES = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_greedy.json").read_text("utf-8")
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,9 @@ def hf_gemma3(gemma3_tokenizer):
     from rebar.model.resolve import resolve_model_path
 
     path = resolve_model_path("gemma3")
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def test_float_logits_match_transformers_on_the_real_weights(hf_gemma3) -> None:

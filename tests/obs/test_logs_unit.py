@@ -8,7 +8,14 @@ import logging
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rebar.obs.logs import JsonFormatter, RequestContextFilter, TextFormatter, bind_request_id, configure_logging, unbind_request_id
+from rebar.obs.logs import (
+    JsonFormatter,
+    RequestContextFilter,
+    TextFormatter,
+    bind_request_id,
+    configure_logging,
+    unbind_request_id,
+)
 from rebar.obs.tracing import Tracing
 
 
@@ -35,12 +42,16 @@ def test_json_line_carries_request_and_trace_ids_and_fields() -> None:
     token = bind_request_id("req-42")
     try:
         with tracing.tracer.start_as_current_span("work") as span:
-            logger.warning("inside %s", "a request", extra={"fields": {"route": "/v1/x", "status": 200}})
+            logger.warning(
+                "inside %s", "a request", extra={"fields": {"route": "/v1/x", "status": 200}}
+            )
             trace_id = format(span.get_span_context().trace_id, "032x")
     finally:
         unbind_request_id(token)
     outside, inside = lines(buffer)
-    assert outside["request_id"] is None and outside["trace_id"] is None and outside["level"] == "info"
+    assert (
+        outside["request_id"] is None and outside["trace_id"] is None and outside["level"] == "info"
+    )
     assert inside["message"] == "inside a request" and inside["level"] == "warning"
     assert inside["request_id"] == "req-42" and inside["trace_id"] == trace_id
     assert inside["route"] == "/v1/x" and inside["status"] == 200
@@ -71,7 +82,12 @@ def test_text_format_for_terminals() -> None:
 
 def test_configure_logging_routes_library_records_through_one_json_handler() -> None:
     root = logging.getLogger()
-    saved = (list(root.handlers), root.level, logging.getLogger("rebar").level, logging.getLogger("uvicorn.access").disabled)
+    saved = (
+        list(root.handlers),
+        root.level,
+        logging.getLogger("rebar").level,
+        logging.getLogger("uvicorn.access").disabled,
+    )
     buffer = io.StringIO()
     try:
         configure_logging("debug", "json", stream=buffer)

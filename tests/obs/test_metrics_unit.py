@@ -21,14 +21,29 @@ class FakeClock:
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
     text = metrics.render().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
-def output(index: int, tokens: int, finished: bool = False, reason: str | None = None,
-           timing: RequestTiming | None = None) -> SimpleNamespace:
-    return SimpleNamespace(index=index, new_token_ids=(1,) * tokens, finished=finished, finish_reason=reason,
-                           num_prompt_tokens=7, num_cached_tokens=0, timing=timing)
+def output(
+    index: int,
+    tokens: int,
+    finished: bool = False,
+    reason: str | None = None,
+    timing: RequestTiming | None = None,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        index=index,
+        new_token_ids=(1,) * tokens,
+        finished=finished,
+        finish_reason=reason,
+        num_prompt_tokens=7,
+        num_cached_tokens=0,
+        timing=timing,
+    )
 
 
 def test_request_timer_records_ttft_itl_e2e_tokens_and_reasons() -> None:
@@ -51,31 +66,60 @@ def test_request_timer_records_ttft_itl_e2e_tokens_and_reasons() -> None:
     assert abs(s[("rebar_request_queue_seconds_sum", ())] - 0.2) < 1e-9
     assert abs(s[("rebar_request_prefill_seconds_sum", ())] - 0.3) < 1e-9
     assert abs(s[("rebar_request_decode_seconds_sum", ())] - 0.5) < 1e-9
-    assert s[("rebar_inter_token_latency_seconds_count", ())] == 1  # only choice 0 had a second output
+    assert (
+        s[("rebar_inter_token_latency_seconds_count", ())] == 1
+    )  # only choice 0 had a second output
     assert abs(s[("rebar_inter_token_latency_seconds_sum", ())] - 0.10) < 1e-9
     assert abs(s[("rebar_e2e_request_latency_seconds_sum", ())] - 1.5) < 1e-9
     assert s[("rebar_generation_tokens_total", ())] == 4
     assert s[("rebar_prompt_tokens_total", ())] == 7
     assert s[("rebar_requests_finished_total", (("finish_reason", "stop"),))] == 1
-    assert s[("rebar_requests_finished_total", (("finish_reason", "abort"),))] == 1  # choice 1 never finished
+    assert (
+        s[("rebar_requests_finished_total", (("finish_reason", "abort"),))] == 1
+    )  # choice 1 never finished
 
 
 def test_each_metrics_object_has_its_own_registry() -> None:
     first, second = ServerMetrics(), ServerMetrics()
     first.observe_http("/health", "GET", 200, 0.01)
-    assert samples(first)[("rebar_http_requests_total", (("method", "GET"), ("route", "/health"), ("status", "200")))] == 1
+    assert (
+        samples(first)[
+            (
+                "rebar_http_requests_total",
+                (("method", "GET"), ("route", "/health"), ("status", "200")),
+            )
+        ]
+        == 1
+    )
     assert not any(name == "rebar_http_requests_total" for name, _ in samples(second))
 
 
 def test_state_collector_reads_engine_caches_store_and_models() -> None:
-    stats = SimpleNamespace(num_running=2, num_waiting=3, num_free_blocks=6, num_blocks=8, kv_usage=0.25,
-                            num_prefix_queries=10, num_prefix_hits=4, num_preemptions=1, num_requests_added=5)
+    stats = SimpleNamespace(
+        num_running=2,
+        num_waiting=3,
+        num_free_blocks=6,
+        num_blocks=8,
+        kv_usage=0.25,
+        num_prefix_queries=10,
+        num_prefix_hits=4,
+        num_preemptions=1,
+        num_requests_added=5,
+    )
     engine = SimpleNamespace(core=SimpleNamespace(stats=lambda: stats))
-    chat = SimpleNamespace(load_seconds=1.5, dtype="torch.float32", config=SimpleNamespace(source_architecture="LlamaForCausalLM"))
+    chat = SimpleNamespace(
+        load_seconds=1.5,
+        dtype="torch.float32",
+        config=SimpleNamespace(source_architecture="LlamaForCausalLM"),
+    )
     state = SimpleNamespace(
-        models=SimpleNamespace(engine=engine, chat_name="tiny", chat=chat, embedding_name=None, embedding=None),
+        models=SimpleNamespace(
+            engine=engine, chat_name="tiny", chat=chat, embedding_name=None, embedding=None
+        ),
         response_cache=SimpleNamespace(stats=SimpleNamespace(hits=2, stale_hits=1, misses=4)),
-        embedding_cache=None, num_rate_limited=3, store=SimpleNamespace(num_errors=2, circuit_open=True),
+        embedding_cache=None,
+        num_rate_limited=3,
+        store=SimpleNamespace(num_errors=2, circuit_open=True),
         admission=SimpleNamespace(num_rejected=4),
     )
     metrics = ServerMetrics()
@@ -83,7 +127,10 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     s = samples(metrics)
     assert s[("rebar_requests_running", ())] == 2 and s[("rebar_requests_waiting", ())] == 3
     assert s[("rebar_kv_cache_usage_ratio", ())] == 0.25
-    assert s[("rebar_prefix_cache_queries_total", ())] == 10 and s[("rebar_prefix_cache_hits_total", ())] == 4
+    assert (
+        s[("rebar_prefix_cache_queries_total", ())] == 10
+        and s[("rebar_prefix_cache_hits_total", ())] == 4
+    )
     assert s[("rebar_preemptions_total", ())] == 1
     assert s[("rebar_response_cache_total", (("result", "hit"),))] == 3
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
@@ -92,7 +139,15 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     assert s[("rebar_overload_rejected_total", ())] == 4
     assert s[("rebar_store_circuit_open", ())] == 1
     assert s[("rebar_model_load_seconds", (("model", "tiny"),))] == 1.5
-    assert s[("rebar_model_info", (("architecture", "LlamaForCausalLM"), ("dtype", "float32"), ("model", "tiny")))] == 1
+    assert (
+        s[
+            (
+                "rebar_model_info",
+                (("architecture", "LlamaForCausalLM"), ("dtype", "float32"), ("model", "tiny")),
+            )
+        ]
+        == 1
+    )
 
 
 def test_route_template_bounds_cardinality() -> None:
@@ -111,7 +166,9 @@ def test_route_template_bounds_cardinality() -> None:
         return {"type": "http", "path": path, "method": method, "root_path": "", "headers": []}
 
     assert route_template(app.routes, scope("/v1/items/42")) == "/v1/items/{item_id}"
-    assert route_template(app.routes, scope("/v1/items/42", "POST")) == "/v1/items/{item_id}"  # 405, still templated
+    assert (
+        route_template(app.routes, scope("/v1/items/42", "POST")) == "/v1/items/{item_id}"
+    )  # 405, still templated
     assert route_template(app.routes, scope("/no/such/path")) == "other"
 
 

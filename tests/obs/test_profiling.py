@@ -26,15 +26,31 @@ def test_profile_engine_names_every_layer_and_cleans_up(tmp_path) -> None:
     result = profile_engine(core, num_steps=3, batch=2, input_len=8, warmup_steps=1, top=5)
     assert result.num_steps == 3
     names = event_names(result.trace)
-    for layer in ("embed_tokens", "layers.0", "layers.1", "layers.0.attn", "layers.1.mlp", "layers.0.input_norm", "layers.1.post_attn_norm", "norm"):
+    for layer in (
+        "embed_tokens",
+        "layers.0",
+        "layers.1",
+        "layers.0.attn",
+        "layers.1.mlp",
+        "layers.0.input_norm",
+        "layers.1.post_attn_norm",
+        "norm",
+    ):
         assert layer in names, layer
-    assert not any(name and name.startswith("layers.0.attn.") for name in names)  # projections are operators
+    assert not any(
+        name and name.startswith("layers.0.attn.") for name in names
+    )  # projections are operators
     assert any(name and name.startswith("aten::") for name in names)
     assert 1 <= len(result.top_operators) <= 5 and "Self CPU" in result.table
     selfs = [op.self_ms for op in result.top_operators]
-    assert selfs == sorted(selfs, reverse=True) and all(op.calls >= 1 for op in result.top_operators)
+    assert selfs == sorted(selfs, reverse=True) and all(
+        op.calls >= 1 for op in result.top_operators
+    )
     assert no_hooks_left(core.runner.model)
-    assert not core.has_unfinished_requests() and core.kv_manager.pool.num_free_blocks == core.kv_manager.pool.num_blocks
+    assert (
+        not core.has_unfinished_requests()
+        and core.kv_manager.pool.num_free_blocks == core.kv_manager.pool.num_blocks
+    )
 
 
 def test_live_engine_profiles_steps_in_its_own_thread(tmp_path) -> None:
@@ -43,7 +59,9 @@ def test_live_engine_profiles_steps_in_its_own_thread(tmp_path) -> None:
     async def scenario():
         engine = AsyncEngine(core)
         try:
-            idle = await engine.profile(num_steps=5, timeout_s=0.2)  # no requests: the deadline ends it
+            idle = await engine.profile(
+                num_steps=5, timeout_s=0.2
+            )  # no requests: the deadline ends it
             assert idle.num_steps == 0
 
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -59,7 +77,9 @@ def test_live_engine_profiles_steps_in_its_own_thread(tmp_path) -> None:
             result = await profiling
             outputs = await busy
             assert result.num_steps == 4 and "layers.1.mlp" in event_names(result.trace)
-            assert sum(len(o.new_token_ids) for o in outputs) == 40  # profiling changed nothing about the answer
+            assert (
+                sum(len(o.new_token_ids) for o in outputs) == 40
+            )  # profiling changed nothing about the answer
         finally:
             engine.shutdown()
 

@@ -14,16 +14,24 @@ from rebar.obs.tracing import Tracing, extract_context, record_engine_phases, tr
 
 
 def test_console_exporter_writes_each_span_as_json(capsys) -> None:
-    tracing = Tracing.from_settings(Settings(tracing={"exporter": "console", "service_name": "rebar-test"}).tracing)
+    tracing = Tracing.from_settings(
+        Settings(tracing={"exporter": "console", "service_name": "rebar-test"}).tracing
+    )
     with tracing.tracer.start_as_current_span("hello"):
         pass
     tracing.shutdown()
     span = json.loads(capsys.readouterr().out)
-    assert span["name"] == "hello" and span["resource"]["attributes"]["service.name"] == "rebar-test"
+    assert (
+        span["name"] == "hello" and span["resource"]["attributes"]["service.name"] == "rebar-test"
+    )
 
 
 def test_otlp_exporter_is_built_from_settings() -> None:
-    tracing = Tracing.from_settings(Settings(tracing={"exporter": "otlp", "otlp_endpoint": "http://127.0.0.1:1/v1/traces"}).tracing)
+    tracing = Tracing.from_settings(
+        Settings(
+            tracing={"exporter": "otlp", "otlp_endpoint": "http://127.0.0.1:1/v1/traces"}
+        ).tracing
+    )
     processors = tracing.provider._active_span_processor._span_processors
     assert type(processors[0]).__name__ == "BatchSpanProcessor"
     assert processors[0].span_exporter._endpoint == "http://127.0.0.1:1/v1/traces"
@@ -41,7 +49,9 @@ def test_unsampled_traces_still_have_ids_and_a_callers_decision_is_kept() -> Non
     span = tracing.tracer.start_span("dropped")
     assert trace_id_of(span) is not None and not span.is_recording()
     span.end()
-    sampled_parent = extract_context({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+    sampled_parent = extract_context(
+        {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    )
     kept = tracing.tracer.start_span("kept", context=sampled_parent)
     kept.end()
     assert [s.name for s in exporter.get_finished_spans()] == ["kept"]
@@ -50,7 +60,9 @@ def test_unsampled_traces_still_have_ids_and_a_callers_decision_is_kept() -> Non
 
 def test_malformed_traceparent_starts_a_fresh_trace() -> None:
     tracing = Tracing(span_exporter=InMemorySpanExporter())
-    span = tracing.tracer.start_span("x", context=extract_context({"traceparent": "00-zzzz-nothex-01"}))
+    span = tracing.tracer.start_span(
+        "x", context=extract_context({"traceparent": "00-zzzz-nothex-01"})
+    )
     assert trace_id_of(span) is not None and span.parent is None
 
 
@@ -59,11 +71,15 @@ def test_engine_phases_are_placed_on_the_wall_clock() -> None:
     tracing = Tracing(span_exporter=exporter)
     parent = tracing.tracer.start_span("generate")
     now = time.monotonic()
-    record_engine_phases(tracing.tracer, parent, RequestTiming(now - 3.0, now - 2.5, now - 2.0, now), 10, 4, 7)
+    record_engine_phases(
+        tracing.tracer, parent, RequestTiming(now - 3.0, now - 2.5, now - 2.0, now), 10, 4, 7
+    )
     parent.end()
     spans = {s.name: s for s in exporter.get_finished_spans()}
     wall_now = time.time_ns()
-    assert abs(spans["decode"].end_time - wall_now) < 0.5e9  # the monotonic instant maps onto the wall clock
+    assert (
+        abs(spans["decode"].end_time - wall_now) < 0.5e9
+    )  # the monotonic instant maps onto the wall clock
     assert (spans["queue"].end_time - spans["queue"].start_time) == pytest.approx(0.5e9, rel=1e-3)
     assert (spans["decode"].end_time - spans["decode"].start_time) == pytest.approx(2.0e9, rel=1e-3)
     assert spans["prefill"].attributes["rebar.cached_prompt_tokens"] == 4
@@ -74,5 +90,7 @@ def test_a_request_that_never_ran_has_only_a_queue_span() -> None:
     tracing = Tracing(span_exporter=exporter)
     parent = tracing.tracer.start_span("generate")
     now = time.monotonic()
-    record_engine_phases(tracing.tracer, parent, RequestTiming(now - 1.0, None, None, now), 10, 0, 0)
+    record_engine_phases(
+        tracing.tracer, parent, RequestTiming(now - 1.0, None, None, now), 10, 0, 0
+    )
     assert [s.name for s in exporter.get_finished_spans()] == ["queue"]

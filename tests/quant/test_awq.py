@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from tiny_quant import IDS, tiny_gguf
+from torch import nn
 
 from rebar.model.build import build_model
 from rebar.model.loader import open_checkpoint
@@ -32,7 +32,9 @@ GENERATOR = torch.Generator().manual_seed(0)
 
 def outlier_inputs(rows: int = 256, channels: int = 128) -> torch.Tensor:
     """Activations whose few large channels dominate and share a common offset, as in real LLMs."""
-    x = torch.randn(rows, channels, generator=GENERATOR) + torch.randn(1, channels, generator=GENERATOR)
+    x = torch.randn(rows, channels, generator=GENERATOR) + torch.randn(
+        1, channels, generator=GENERATOR
+    )
     x[:, :4] *= 30
     return x.double()
 
@@ -63,7 +65,9 @@ def test_second_moment_error_equals_the_error_on_the_rows() -> None:
     x = outlier_inputs()
     weight = torch.randn(16, 128, generator=GENERATOR, dtype=torch.float64) * 0.05
     quantized = fake_quantize_int4(weight, 32).double()
-    assert output_error(quantized - weight, moments_of(x)) == pytest.approx(direct_error(x, weight, quantized), rel=1e-9)
+    assert output_error(quantized - weight, moments_of(x)) == pytest.approx(
+        direct_error(x, weight, quantized), rel=1e-9
+    )
 
 
 def test_group_errors_equal_each_groups_partial_product_error_on_the_rows() -> None:
@@ -82,7 +86,9 @@ def test_scale_search_beats_round_to_nearest_on_outlier_channels() -> None:
     weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
     search = search_scales(weight, moments_of(x), x.abs().mean(0), group_size=32)
     plain = direct_error(x, weight, fake_quantize_int4(weight, 32))
-    assert search.unscaled_error == pytest.approx(plain, rel=1e-4)  # alpha = 0 is plain round-to-nearest
+    assert search.unscaled_error == pytest.approx(
+        plain, rel=1e-4
+    )  # alpha = 0 is plain round-to-nearest
     assert search.alpha > 0 and search.error < 0.7 * search.unscaled_error
     assert search.scales.shape == (128,)
 
@@ -103,7 +109,9 @@ def test_scale_search_judges_scales_by_the_rounding_it_is_given() -> None:
     nearest_pick = search_scales(weight, moments, mean_abs, group_size=32)
     fed_back_pick = search_scales(weight, moments, mean_abs, group_size=32, rounding=round_fed_back)
     s = nearest_pick.scales
-    nearest_scales_fed_back = output_error(round_fed_back(weight * s, moments / torch.outer(s, s), 32) / s - weight, moments)
+    nearest_scales_fed_back = output_error(
+        round_fed_back(weight * s, moments / torch.outer(s, s), 32) / s - weight, moments
+    )
     assert fed_back_pick.error <= nearest_scales_fed_back * (1 + 1e-6)
     assert fed_back_pick.error < 0.5 * nearest_pick.error
 
@@ -119,7 +127,7 @@ def test_grid_search_lowers_every_groups_error_on_the_rows() -> None:
     plain = fake_quantize_int4(weight, 32)
     for g in range(2):
         cols = slice(32 * g, 32 * (g + 1))
-        err = lambda q: ((x[:, cols] @ (q - weight)[:, cols].T) ** 2).mean(0)  # noqa: E731
+        err = lambda q, cols=cols: ((x[:, cols] @ (q - weight)[:, cols].T) ** 2).mean(0)  # noqa: E731
         assert (err(searched) <= err(plain) * (1 + 1e-5)).all()
     assert direct_error(x, weight, searched) < 0.8 * direct_error(x, weight, plain)
 
@@ -145,7 +153,9 @@ def test_folding_scales_leaves_the_float_model_unchanged(tiny_float_model) -> No
     sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
     result = apply_awq(model, sequences, group_size=32, error_feedback=False)
     assert not torch.equal(model.layers[0].attn.q_proj.weight, q_before)  # scales were folded in...
-    torch.testing.assert_close(run_sequence(model, IDS), before, atol=1e-4, rtol=1e-4)  # ...without changing the function
+    torch.testing.assert_close(
+        run_sequence(model, IDS), before, atol=1e-4, rtol=1e-4
+    )  # ...without changing the function
     assert set(result.searches) == {g.linears[0] for g in scale_groups(model)}
     linears = {f"{path}.weight" for g in scale_groups(model) for path in g.linears}
     assert set(result.grids) == linears
@@ -161,7 +171,9 @@ def _all_on_grid(model, grids, group_size: int) -> bool:
     return True
 
 
-def test_error_feedback_leaves_the_weights_on_their_grids_and_closer_to_the_float_model(tiny_float_model) -> None:
+def test_error_feedback_leaves_the_weights_on_their_grids_and_closer_to_the_float_model(
+    tiny_float_model,
+) -> None:
     reference = tiny_float_model()
     expected = run_sequence(reference, IDS)
     sequences = [IDS[i : i + 16] for i in range(0, 32, 8)]
@@ -169,12 +181,13 @@ def test_error_feedback_leaves_the_weights_on_their_grids_and_closer_to_the_floa
     for feedback in (False, True):
         model = tiny_float_model()
         result = apply_awq(model, sequences, group_size=32, error_feedback=feedback)
-        assert _all_on_grid(model, result.grids, 32) == feedback  # with feedback the codes live in the weights
+        assert (
+            _all_on_grid(model, result.grids, 32) == feedback
+        )  # with feedback the codes live in the weights
         with _quantized(model, result.grids, 32):  # what the checkpoint holds
             outputs[feedback] = run_sequence(model, IDS)
     error = {feedback: (out - expected).pow(2).mean().item() for feedback, out in outputs.items()}
     assert error[True] < error[False], error
-
 
 
 def test_weights_on_their_grids_are_what_the_checkpoint_stores(tiny_float_model) -> None:
@@ -185,7 +198,9 @@ def test_weights_on_their_grids_are_what_the_checkpoint_stores(tiny_float_model)
     name = "layers.1.mlp.down_proj.weight"
     weight = model.get_submodule(name.removesuffix(".weight")).weight
     original = weight.clone()
-    stored = quantize_int4_on_grid(weight, 32, result.grids[name].scales, result.grids[name].offsets).dequantize()
+    stored = quantize_int4_on_grid(
+        weight, 32, result.grids[name].scales, result.grids[name].offsets
+    ).dequantize()
     with _quantized(model, {name: result.grids[name]}, 32):
         assert torch.equal(weight, stored)
     assert torch.equal(weight, original)

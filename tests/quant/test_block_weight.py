@@ -13,8 +13,16 @@ from rebar.quant.block_weight import BLOCK_LAYOUTS, BlockWeight, decode_blocks
 
 TYPES = [QT[name] for name in BLOCK_LAYOUTS]
 # byte offsets of the float16 fields of each block (random bytes there could be inf or NaN)
-FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-               "Q5_K": (0, 2), "Q6_K": (208,)}
+FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 def random_raw(qtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -40,10 +48,14 @@ def test_decoding_matches_gguf_bit_for_bit(qtype: QT) -> None:
     decoded = decode_blocks(qtype.name, torch.from_numpy(raw.copy()))
     expected = torch.from_numpy(quants.dequantize(raw, qtype))
     assert torch.equal(decoded.dequantize(), expected)
-    bits = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8}[qtype.name]
+    bits = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8}[
+        qtype.name
+    ]
     assert decoded.bits == bits
     if decoded.kind != "int8":
-        assert int(decoded.codes.max()) < 2**bits and int(decoded.codes.max()) >= 2 ** (bits - 1)  # high bits used
+        assert int(decoded.codes.max()) < 2**bits and int(decoded.codes.max()) >= 2 ** (
+            bits - 1
+        )  # high bits used
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda q: q.name)
@@ -57,7 +69,9 @@ def test_row_views(qtype: QT) -> None:
     assert reordered.raw is raw, "reordering rows must not copy the bytes"
     assert torch.equal(reordered.dequantize(), full[order])
     assert torch.equal(reordered.row_slice(2, 5).dequantize(), full[order[2:5]])
-    assert torch.equal(reordered.select_rows(torch.tensor([1, 0])).dequantize(), full[order[[1, 0]]])
+    assert torch.equal(
+        reordered.select_rows(torch.tensor([1, 0])).dequantize(), full[order[[1, 0]]]
+    )
     lookup = torch.tensor([7, 7, 0])
     assert torch.equal(reordered.dequantize_rows(lookup, torch.float16), full[order[lookup]].half())
     assert torch.equal(weight.row_slice(4, 10).dequantize(), full[4:10])
@@ -78,5 +92,7 @@ def test_packing_for_the_cpu_kernels_keeps_every_value(qtype: QT) -> None:
     tiles exactly, with a partial last tile of output rows."""
     from rebar.quant.qlinear import pack_for_cpu
 
-    weight = BlockWeight(qtype.name, torch.from_numpy(random_raw(qtype, rows=13, cols=512, seed=2).copy()), 512)
+    weight = BlockWeight(
+        qtype.name, torch.from_numpy(random_raw(qtype, rows=13, cols=512, seed=2).copy()), 512
+    )
     assert torch.equal(pack_for_cpu(weight).dequantize(), weight.dequantize())

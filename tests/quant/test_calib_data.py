@@ -19,7 +19,9 @@ from rebar.quant.calib_data import BadLine, JsonlDataset
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def write_lines(path: Path, lines: list[str], newline: str = "\n", final_newline: bool = True) -> Path:
+def write_lines(
+    path: Path, lines: list[str], newline: str = "\n", final_newline: bool = True
+) -> Path:
     path.write_bytes((newline.join(lines) + (newline if final_newline else "")).encode())
     return path
 
@@ -48,7 +50,9 @@ def test_records_are_zero_copy_views_of_the_mapping(tmp_path: Path) -> None:
             dataset.raw(3)
 
 
-def test_index_is_saved_beside_the_file_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_index_is_saved_beside_the_file_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_lines(tmp_path / "d.jsonl", records(4))
     with JsonlDataset(path):
         pass
@@ -78,8 +82,14 @@ def test_index_is_rebuilt_when_the_file_changes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
-@pytest.mark.parametrize(("newline", "final"), [("\n", True), ("\n", False), ("\r\n", True)], ids=["lf", "no-final", "crlf"])
-def test_index_is_the_same_for_any_scan_chunk(tmp_path: Path, chunk: int, newline: str, final: bool) -> None:
+@pytest.mark.parametrize(
+    ("newline", "final"),
+    [("\n", True), ("\n", False), ("\r\n", True)],
+    ids=["lf", "no-final", "crlf"],
+)
+def test_index_is_the_same_for_any_scan_chunk(
+    tmp_path: Path, chunk: int, newline: str, final: bool
+) -> None:
     path = write_lines(tmp_path / "d.jsonl", records(9), newline, final)
     with JsonlDataset(path, scan_chunk_bytes=chunk) as dataset:
         assert [dataset.text(i) for i in range(len(dataset))] == [f"record {i} é" for i in range(9)]
@@ -91,8 +101,20 @@ def test_empty_file(tmp_path: Path) -> None:
         assert len(dataset) == 0 and dataset.sample(3, seed=0) == []
 
 
-def test_bad_lines_are_reported_with_their_number_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    lines = ['{"text": "a"}', "", '{"text": 3}', "not json", '{"text": "b"}', "[1]", '{"t": "x"}', '{"text": "c"}', "\xff"]
+def test_bad_lines_are_reported_with_their_number_and_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = [
+        '{"text": "a"}',
+        "",
+        '{"text": 3}',
+        "not json",
+        '{"text": "b"}',
+        "[1]",
+        '{"t": "x"}',
+        '{"text": "c"}',
+        "\xff",
+    ]
     path = tmp_path / "d.jsonl"
     path.write_bytes("\n".join(lines[:-1]).encode() + b"\n\xff\xfe\n")
     with caplog.at_level(logging.WARNING, logger="rebar.quant"), JsonlDataset(path) as dataset:
@@ -155,7 +177,14 @@ def test_streams_a_file_larger_than_the_memory_it_may_allocate(tmp_path: Path) -
         except MemoryError:
             print("streamed")
     """)
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "streamed"

@@ -29,7 +29,13 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("ckpt")
     source, cfg, state = tiny_gguf(folder)
     tied_source, tied_cfg, tied_state = tiny_gguf(folder, tied=True)
-    out = {"source": source, "cfg": cfg, "state": state, "tied_cfg": tied_cfg, "tied_state": tied_state}
+    out = {
+        "source": source,
+        "cfg": cfg,
+        "state": state,
+        "tied_cfg": tied_cfg,
+        "tied_state": tied_state,
+    }
     for key, model, spec in [
         ("int8", source, QuantizeSpec("int8")),
         ("int8-g32", source, QuantizeSpec("int8", group_size=32)),
@@ -40,10 +46,18 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
-@pytest.mark.parametrize(("key", "method", "group_size", "tied"), [
-    ("int8", "int8", None, False), ("int8-g32", "int8", 32, False), ("int4", "int4-rtn", 32, False), ("int4-tied", "int4-rtn", 64, True),
-])
-def test_loaded_checkpoint_computes_the_dequantized_model(made: dict, key: str, method: str, group_size: int | None, tied: bool) -> None:
+@pytest.mark.parametrize(
+    ("key", "method", "group_size", "tied"),
+    [
+        ("int8", "int8", None, False),
+        ("int8-g32", "int8", 32, False),
+        ("int4", "int4-rtn", 32, False),
+        ("int4-tied", "int4-rtn", 64, True),
+    ],
+)
+def test_loaded_checkpoint_computes_the_dequantized_model(
+    made: dict, key: str, method: str, group_size: int | None, tied: bool
+) -> None:
     """With the float32 dequantize arithmetic pinned, logits equal transformers' on the
     quantized-then-dequantized weights: the checkpoint holds exactly those weights."""
     cfg, state = (made["tied_cfg"], made["tied_state"]) if tied else (made["cfg"], made["state"])
@@ -70,7 +84,9 @@ def test_short_prompts_take_the_packed_kernels_and_stay_close(made: dict) -> Non
     top3 = expected.topk(3, dim=-1).indices
     assert all(int(g) in top3[i].tolist() for i, g in enumerate(got.argmax(-1)))
     assert (got.argmax(-1) == expected.argmax(-1)).sum() >= 6
-    out = llm.generate([IDS[:5]], __import__("rebar").SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    out = llm.generate(
+        [IDS[:5]], __import__("rebar").SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 4
 
 
@@ -86,10 +102,21 @@ def test_manifest_records_how_it_was_made(made: dict) -> None:
     assert manifest["format"] == "rebar-quant" and manifest["format_version"] == 1
     assert (manifest["method"], manifest["bits"], manifest["group_size"]) == ("int4-rtn", 4, 32)
     assert manifest["tool"].startswith("rebar ")
-    assert manifest["source"]["sha256"] == source_digest(made["source"]) and manifest["source"]["format"] == "gguf"
-    assert manifest["tensors"]["layers.0.attn.q_proj.weight"] == {"kind": "int4", "group_size": 32, "shape": [64, 64]}
+    assert (
+        manifest["source"]["sha256"] == source_digest(made["source"])
+        and manifest["source"]["format"] == "gguf"
+    )
+    assert manifest["tensors"]["layers.0.attn.q_proj.weight"] == {
+        "kind": "int4",
+        "group_size": 32,
+        "shape": [64, 64],
+    }
     assert manifest["tensors"]["embed_tokens.weight"]["kind"] == "int8"
-    assert manifest["tensors"]["norm.weight"] == {"kind": "float", "dtype": "float32", "shape": [64]}
+    assert manifest["tensors"]["norm.weight"] == {
+        "kind": "float",
+        "dtype": "float32",
+        "shape": [64],
+    }
     checkpoint = open_checkpoint(made["int4"])
     assert checkpoint.format == "rebar-quant"
     assert checkpoint.tensors["layers.0.mlp.up_proj.weight"].storage == "int4 g32"
@@ -140,12 +167,32 @@ def test_each_file_is_mapped_once_for_all_its_tensors(made: dict, tmp_path: Path
 
 def test_shards(made: dict, tmp_path: Path) -> None:
     checkpoint = open_checkpoint(made["int4"])
-    tensors = {name: checkpoint.load_quantized(name) or checkpoint.load_tensor(name, torch.float32) for name in checkpoint.tensors}
-    header = {k: v for k, v in json.loads((made["int4"] / MANIFEST_NAME).read_text()).items() if k in ("method", "bits", "group_size", "tool", "source", "calibration")}
-    write_checkpoint(tmp_path / "sharded", tensors, checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, header, max_shard_bytes=20_000)
+    tensors = {
+        name: checkpoint.load_quantized(name) or checkpoint.load_tensor(name, torch.float32)
+        for name in checkpoint.tensors
+    }
+    header = {
+        k: v
+        for k, v in json.loads((made["int4"] / MANIFEST_NAME).read_text()).items()
+        if k in ("method", "bits", "group_size", "tool", "source", "calibration")
+    }
+    write_checkpoint(
+        tmp_path / "sharded",
+        tensors,
+        checkpoint.config,
+        checkpoint.tokenizer,
+        checkpoint.chat_template,
+        header,
+        max_shard_bytes=20_000,
+    )
     files = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
     assert len(files) > 3 and files[0].startswith("model-00001-of-")
-    torch.testing.assert_close(LLM(model=tmp_path / "sharded", device="cpu").logits(IDS), LLM(model=made["int4"], device="cpu").logits(IDS), rtol=0, atol=0)
+    torch.testing.assert_close(
+        LLM(model=tmp_path / "sharded", device="cpu").logits(IDS),
+        LLM(model=made["int4"], device="cpu").logits(IDS),
+        rtol=0,
+        atol=0,
+    )
 
 
 # ----- damaged checkpoints -----------------------------------------------------------------------
@@ -173,28 +220,49 @@ def edit_manifest(folder: Path, edit) -> None:
 def test_missing_scales_are_named(made: dict, tmp_path: Path) -> None:
     folder = copy_checkpoint(made["int4"], tmp_path / "c")
     edit_tensors(folder, lambda t: t.pop("layers.1.mlp.up_proj.weight.scales"))
-    with pytest.raises(ModelFormatError, match=r"tensor 'layers\.1\.mlp\.up_proj\.weight\.scales' is missing .*int4 with group size 32"):
+    with pytest.raises(
+        ModelFormatError,
+        match=r"tensor 'layers\.1\.mlp\.up_proj\.weight\.scales' is missing .*int4 with group size 32",
+    ):
         LLM(model=folder, device="cpu")
 
 
 def test_manifest_saying_int4_over_int8_tensors_is_named(made: dict, tmp_path: Path) -> None:
     folder = copy_checkpoint(made["int8"], tmp_path / "c")
-    edit_manifest(folder, lambda m: m["tensors"]["layers.0.attn.v_proj.weight"].update(kind="int4", group_size=32))
-    with pytest.raises(ModelFormatError, match=r"tensor 'layers\.0\.attn\.v_proj\.weight\.qweight' is I8 \[32, 64\].*needs U8 \[32, 32\]"):
+    edit_manifest(
+        folder,
+        lambda m: m["tensors"]["layers.0.attn.v_proj.weight"].update(kind="int4", group_size=32),
+    )
+    with pytest.raises(
+        ModelFormatError,
+        match=r"tensor 'layers\.0\.attn\.v_proj\.weight\.qweight' is I8 \[32, 64\].*needs U8 \[32, 32\]",
+    ):
         open_checkpoint(folder)
 
 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.update({"layers.0.attn.q_proj.weight.scales": torch.zeros(64, 3, dtype=torch.float16)}), r"'layers\.0\.attn\.q_proj\.weight\.scales' is F16 \[64, 3\]"),
-        (lambda t: t.update({"layers.0.attn.q_proj.weight.offsets": torch.zeros(64, 2, dtype=torch.float32)}), r"'layers\.0\.attn\.q_proj\.weight\.offsets' is F32"),
+        (
+            lambda t: t.update(
+                {"layers.0.attn.q_proj.weight.scales": torch.zeros(64, 3, dtype=torch.float16)}
+            ),
+            r"'layers\.0\.attn\.q_proj\.weight\.scales' is F16 \[64, 3\]",
+        ),
+        (
+            lambda t: t.update(
+                {"layers.0.attn.q_proj.weight.offsets": torch.zeros(64, 2, dtype=torch.float32)}
+            ),
+            r"'layers\.0\.attn\.q_proj\.weight\.offsets' is F32",
+        ),
         (lambda t: t.update({"stray": torch.zeros(2)}), r"tensor 'stray' is not in the manifest"),
         (lambda t: t.pop("norm.weight"), r"tensor 'norm\.weight' is missing"),
     ],
     ids=["scales-shape", "offsets-dtype", "extra", "float-missing"],
 )
-def test_tensors_that_disagree_with_the_manifest_are_named(made: dict, tmp_path: Path, edit, message: str) -> None:
+def test_tensors_that_disagree_with_the_manifest_are_named(
+    made: dict, tmp_path: Path, edit, message: str
+) -> None:
     folder = copy_checkpoint(made["int4"], tmp_path / "c")
     edit_tensors(folder, edit)
     with pytest.raises(ModelFormatError, match=message):
@@ -207,15 +275,30 @@ def test_tensors_that_disagree_with_the_manifest_are_named(made: dict, tmp_path:
         (lambda m: m.update(format_version=2), "format_version 2 is not supported"),
         (lambda m: m.pop("tensors"), "missing the key 'tensors'"),
         (lambda m: m.update(format="other"), "not a rebar-quant manifest"),
-        (lambda m: m["tensors"]["layers.0.attn.q_proj.weight"].update(group_size=48), r"'layers\.0\.attn\.q_proj\.weight' has group size 48"),
+        (
+            lambda m: m["tensors"]["layers.0.attn.q_proj.weight"].update(group_size=48),
+            r"'layers\.0\.attn\.q_proj\.weight' has group size 48",
+        ),
         (lambda m: m["tensors"]["layers.0.attn.q_proj.weight"].update(kind="int3"), "malformed"),
         (lambda m: m["config"].update(num_kv_heads=3), "invalid model config"),
-        (lambda m: m["files"].append("model-2.safetensors"), "names model-2.safetensors, which is missing"),
+        (
+            lambda m: m["files"].append("model-2.safetensors"),
+            "names model-2.safetensors, which is missing",
+        ),
         (lambda m: m.update(config=[1, 2]), "'config' .* must be JSON objects"),
         (lambda m: m["config"].update(rope_scaling="linear"), "'config' .* must be JSON objects"),
     ],
-    ids=["version", "no-tensors", "format", "group-size", "kind", "config", "missing-file", "config-list",
-         "scaling-string"],
+    ids=[
+        "version",
+        "no-tensors",
+        "format",
+        "group-size",
+        "kind",
+        "config",
+        "missing-file",
+        "config-list",
+        "scaling-string",
+    ],
 )
 def test_bad_manifests_are_format_errors(made: dict, tmp_path: Path, edit, message: str) -> None:
     folder = copy_checkpoint(made["int4"], tmp_path / "c")
@@ -236,15 +319,25 @@ def test_unreadable_manifest_and_truncated_weights(made: dict, tmp_path: Path) -
         open_checkpoint(folder)
 
 
-def test_quantized_tensor_of_the_wrong_shape_for_the_model_is_named(made: dict, tmp_path: Path) -> None:
+def test_quantized_tensor_of_the_wrong_shape_for_the_model_is_named(
+    made: dict, tmp_path: Path
+) -> None:
     """Internally consistent, but not the shape the model config implies: build_model names it."""
     folder = copy_checkpoint(made["int8"], tmp_path / "c")
 
     def shrink(tensors: dict) -> None:
-        tensors["layers.0.mlp.up_proj.weight.qweight"] = tensors["layers.0.mlp.up_proj.weight.qweight"][:64].clone()
-        tensors["layers.0.mlp.up_proj.weight.scales"] = tensors["layers.0.mlp.up_proj.weight.scales"][:64].clone()
+        tensors["layers.0.mlp.up_proj.weight.qweight"] = tensors[
+            "layers.0.mlp.up_proj.weight.qweight"
+        ][:64].clone()
+        tensors["layers.0.mlp.up_proj.weight.scales"] = tensors[
+            "layers.0.mlp.up_proj.weight.scales"
+        ][:64].clone()
 
     edit_tensors(folder, shrink)
-    edit_manifest(folder, lambda m: m["tensors"]["layers.0.mlp.up_proj.weight"].update(shape=[64, 64]))
-    with pytest.raises(ModelFormatError, match=r"layers\.0\.mlp\.up_proj\.weight.*\[64, 64\].*expected \[128, 64\]"):
+    edit_manifest(
+        folder, lambda m: m["tensors"]["layers.0.mlp.up_proj.weight"].update(shape=[64, 64])
+    )
+    with pytest.raises(
+        ModelFormatError, match=r"layers\.0\.mlp\.up_proj\.weight.*\[64, 64\].*expected \[128, 64\]"
+    ):
         LLM(model=folder, device="cpu")

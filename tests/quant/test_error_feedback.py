@@ -20,13 +20,17 @@ def correlated_inputs(rows: int = 2048, channels: int = 128) -> torch.Tensor:
     return x.double()
 
 
-def nearest(weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> torch.Tensor:
+def nearest(
+    weight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> torch.Tensor:
     out_features, in_features = weight.shape
     groups = weight.float().reshape(out_features, in_features // group_size, group_size)
     return onto_int4_grid(groups, scales, offsets).reshape(out_features, in_features)
 
 
-def reference_rounding(weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int) -> torch.Tensor:
+def reference_rounding(
+    weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int
+) -> torch.Tensor:
     """The same method written out directly: round the loudest remaining column to its nearest grid
     point, move the remaining columns by the optimal correction -e * Hinv[j, rest] / Hinv[j, j] using
     the explicit inverse of H over the columns not yet rounded, then drop column j from it."""
@@ -44,7 +48,9 @@ def reference_rounding(weight: torch.Tensor, moments: torch.Tensor, scales, offs
         result[:, j] = codes * column_scale[:, j] + column_offset[:, j]
         error = (w[:, j] - result[:, j]) / inverse[j, j]
         w[:, rest] -= error.unsqueeze(1) * inverse[j, rest].unsqueeze(0)
-        inverse = inverse - torch.outer(inverse[:, j], inverse[j, :]) / inverse[j, j]  # j is now fixed
+        inverse = (
+            inverse - torch.outer(inverse[:, j], inverse[j, :]) / inverse[j, j]
+        )  # j is now fixed
         remaining = rest
     return result
 
@@ -67,8 +73,12 @@ def test_every_value_stays_on_its_groups_grid() -> None:
     grid = search_grid(weight, moments, 64)
     rounded = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 64)
     assert rounded.dtype == torch.float32
-    assert torch.equal(nearest(rounded, grid.scales, grid.offsets, 64), rounded)  # what the checkpoint stores
-    assert not torch.equal(rounded, nearest(weight, grid.scales, grid.offsets, 64))  # and codes did move
+    assert torch.equal(
+        nearest(rounded, grid.scales, grid.offsets, 64), rounded
+    )  # what the checkpoint stores
+    assert not torch.equal(
+        rounded, nearest(weight, grid.scales, grid.offsets, 64)
+    )  # and codes did move
 
 
 def test_cuts_the_output_error_of_nearest_rounding_on_correlated_inputs() -> None:
@@ -77,7 +87,9 @@ def test_cuts_the_output_error_of_nearest_rounding_on_correlated_inputs() -> Non
     weight = torch.randn(64, 128, generator=GENERATOR) * 0.05
     grid = search_grid(weight, moments, 64)
     plain = output_error(nearest(weight, grid.scales, grid.offsets, 64) - weight, moments)
-    fed_back = output_error(round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 64) - weight, moments)
+    fed_back = output_error(
+        round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 64) - weight, moments
+    )
     assert fed_back < 0.5 * plain
 
 

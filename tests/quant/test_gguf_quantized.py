@@ -18,7 +18,15 @@ from rebar.model.loader import open_checkpoint
 from rebar.quant.qlinear import QuantEmbedding, QuantLinear
 
 NATIVE = cpu_quant.available()
-LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "attn.q_proj",
+    "attn.k_proj",
+    "attn.v_proj",
+    "attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 LEGACY = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
 K_QUANTS = [QT.Q4_K, QT.Q5_K, QT.Q6_K]
 # K-quant rows are whole super-blocks of 256 values: a model at least that wide.
@@ -26,7 +34,11 @@ K_CONFIG = TinyConfig(arch="llama", hidden=256, heads=4, kv_heads=2, intermediat
 
 
 def tiny_file(folder: Path, storage: QT, tied: bool = False) -> Path:
-    cfg = TinyConfig(arch="llama", tied=tied) if storage in LEGACY else TinyConfig(**{**vars(K_CONFIG), "tied": tied})
+    cfg = (
+        TinyConfig(arch="llama", tied=tied)
+        if storage in LEGACY
+        else TinyConfig(**{**vars(K_CONFIG), "tied": tied})
+    )
     contents = model_contents(cfg, random_hf_state(cfg, seed=5), storage)
     contents.metadata["tokenizer.chat_template"] = TEMPLATE
     return contents.write(folder / f"tiny-{storage.name}.gguf")
@@ -49,8 +61,12 @@ def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tie
             expected = checkpoint.load_tensor(f"layers.{layer}.{linear}.weight", torch.float32)
             assert torch.equal(module.weight_q.dequantize(), expected)
             assert torch.equal(module.kernels[0].kernel.packed.dequantize(), expected)
-    assert isinstance(llm.model.embed_tokens, QuantEmbedding) and isinstance(llm.model.lm_head, QuantLinear)
-    assert llm.engine.runner.fused_decoder is not None, "every GGUF block type runs on the fused decode step"
+    assert isinstance(llm.model.embed_tokens, QuantEmbedding) and isinstance(
+        llm.model.lm_head, QuantLinear
+    )
+    assert llm.engine.runner.fused_decoder is not None, (
+        "every GGUF block type runs on the fused decode step"
+    )
 
     reference = LLM(model=path, device="cpu", dequantize=True)
     assert type(reference.model.layers[0].attn.q_proj) is torch.nn.Linear
@@ -61,8 +77,12 @@ def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tie
         # by ~100%) and near-ties flip, but predictions stay among the reference's top three
         assert (got - expected).norm() < 0.25 * expected.norm()
         top3 = expected.topk(3, dim=-1).indices
-        assert sum(int(p) in top3[i].tolist() for i, p in enumerate(got.argmax(-1))) >= 0.9 * len(ids)
-    use_reference_kernels(llm.model)  # the float arithmetic: the codes are exactly the float weights
+        assert sum(int(p) in top3[i].tolist() for i, p in enumerate(got.argmax(-1))) >= 0.9 * len(
+            ids
+        )
+    use_reference_kernels(
+        llm.model
+    )  # the float arithmetic: the codes are exactly the float weights
     torch.testing.assert_close(llm.logits(IDS), reference.logits(IDS), atol=1e-4, rtol=0)
 
 

@@ -19,7 +19,9 @@ from rebar.quant.int_formats import (
 
 
 def weight(out_features: int = 48, in_features: int = 128, seed: int = 0) -> torch.Tensor:
-    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+    return (
+        torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+    )
 
 
 def per_element(values: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -27,7 +29,9 @@ def per_element(values: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def test_pack_unpack_round_trip_and_nibble_order() -> None:
-    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    codes = torch.randint(
+        0, 16, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     packed = pack_int4(codes)
     assert packed.shape == (5, 32) and packed.dtype == torch.uint8
     assert torch.equal(unpack_int4(packed), codes)
@@ -52,7 +56,10 @@ def test_int8_error_is_at_most_half_a_step(group_size: int | None) -> None:
 def test_int4_error_is_at_most_half_a_step(group_size: int) -> None:
     w = weight()
     q = quantize_int4(w, group_size)
-    assert q.qweight.shape == (48, 64) and q.scales.shape == q.offsets.shape == (48, 128 // group_size)
+    assert q.qweight.shape == (48, 64) and q.scales.shape == q.offsets.shape == (
+        48,
+        128 // group_size,
+    )
     codes = unpack_int4(q.qweight)
     assert codes.max() <= INT4_MAX
     step = per_element(q.scales, group_size)
@@ -96,7 +103,10 @@ def test_fake_quantize_equals_quantize_then_dequantize(clip: float) -> None:
     assert torch.equal(fake_quantize_int4(w, 64, clip), quantize_int4(w, 64, clip).dequantize())
 
 
-@pytest.mark.parametrize("make", [lambda w: quantize_int8(w), lambda w: quantize_int8(w, 32), lambda w: quantize_int4(w, 32)])
+@pytest.mark.parametrize(
+    "make",
+    [lambda w: quantize_int8(w), lambda w: quantize_int8(w, 32), lambda w: quantize_int4(w, 32)],
+)
 def test_rows_and_dtypes(make) -> None:
     q: QuantizedWeight = make(weight())
     rows = torch.tensor([5, 0, 47, 5])
@@ -115,7 +125,9 @@ def test_describe_and_size() -> None:
 
 
 def test_group_size_must_tile_the_input() -> None:
-    with pytest.raises(ValueError, match="group size 128 does not divide layer.x's 576 input channels"):
+    with pytest.raises(
+        ValueError, match=r"group size 128 does not divide layer\.x's 576 input channels"
+    ):
         check_group_size(576, 128, 4, "layer.x")
     with pytest.raises(ValueError, match="even"):
         check_group_size(63, 21, 4, "w")

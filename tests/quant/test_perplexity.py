@@ -17,20 +17,29 @@ VOCAB = 11
 
 
 @pytest.mark.parametrize("num_tokens", [2, 3, 10, 17, 64, 65])
-@pytest.mark.parametrize(("context", "stride"), [(2, 1), (4, 3), (8, 2), (8, 7), (16, 5), (100, 99)])
-def test_every_token_but_the_first_is_scored_once_with_history(num_tokens: int, context: int, stride: int) -> None:
+@pytest.mark.parametrize(
+    ("context", "stride"), [(2, 1), (4, 3), (8, 2), (8, 7), (16, 5), (100, 99)]
+)
+def test_every_token_but_the_first_is_scored_once_with_history(
+    num_tokens: int, context: int, stride: int
+) -> None:
     windows = sliding_windows(num_tokens, context, stride)
     targets = [t for w in windows for t in range(w.first_target, w.end)]
     assert targets == list(range(1, num_tokens))
     for index, window in enumerate(windows):
         assert 0 <= window.begin < window.first_target <= window.end <= num_tokens
         assert window.end - window.begin == min(context, num_tokens)
-        if index > 0:  # later windows: at least context - stride tokens of history before the first target
+        if (
+            index > 0
+        ):  # later windows: at least context - stride tokens of history before the first target
             assert window.first_target - window.begin >= context - stride
             assert window.end - window.first_target <= stride
 
 
-@pytest.mark.parametrize(("context", "stride", "tokens", "param"), [(1, 1, 10, "context"), (8, 8, 10, "stride"), (8, 0, 10, "stride"), (8, 4, 1, "data")])
+@pytest.mark.parametrize(
+    ("context", "stride", "tokens", "param"),
+    [(1, 1, 10, "context"), (8, 8, 10, "stride"), (8, 0, 10, "stride"), (8, 4, 1, "data")],
+)
 def test_bad_settings_are_named(context: int, stride: int, tokens: int, param: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
         sliding_windows(tokens, context, stride)
@@ -83,13 +92,22 @@ def test_matches_transformers_loss_on_a_tiny_model(tiny_model) -> None:
     result = perplexity(llm.logits, ids, context=64, stride=32)
     assert result.num_windows == 1
     assert result.mean_nll == pytest.approx(expected, rel=1e-4)
-    windowed = perplexity(llm.logits, ids, context=16, stride=8)  # less history: a different, finite number
-    assert windowed.num_scored == 47 and windowed.num_windows == 5 and math.isfinite(windowed.perplexity)
+    windowed = perplexity(
+        llm.logits, ids, context=16, stride=8
+    )  # less history: a different, finite number
+    assert (
+        windowed.num_scored == 47
+        and windowed.num_windows == 5
+        and math.isfinite(windowed.perplexity)
+    )
 
 
 def test_reads_jsonl_and_plain_text(tmp_path: Path) -> None:
     jsonl = tmp_path / "d.jsonl"
-    jsonl.write_text(json.dumps({"text": "one"}) + "\nbroken\n" + json.dumps({"text": "two"}) + "\n", encoding="utf-8")
+    jsonl.write_text(
+        json.dumps({"text": "one"}) + "\nbroken\n" + json.dumps({"text": "two"}) + "\n",
+        encoding="utf-8",
+    )
     assert read_text(jsonl) == "one\n\ntwo"
     plain = tmp_path / "d.txt"
     plain.write_text("plain text", encoding="utf-8")

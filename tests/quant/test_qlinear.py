@@ -44,15 +44,21 @@ def bf16_emulation(weight: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
     if weight.bits == 8:
         w = weight.qweight.float() * per_element(weight.scales)
     else:
-        zeros = weight.offsets.float() + 8 * weight.scales.float()  # the kernel decodes (q - 8) * scale + zero
-        w = (unpack_int4(weight.qweight).float() - 8) * per_element(weight.scales) + per_element(zeros)
+        zeros = (
+            weight.offsets.float() + 8 * weight.scales.float()
+        )  # the kernel decodes (q - 8) * scale + zero
+        w = (unpack_int4(weight.qweight).float() - 8) * per_element(weight.scales) + per_element(
+            zeros
+        )
     return (x.to(torch.bfloat16).float() @ w.T).to(torch.bfloat16).float()
 
 
 @pytest.mark.parametrize("name", list(WEIGHTS))
 def test_dequantized_matmul_is_the_reference(name: str) -> None:
     weight = WEIGHTS[name]
-    torch.testing.assert_close(DequantizedMatmul(weight)(X), X @ weight.dequantize().T, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        DequantizedMatmul(weight)(X), X @ weight.dequantize().T, rtol=0, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("name", list(WEIGHTS))
@@ -85,7 +91,10 @@ def torch_packed_only(monkeypatch):
 
 
 def test_plan_uses_the_packed_kernel_for_small_batches_only(torch_packed_only) -> None:
-    for weight, max_rows, packed in ((WEIGHTS["int8"], INT8_PACKED_MAX_ROWS, "int8pack"), (WEIGHTS["int4-g64"], INT4_PACKED_MAX_ROWS, "int4pack")):
+    for weight, max_rows, packed in (
+        (WEIGHTS["int8"], INT8_PACKED_MAX_ROWS, "int8pack"),
+        (WEIGHTS["int4-g64"], INT4_PACKED_MAX_ROWS, "int4pack"),
+    ):
         layer = QuantLinear(weight)
         assert layer.kernel_for(1).name == packed
         assert layer.kernel_for(max_rows).name == packed
@@ -101,7 +110,9 @@ def test_plan_uses_the_packed_kernel_for_small_batches_only(torch_packed_only) -
     ],
     ids=["int8-grouped", "int4-odd-out", "int4-g48"],
 )
-def test_weights_without_a_kernel_fall_back_to_dequantize(weight: QuantizedWeight, torch_packed_only) -> None:
+def test_weights_without_a_kernel_fall_back_to_dequantize(
+    weight: QuantizedWeight, torch_packed_only
+) -> None:
     assert not has_packed_kernel(weight, CPU)
     assert [c.kernel.name for c in plan_kernels(weight, CPU)] == ["dequant"]
     x = torch.randn(3, weight.in_features)
@@ -132,7 +143,9 @@ def test_pinned_kernels_are_used() -> None:
     weight = WEIGHTS["int8"]
     layer = QuantLinear(weight, kernels=(KernelChoice(float("inf"), DequantizedMatmul(weight)),))
     assert layer.kernel_for(1).name == "dequant"
-    torch.testing.assert_close(layer(X[:1]), F.linear(X[:1], weight.dequantize()), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        layer(X[:1]), F.linear(X[:1], weight.dequantize()), rtol=0, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("name", ["int8", "int4-g32"])
@@ -147,14 +160,18 @@ def test_quant_embedding_looks_up_dequantized_rows(name: str) -> None:
 
 
 def test_dequantize_path_expands_large_weights_a_slice_at_a_time() -> None:
-    weight = quantize_int4(torch.randn(20_000, 64, generator=GENERATOR), 32)  # more rows than one slice holds
+    weight = quantize_int4(
+        torch.randn(20_000, 64, generator=GENERATOR), 32
+    )  # more rows than one slice holds
     kernel = DequantizedMatmul(weight)
     assert kernel.rows_per_slice < weight.out_features
     x = torch.randn(3, 64, generator=GENERATOR)
     torch.testing.assert_close(kernel(x), x @ weight.dequantize().T, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not cpu_quant.available(), reason="rebar's CPU kernels do not run on this machine")
+@pytest.mark.skipif(
+    not cpu_quant.available(), reason="rebar's CPU kernels do not run on this machine"
+)
 @pytest.mark.parametrize("name", ["int8", "int4-g32", "int4-g64"])
 def test_plan_prefers_rebars_cpu_kernels_for_every_batch(name: str) -> None:
     weight = WEIGHTS[name]
@@ -166,5 +183,7 @@ def test_plan_prefers_rebars_cpu_kernels_for_every_batch(name: str) -> None:
     # int8 activations per block of 32: about 1% of each output's scale
     assert (layer(x).double() - reference).abs().max() < 0.02 * reference.abs().max()
     assert torch.equal(layer(X[:1]), layer(X[:17])[:1])  # a row's bits do not depend on the batch
-    assert torch.equal(layer(X[:1]), layer(torch.cat([X, X]))[:1])  # nor on the schedule (64+ rows: the prefill one)
+    assert torch.equal(
+        layer(X[:1]), layer(torch.cat([X, X]))[:1]
+    )  # nor on the schedule (64+ rows: the prefill one)
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16

@@ -37,18 +37,33 @@ def perplexities(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     from rebar.model.loader import open_checkpoint
     from rebar.quant.quantize import QuantizeSpec, quantize
 
-    eval_ids = evaluation_tokens(open_checkpoint("smollm2").tokenizer, CORPUS / "heldout.jsonl", max_tokens=EVAL_TOKENS)
+    eval_ids = evaluation_tokens(
+        open_checkpoint("smollm2").tokenizer, CORPUS / "heldout.jsonl", max_tokens=EVAL_TOKENS
+    )
     assert len(eval_ids) == EVAL_TOKENS
     folder = tmp_path_factory.mktemp("quality")
     specs = {
         "int8": QuantizeSpec("int8"),
         "int4-rtn": QuantizeSpec("int4-rtn", group_size=GROUP_SIZE),
-        "int4-awq": QuantizeSpec("int4-awq", group_size=GROUP_SIZE, calib_path=CORPUS / "calib.jsonl", calib_sequences=CALIB_SEQUENCES),
+        "int4-awq": QuantizeSpec(
+            "int4-awq",
+            group_size=GROUP_SIZE,
+            calib_path=CORPUS / "calib.jsonl",
+            calib_sequences=CALIB_SEQUENCES,
+        ),
     }
     result = {"reference": perplexity_of("smollm2", eval_ids, dequantize=True)}
     for name, spec in specs.items():
-        result[name] = perplexity_of(quantize("smollm2", spec, folder / name, progress=False).folder, eval_ids)
-    print("perplexity: " + ", ".join(f"{name} {value:.3f} ({value / result['reference'] - 1:+.1%})" for name, value in result.items()))
+        result[name] = perplexity_of(
+            quantize("smollm2", spec, folder / name, progress=False).folder, eval_ids
+        )
+    print(
+        "perplexity: "
+        + ", ".join(
+            f"{name} {value:.3f} ({value / result['reference'] - 1:+.1%})"
+            for name, value in result.items()
+        )
+    )
     return result
 
 
@@ -65,7 +80,9 @@ def test_int8_is_within_one_percent(perplexities: dict[str, float]) -> None:
 def test_activation_aware_int4_beats_round_to_nearest(perplexities: dict[str, float]) -> None:
     assert perplexities["int4-awq"] < perplexities["int4-rtn"], perplexities
     # and by a clear margin: at least four fifths of round-to-nearest's loss is recovered
-    assert relative(perplexities, "int4-awq") < 1 / 5 * relative(perplexities, "int4-rtn"), perplexities
+    assert relative(perplexities, "int4-awq") < 1 / 5 * relative(perplexities, "int4-rtn"), (
+        perplexities
+    )
 
 
 @requires_smollm2

@@ -46,8 +46,13 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_gguf(tmp_path_factory.mktemp("quantize"))[0]
 
 
-def test_group_size_that_does_not_tile_a_layer_is_refused_before_any_work(source: Path, tmp_path: Path) -> None:
-    with pytest.raises(InvalidRequestError, match=r"group size 128 does not divide layers\.0\.attn\.q_proj's 64 input channels"):
+def test_group_size_that_does_not_tile_a_layer_is_refused_before_any_work(
+    source: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"group size 128 does not divide layers\.0\.attn\.q_proj's 64 input channels",
+    ):
         quantize(source, QuantizeSpec("int4-rtn", group_size=128), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
@@ -71,7 +76,9 @@ def test_embedding_models_are_refused(tmp_path: Path) -> None:
 
 def write_corpus(path: Path, texts: list[str]) -> Path:
     """One good record, then one broken line, and so on."""
-    path.write_text("".join(json.dumps({"text": t}) + "\nbroken line\n" for t in texts), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"text": t}) + "\nbroken line\n" for t in texts), encoding="utf-8"
+    )
     return path
 
 
@@ -89,12 +96,24 @@ def test_calibration_sequences_are_deterministic_windows(source: Path, tmp_path:
 
 def test_awq_records_its_calibration_in_the_manifest(source: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.jsonl", [f"the and then {i} " * 8 for i in range(40)])
-    spec = QuantizeSpec("int4-awq", group_size=32, calib_path=corpus, calib_sequences=8, calib_seq_len=64, seed=3)
+    spec = QuantizeSpec(
+        "int4-awq", group_size=32, calib_path=corpus, calib_sequences=8, calib_seq_len=64, seed=3
+    )
     result = quantize(source, spec, tmp_path / "out", progress=False)
-    assert result.awq is not None and len(result.awq.searches) == 8 and len(result.awq.grids) == 14  # 2 layers x 4 groups, 7 linears
+    assert (
+        result.awq is not None and len(result.awq.searches) == 8 and len(result.awq.grids) == 14
+    )  # 2 layers x 4 groups, 7 linears
     calibration = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["calibration"]
     skipped = calibration.pop("bad_lines_skipped")
-    assert calibration == {"file": str(corpus), "sha256": source_digest(corpus), "text_field": "text", "sequences": 8, "seq_len": 64, "seed": 3, "rounding": "error feedback"}
+    assert calibration == {
+        "file": str(corpus),
+        "sha256": source_digest(corpus),
+        "text_field": "text",
+        "sequences": 8,
+        "seq_len": 64,
+        "seed": 3,
+        "rounding": "error feedback",
+    }
     with JsonlDataset(corpus) as dataset:  # the same draw again, to count the broken lines it meets
         calibration_sequences(dataset, open_checkpoint(source).tokenizer, 8, 64, seed=3)
         assert skipped == len(dataset.bad_lines) >= 1

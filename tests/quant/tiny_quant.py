@@ -17,7 +17,9 @@ IDS = [(i * 37 + 11) % 260 for i in range(40)]  # 40 tokens: past the int8 kerne
 LINEAR_SUFFIXES = ("_proj.weight",)
 INT8_EVERYWHERE = ("model.embed_tokens.weight", "lm_head.weight")
 
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
 
 
 def use_reference_kernels(model: torch.nn.Module) -> torch.nn.Module:
@@ -29,15 +31,23 @@ def use_reference_kernels(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def tiny_gguf(folder: Path, tied: bool = False, storage: QT = QT.F32, seed: int = 5) -> tuple[Path, TinyConfig, dict[str, np.ndarray]]:
+def tiny_gguf(
+    folder: Path, tied: bool = False, storage: QT = QT.F32, seed: int = 5
+) -> tuple[Path, TinyConfig, dict[str, np.ndarray]]:
     cfg = TinyConfig(arch="llama", tied=tied)
     state = random_hf_state(cfg, seed=seed)
     contents = model_contents(cfg, state, storage)
     contents.metadata["tokenizer.chat_template"] = TEMPLATE
-    return contents.write(folder / f"tiny-{storage.name}-{'tied' if tied else 'untied'}.gguf"), cfg, state
+    return (
+        contents.write(folder / f"tiny-{storage.name}-{'tied' if tied else 'untied'}.gguf"),
+        cfg,
+        state,
+    )
 
 
-def quantized_state(state: dict[str, np.ndarray], method: str, group_size: int | None) -> dict[str, np.ndarray]:
+def quantized_state(
+    state: dict[str, np.ndarray], method: str, group_size: int | None
+) -> dict[str, np.ndarray]:
     """The HF-named weights a checkpoint made with `method` holds, dequantized: the reference model."""
     out = {}
     for name, values in state.items():

@@ -19,7 +19,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: live_server
 
-from live_server import server_settings, serving_models, slowest_health  # noqa: E402
+import contextlib
+
+from live_server import server_settings, serving_models, slowest_health
 
 CHAT = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -32,8 +34,12 @@ def made_up_methods(url: str, count: int = 20_000) -> dict:
         for i in range(count):
             client.request(f"M{i}", url + f"/x/{i}")
     metrics = httpx.get(url + "/metrics")
-    return {"requests": count, "seconds": round(time.monotonic() - started, 1), "metrics_bytes_before": before,
-            "metrics_bytes_after": len(metrics.content)}
+    return {
+        "requests": count,
+        "seconds": round(time.monotonic() - started, 1),
+        "metrics_bytes_before": before,
+        "metrics_bytes_after": len(metrics.content),
+    }
 
 
 def slow_clients(url: str, count: int = 300) -> dict:
@@ -53,14 +59,24 @@ def slow_clients(url: str, count: int = 300) -> dict:
         closed_at.append(time.monotonic() - started)
         assert data.startswith(b"HTTP/1.1 408"), data[:40]
         sock.close()
-    return {"connections": count, "health_status": status, "health_s": round(health_s, 3),
-            "all_closed_with_408_after_s": round(max(closed_at), 1)}
+    return {
+        "connections": count,
+        "health_status": status,
+        "health_s": round(health_s, 3),
+        "all_closed_with_408_after_s": round(max(closed_at), 1),
+    }
 
 
 def huge_prompt(url: str) -> dict:
     text = "lorem ipsum dolor sit amet " * 36_000
-    worst, response = slowest_health(url, lambda: httpx.post(url + "/tokenize", json={"prompt": text}, timeout=120))
-    return {"prompt_bytes": len(text), "tokens": response.json()["count"], "worst_health_s": round(worst, 3)}
+    worst, response = slowest_health(
+        url, lambda: httpx.post(url + "/tokenize", json={"prompt": text}, timeout=120)
+    )
+    return {
+        "prompt_bytes": len(text),
+        "tokens": response.json()["count"],
+        "worst_health_s": round(worst, 3),
+    }
 
 
 def abandoned_embeddings(url: str, app) -> dict:
@@ -74,31 +90,50 @@ def abandoned_embeddings(url: str, app) -> dict:
             time.sleep(0.05)
         idle_s = time.monotonic() - started
         chat_started = time.monotonic()
-        httpx.post(url + CHAT, json={"model": "smollm2", "messages": ASK, "max_tokens": 8}, timeout=120)
+        httpx.post(
+            url + CHAT, json={"model": "smollm2", "messages": ASK, "max_tokens": 8}, timeout=120
+        )
         return idle_s, time.monotonic() - chat_started
 
     worst, (idle_s, chat_s) = slowest_health(url, attack)
-    return {"requests": 3, "inputs_each": 2048, "client_timeout_s": 2, "queue_idle_after_leaving_s": round(idle_s, 2),
-            "chat_after_s": round(chat_s, 2), "worst_health_s": round(worst, 3)}
+    return {
+        "requests": 3,
+        "inputs_each": 2048,
+        "client_timeout_s": 2,
+        "queue_idle_after_leaving_s": round(idle_s, 2),
+        "chat_after_s": round(chat_s, 2),
+        "worst_health_s": round(worst, 3),
+    }
 
 
 def _give_up(url: str) -> None:
-    try:
-        httpx.post(url + "/v1/embeddings", json={"model": "minilm", "input": [f"text {i}" for i in range(2048)]}, timeout=2)
-    except httpx.TimeoutException:
-        pass
+    with contextlib.suppress(httpx.TimeoutException):
+        httpx.post(
+            url + "/v1/embeddings",
+            json={"model": "minilm", "input": [f"text {i}" for i in range(2048)]},
+            timeout=2,
+        )
 
 
 def tokens_per_minute(served_models) -> dict:
     limit = 60
     settings = server_settings(**{"rate_limits.tokens_per_minute": limit})
-    body = {"model": "smollm2", "prompt": "Tell me a story:", "max_tokens": 250, "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": "smollm2",
+        "prompt": "Tell me a story:",
+        "max_tokens": 250,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     with serving_models(served_models, settings) as (url, _):
         usage = httpx.post(url + "/v1/completions", json=body, timeout=120).json()["usage"]
         one = usage["total_tokens"]
     with serving_models(served_models, settings) as (url, _):
+
         def run(i: int) -> int:
-            response = httpx.post(url + "/v1/completions", json={**body, "prompt": f"Story {i}:"}, timeout=120)
+            response = httpx.post(
+                url + "/v1/completions", json={**body, "prompt": f"Story {i}:"}, timeout=120
+            )
             return response.json()["usage"]["total_tokens"] if response.status_code == 200 else 0
 
         with ThreadPoolExecutor(3) as pool:
@@ -110,10 +145,19 @@ def tenant_probe(served_models) -> dict:
     settings = server_settings(**{"server.api_keys": ["tenant-a", "tenant-b"]})
     secret = f"My account number is {time.time_ns()} and my password is hunter2; summarise. " * 4
     with serving_models(served_models, settings) as (url, _):
+
         def ask(key: str, content: str) -> httpx.Response:
-            return httpx.post(url + CHAT, json={"model": "smollm2", "messages": [{"role": "user", "content": content}],
-                                                "max_tokens": 4, "temperature": 0},
-                              headers={"Authorization": f"Bearer {key}"}, timeout=120)
+            return httpx.post(
+                url + CHAT,
+                json={
+                    "model": "smollm2",
+                    "messages": [{"role": "user", "content": content}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=120,
+            )
 
         ask("tenant-a", secret)
         ask("tenant-b", secret.replace("password", "pin"))  # b's own template blocks cached
@@ -123,8 +167,10 @@ def tenant_probe(served_models) -> dict:
         def cached(response: httpx.Response) -> int:
             return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-        return {"right_guess": {"x_cache": guess.headers["x-cache"], "cached_tokens": cached(guess)},
-                "wrong_guess": {"x_cache": wrong.headers["x-cache"], "cached_tokens": cached(wrong)}}
+        return {
+            "right_guess": {"x_cache": guess.headers["x-cache"], "cached_tokens": cached(guess)},
+            "wrong_guess": {"x_cache": wrong.headers["x-cache"], "cached_tokens": cached(wrong)},
+        }
 
 
 def main() -> None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from suite import scaled
 
 from live_server import assert_idle, free_port, server_settings, serving_models
 from markers import requires_minilm, requires_smollm2
-from suite import scaled
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -36,7 +37,9 @@ def server(served_models):
 
 def completion(url: str, prompt: str, **fields) -> httpx.Response:
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": 16, "temperature": 0, **fields}
-    return httpx.post(url + COMPLETIONS, json=body, headers={"cache-control": "no-cache"}, timeout=120)
+    return httpx.post(
+        url + COMPLETIONS, json=body, headers={"cache-control": "no-cache"}, timeout=120
+    )
 
 
 class PoisonedRunner:
@@ -78,30 +81,53 @@ def test_an_engine_fault_fails_its_request_alone_with_a_clean_500(server) -> Non
         core.runner = original
     assert core.runner is original and app.state.rebar.models.engine.core.runner is original
     assert [r.status_code for r in healthy] == [200] * 3
-    assert [r.json()["choices"][0]["text"] for r in healthy] == expected  # untouched by the neighbour's fault
+    assert [
+        r.json()["choices"][0]["text"] for r in healthy
+    ] == expected  # untouched by the neighbour's fault
     assert failed.status_code == 500
     error = failed.json()["error"]
-    assert error["type"] == "server_error" and SECRET not in failed.text and "injected" not in failed.text
+    assert (
+        error["type"] == "server_error"
+        and SECRET not in failed.text
+        and "injected" not in failed.text
+    )
     assert streamed.status_code == 200  # a stream's fault arrives as an error event, then [DONE]
     events = [line[6:] for line in streamed.text.split("\n\n") if line.startswith("data: ")]
-    assert any('"error"' in e for e in events) and events[-1] == "[DONE]" and SECRET not in streamed.text
+    assert (
+        any('"error"' in e for e in events)
+        and events[-1] == "[DONE]"
+        and SECRET not in streamed.text
+    )
     assert_idle(app)
-    assert completion(url, prompts[0]).json()["choices"][0]["text"] == expected[0]  # and it recovers
+    assert (
+        completion(url, prompts[0]).json()["choices"][0]["text"] == expected[0]
+    )  # and it recovers
 
 
 def test_a_storm_of_clients_leaving_mid_stream_leaves_nothing_behind(server) -> None:
     url, app = server
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "smollm2", "prompt": "Write a very long story:", "max_tokens": 300, "ignore_eos": True,
-                       "stream": True}).encode()
-    request = (f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    body = json.dumps(
+        {
+            "model": "smollm2",
+            "prompt": "Write a very long story:",
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    request = (
+        f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
     def leave(delay_s: float) -> None:
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(request)
             time.sleep(delay_s)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )  # RST
 
     clients = int(scaled(48, 400))
     with ThreadPoolExecutor(16) as pool:
@@ -112,10 +138,18 @@ def test_a_storm_of_clients_leaving_mid_stream_leaves_nothing_behind(server) -> 
 
 def serve(tmp_path, log, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    environment = {**os.environ, "REBAR_ENGINE__MAX_MODEL_LEN": "1024", "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20),
-                   **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", "rebar.cli", "serve", "--port", str(port), *args],
-                               env=environment, stdout=log, stderr=log)
+    environment = {
+        **os.environ,
+        "REBAR_ENGINE__MAX_MODEL_LEN": "1024",
+        "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20),
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rebar.cli", "serve", "--port", str(port), *args],
+        env=environment,
+        stdout=log,
+        stderr=log,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -140,19 +174,29 @@ def test_sigterm_under_load_drains_and_exits_0(tmp_path) -> None:
         outcomes: list[str] = []
 
         def stream(i: int) -> None:
-            body = {"model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 48, "ignore_eos": True, "stream": True}
+            body = {
+                "model": "smollm2",
+                "prompt": f"Story {i}:",
+                "max_tokens": 48,
+                "ignore_eos": True,
+                "stream": True,
+            }
             try:
                 with httpx.stream("POST", url + COMPLETIONS, json=body, timeout=60) as response:
                     text = "".join(response.iter_text())
-                outcomes.append("done" if "data: [DONE]" in text else "error" if '"error"' in text else "cut")
+                outcomes.append(
+                    "done" if "data: [DONE]" in text else "error" if '"error"' in text else "cut"
+                )
             except httpx.HTTPError:
                 outcomes.append("refused")  # arrived after the listener closed
 
         def abandoned_embeddings() -> None:  # a big job whose client gives up at once
-            try:
-                httpx.post(url + "/v1/embeddings", json={"model": "minilm", "input": ["text"] * 2048}, timeout=0.5)
-            except httpx.HTTPError:
-                pass
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    url + "/v1/embeddings",
+                    json={"model": "minilm", "input": ["text"] * 2048},
+                    timeout=0.5,
+                )
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
         threads += [threading.Thread(target=abandoned_embeddings) for _ in range(2)]
@@ -181,7 +225,12 @@ def test_a_full_disk_for_the_logs_does_not_stop_the_server(tmp_path) -> None:
         for _ in range(3):
             response = completion(url, "The capital of France is", max_tokens=4)
             assert response.status_code == 200
-        assert httpx.post(url + COMPLETIONS, json={"model": "nope", "prompt": "x"}, timeout=30).status_code == 400
+        assert (
+            httpx.post(
+                url + COMPLETIONS, json={"model": "nope", "prompt": "x"}, timeout=30
+            ).status_code
+            == 400
+        )
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=40) == 0
     finally:

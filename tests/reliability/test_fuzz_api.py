@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from suite import scaled
 
 from live_server import assert_idle, server_settings, serving_models
-from suite import scaled
 
 MAX_EXAMPLES = int(scaled(12, 300))
 # Generation lengths are clamped so a case costs at most a few seconds of engine time; the
@@ -45,10 +45,14 @@ def _bounded(body: object, served: dict[str, str]) -> object:
     body = dict(body)
     if "model" in body and isinstance(body["model"], str):
         body["model"] = served["embedding" if "input" in body else "chat"]
-    for key, cap in (("max_tokens", MAX_FUZZ_TOKENS), ("max_completion_tokens", MAX_FUZZ_TOKENS), ("n", MAX_FUZZ_N)):
+    for key, cap in (
+        ("max_tokens", MAX_FUZZ_TOKENS),
+        ("max_completion_tokens", MAX_FUZZ_TOKENS),
+        ("n", MAX_FUZZ_N),
+    ):
         if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > cap:
             body[key] = cap
-    generates = "messages" in body or "prompt" in body and "tokens" not in body
+    generates = "messages" in body or ("prompt" in body and "tokens" not in body)
     if generates and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_FUZZ_TOKENS  # None (chat's default) means "until the context ends"
     return body
@@ -66,5 +70,7 @@ def test_no_input_gets_a_5xx_or_leaves_anything_behind(fuzz_server, case) -> Non
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
-        assert app.state.rebar.models.engine.core.num_requests_added == added  # nothing generated for it
+        assert (
+            app.state.rebar.models.engine.core.num_requests_added == added
+        )  # nothing generated for it
     assert_idle(app)

@@ -17,22 +17,30 @@ import time
 from collections import Counter
 
 import httpx
+from suite import FULL, resident_mib, scaled
 
 from live_server import assert_idle, server_settings, serving_models
-from suite import FULL, resident_mib, scaled
 
 CONCURRENCY = 16
 DURATION_S = float(os.environ.get("RELIABILITY_SOAK_S", scaled(30, 1200)))
 # Traffic before the measured part: allocator pools, the embedding model's buffers and the caches
 # grow for the first ~40 s (measured: 540 -> 820 MiB), then stay flat.
 WARM_UP_S = scaled(45, 120)
-PROMPTS = ["The capital of France is", "Write a haiku about the sea:", "List three prime numbers:",
-           "Explain what a KV cache is.", "Translate 'good morning' into Spanish:", "Once upon a time"]
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea:",
+    "List three prime numbers:",
+    "Explain what a KV cache is.",
+    "Translate 'good morning' into Spanish:",
+    "Once upon a time",
+]
 
 
 def one_request(client: httpx.Client, url: str, rng: random.Random) -> str:
     """One request of a random kind; returns its outcome ("ok", "aborted" or a failure)."""
-    kind = rng.choice(["chat", "chat_stream", "completion", "completion_stream", "abort", "embedding"])
+    kind = rng.choice(
+        ["chat", "chat_stream", "completion", "completion_stream", "abort", "embedding"]
+    )
     prompt = rng.choice(PROMPTS) + " " * rng.randint(0, 3)
     tokens = rng.randint(4, 48)
     if kind == "embedding":
@@ -40,9 +48,13 @@ def one_request(client: httpx.Client, url: str, rng: random.Random) -> str:
         response = client.post(url + "/v1/embeddings", json=body)
         return "ok" if response.status_code == 200 else f"embedding {response.status_code}"
     chat = kind.startswith("chat")
-    body = ({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
-    body.update(model="smollm2", max_tokens=tokens, temperature=rng.choice([0, 0.8]), stream=kind != "chat" and
-                kind != "completion")
+    body = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    body.update(
+        model="smollm2",
+        max_tokens=tokens,
+        temperature=rng.choice([0, 0.8]),
+        stream=kind != "chat" and kind != "completion",
+    )
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if not body["stream"]:
         response = client.post(url + path, json=body)
@@ -77,7 +89,9 @@ def test_soak(served_models) -> None:
                     with lock:
                         outcomes[outcome] += 1
 
-        threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(CONCURRENCY)]
+        threads = [
+            threading.Thread(target=client_loop, args=(seed,)) for seed in range(CONCURRENCY)
+        ]
         for thread in threads:
             thread.start()
         while time.monotonic() - started < WARM_UP_S + DURATION_S:
@@ -91,11 +105,20 @@ def test_soak(served_models) -> None:
     after_warm_up = [mib for at, mib in memory if at >= WARM_UP_S]
     growth = (after_warm_up[-1] - after_warm_up[0]) / after_warm_up[0]
     failures = {k: v for k, v in outcomes.items() if k not in ("ok", "aborted")}
-    report = {"warm_up_s": WARM_UP_S, "measured_s": DURATION_S, "concurrency": CONCURRENCY, "requests": sum(outcomes.values()),
-              "outcomes": dict(outcomes), "rss_mib_after_warm_up": round(after_warm_up[0], 1),
-              "rss_mib_end": round(after_warm_up[-1], 1), "rss_mib_peak": round(max(after_warm_up), 1),
-              "rss_growth": round(growth, 4),
-              "rss_mib_every_tenth": [round(mib) for mib in after_warm_up[:: max(1, len(after_warm_up) // 10)]]}
+    report = {
+        "warm_up_s": WARM_UP_S,
+        "measured_s": DURATION_S,
+        "concurrency": CONCURRENCY,
+        "requests": sum(outcomes.values()),
+        "outcomes": dict(outcomes),
+        "rss_mib_after_warm_up": round(after_warm_up[0], 1),
+        "rss_mib_end": round(after_warm_up[-1], 1),
+        "rss_mib_peak": round(max(after_warm_up), 1),
+        "rss_growth": round(growth, 4),
+        "rss_mib_every_tenth": [
+            round(mib) for mib in after_warm_up[:: max(1, len(after_warm_up) // 10)]
+        ],
+    }
     print("soak:", json.dumps(report))
     if os.environ.get("RELIABILITY_REPORT"):
         with open(os.environ["RELIABILITY_REPORT"], "a") as out:

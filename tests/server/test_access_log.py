@@ -55,9 +55,16 @@ def entries(buffer: io.StringIO, request_id: str, timeout: float = 5.0) -> list[
 
 
 def chat(url: str, request_id: str, **extra) -> httpx.Response:
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Repeat: {SECRET_WORDS}"}], "max_tokens": 4,
-            "temperature": 0.7, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Request-ID": request_id}, timeout=120)
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": f"Repeat: {SECRET_WORDS}"}],
+        "max_tokens": 4,
+        "temperature": 0.7,
+        **extra,
+    }
+    return httpx.post(
+        url + "/v1/chat/completions", json=body, headers={"X-Request-ID": request_id}, timeout=120
+    )
 
 
 def test_access_line_per_request_without_prompt_text(served_models, access_log) -> None:
@@ -65,23 +72,36 @@ def test_access_line_per_request_without_prompt_text(served_models, access_log) 
         response = chat(url, "log-plain-1")
         streamed = chat(url, "log-stream-1", stream=True)
         bad = chat(url, "log-bad-1", model="nope")
-        lines = {rid: entries(access_log, rid) for rid in ("log-plain-1", "log-stream-1", "log-bad-1")}
+        lines = {
+            rid: entries(access_log, rid) for rid in ("log-plain-1", "log-stream-1", "log-bad-1")
+        }
     assert [r.status_code for r in (response, streamed, bad)] == [200, 200, 400]
     (plain,) = [e for e in lines["log-plain-1"] if e["logger"] == "rebar.access"]
     usage = response.json()["usage"]
-    assert plain["route"] == "/v1/chat/completions" and plain["method"] == "POST" and plain["status"] == 200
+    assert (
+        plain["route"] == "/v1/chat/completions"
+        and plain["method"] == "POST"
+        and plain["status"] == 200
+    )
     assert plain["trace_id"] == response.headers["x-trace-id"]
-    assert plain["prompt_tokens"] == usage["prompt_tokens"] and plain["completion_tokens"] == usage["completion_tokens"]
+    assert (
+        plain["prompt_tokens"] == usage["prompt_tokens"]
+        and plain["completion_tokens"] == usage["completion_tokens"]
+    )
     assert plain["duration_ms"] > 0 and plain["prefill_ms"] > 0 and plain["level"] == "info"
 
     (stream_line,) = [e for e in lines["log-stream-1"] if e["logger"] == "rebar.access"]
-    assert stream_line["status"] == 200 and stream_line["completion_tokens"] >= 1  # known only at the stream's end
+    assert (
+        stream_line["status"] == 200 and stream_line["completion_tokens"] >= 1
+    )  # known only at the stream's end
     (bad_line,) = [e for e in lines["log-bad-1"] if e["logger"] == "rebar.access"]
     assert bad_line["status"] == 400 and "prompt_tokens" not in bad_line
     assert "zebra" not in access_log.getvalue()
 
 
-def test_log_prompts_puts_prompt_and_completion_in_the_access_line(served_models, access_log) -> None:
+def test_log_prompts_puts_prompt_and_completion_in_the_access_line(
+    served_models, access_log
+) -> None:
     with served(served_models, **{"logging.log_prompts": True}) as url:
         response = chat(url, "log-prompts-1")
         (line,) = [e for e in entries(access_log, "log-prompts-1") if e["logger"] == "rebar.access"]

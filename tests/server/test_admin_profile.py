@@ -20,7 +20,9 @@ def admin_server(served_models):
     from rebar.server.app import create_app
 
     served_models.engine = AsyncEngine(served_models.chat.engine)
-    settings = server_settings(**{"server.admin_api_keys": [ADMIN_KEY], "server.api_keys": [USER_KEY]})
+    settings = server_settings(
+        **{"server.admin_api_keys": [ADMIN_KEY], "server.api_keys": [USER_KEY]}
+    )
     with live_server(create_app(settings, served_models)) as url:
         yield url
 
@@ -50,13 +52,25 @@ def test_admin_keys_are_separate_from_api_keys(admin_server) -> None:
 
 
 def test_profile_of_live_generation_has_layer_ranges_and_top_operators(admin_server) -> None:
-    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": "smollm2",
+        "prompt": "Once upon a time",
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     done = threading.Event()
     results: list[httpx.Response] = []
 
     def generate() -> None:
-        results.append(httpx.post(admin_server + "/v1/completions", json=body, timeout=120,
-                                  headers={"Authorization": f"Bearer {USER_KEY}"}))
+        results.append(
+            httpx.post(
+                admin_server + "/v1/completions",
+                json=body,
+                timeout=120,
+                headers={"Authorization": f"Bearer {USER_KEY}"},
+            )
+        )
         done.set()
 
     worker = threading.Thread(target=generate)
@@ -66,11 +80,18 @@ def test_profile_of_live_generation_has_layer_ranges_and_top_operators(admin_ser
     assert response.status_code == 200, response.text
     data = response.json()
     assert data["object"] == "profile" and data["steps_profiled"] == 3
-    assert len(data["top_operators"]) == 7 and all(op["self_ms"] >= 0 for op in data["top_operators"])
+    assert len(data["top_operators"]) == 7 and all(
+        op["self_ms"] >= 0 for op in data["top_operators"]
+    )
     names = {event.get("name") for event in data["trace"]["traceEvents"]}
     # a step through the model's forward has a range per layer; a decode step through the fused CPU
     # step (the default for this quantized model) is one range
-    assert {"layers.0", "layers.29", "layers.0.attn", "layers.29.mlp"} <= names or "fused_decode_step" in names
+    assert {
+        "layers.0",
+        "layers.29",
+        "layers.0.attn",
+        "layers.29.mlp",
+    } <= names or "fused_decode_step" in names
     assert results[0].status_code == 200 and results[0].json()["usage"]["completion_tokens"] == 24
 
 

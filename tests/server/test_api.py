@@ -12,13 +12,21 @@ import pytest
 CHAT = "/v1/chat/completions"
 # SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar
 # (their greedy answers are the same); with this one both answer the question.
-ASK = [{"role": "system", "content": "You are a helpful AI assistant."},
-       {"role": "user", "content": "What is the capital of France?"}]
+ASK = [
+    {"role": "system", "content": "You are a helpful AI assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 def post(url: str, path: str, body: dict | bytes, **kwargs) -> httpx.Response:
     if isinstance(body, bytes):
-        return httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=120, **kwargs)
+        return httpx.post(
+            url + path,
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=120,
+            **kwargs,
+        )
     return httpx.post(url + path, json=body, timeout=120, **kwargs)
 
 
@@ -59,11 +67,20 @@ def test_health_ready_models(server) -> None:
 
 def test_chat_completion(server) -> None:
     url, _ = server
-    response = post(url, CHAT, {"model": "smollm2", "messages": ASK, "max_tokens": 24, "temperature": 0}, headers={"X-Request-ID": "abc-123"})
+    response = post(
+        url,
+        CHAT,
+        {"model": "smollm2", "messages": ASK, "max_tokens": 24, "temperature": 0},
+        headers={"X-Request-ID": "abc-123"},
+    )
     assert response.status_code == 200 and response.headers["x-request-id"] == "abc-123"
     body = response.json()
     # The client's id labels the response; the response's own id is always rebar's.
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-") and "abc-123" not in body["id"]
+    assert (
+        body["object"] == "chat.completion"
+        and body["id"].startswith("chatcmpl-")
+        and "abc-123" not in body["id"]
+    )
     choice = body["choices"][0]
     assert "Paris" in choice["message"]["content"] and choice["finish_reason"] == "stop"
     usage = body["usage"]
@@ -79,11 +96,20 @@ def test_request_id_is_generated_when_absent(server) -> None:
 
 def test_chat_stream_framing(server) -> None:
     url, _ = server
-    body = {"model": "smollm2", "messages": ASK, "max_tokens": 24, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "smollm2",
+        "messages": ASK,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     response = post(url, CHAT, body)
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
+    assert (
+        response.headers["cache-control"] == "no-cache"
+        and response.headers["x-accel-buffering"] == "no"
+    )
     events = sse_events(response)
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
@@ -99,8 +125,13 @@ def test_chat_stream_framing(server) -> None:
 
 def test_stream_of_japanese_and_emoji_never_breaks_a_character(server) -> None:
     url, _ = server
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "日本語で自己紹介して🎉 and say café"}],
-            "max_tokens": 48, "temperature": 0, "stream": True}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "日本語で自己紹介して🎉 and say café"}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.stream("POST", url + CHAT, json=body, timeout=120) as response:
         raw = b"".join(response.iter_raw())
     events = [e for e in raw.decode("utf-8").split("\n\n") if e.startswith("data: {")]
@@ -112,37 +143,88 @@ def test_stream_of_japanese_and_emoji_never_breaks_a_character(server) -> None:
 
 def test_completions_with_echo_logprobs_and_n(server) -> None:
     url, _ = server
-    body = post(url, "/v1/completions", {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 5,
-                                         "temperature": 0, "logprobs": 2}).json()
+    body = post(
+        url,
+        "/v1/completions",
+        {
+            "model": "smollm2",
+            "prompt": "The capital of France is",
+            "max_tokens": 5,
+            "temperature": 0,
+            "logprobs": 2,
+        },
+    ).json()
     choice = body["choices"][0]
     assert body["object"] == "text_completion" and choice["finish_reason"] == "length"
     lp = choice["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 5
     assert "".join(lp["tokens"]) == choice["text"] and all(len(t) == 2 for t in lp["top_logprobs"])
-    echoed = post(url, "/v1/completions", {"model": "smollm2", "prompt": "Hi there", "max_tokens": 3, "echo": True}).json()
+    echoed = post(
+        url,
+        "/v1/completions",
+        {"model": "smollm2", "prompt": "Hi there", "max_tokens": 3, "echo": True},
+    ).json()
     assert echoed["choices"][0]["text"].startswith("Hi there")
-    several = post(url, "/v1/completions", {"model": "smollm2", "prompt": "Once", "max_tokens": 8, "n": 3, "seed": 5,
-                                           "temperature": 1.0}).json()
+    several = post(
+        url,
+        "/v1/completions",
+        {
+            "model": "smollm2",
+            "prompt": "Once",
+            "max_tokens": 8,
+            "n": 3,
+            "seed": 5,
+            "temperature": 1.0,
+        },
+    ).json()
     assert [c["index"] for c in several["choices"]] == [0, 1, 2]
     assert len({c["text"] for c in several["choices"]}) > 1
-    again = post(url, "/v1/completions", {"model": "smollm2", "prompt": "Once", "max_tokens": 8, "n": 3, "seed": 5,
-                                         "temperature": 1.0}).json()
+    again = post(
+        url,
+        "/v1/completions",
+        {
+            "model": "smollm2",
+            "prompt": "Once",
+            "max_tokens": 8,
+            "n": 3,
+            "seed": 5,
+            "temperature": 1.0,
+        },
+    ).json()
     assert [c["text"] for c in again["choices"]] == [c["text"] for c in several["choices"]]
 
 
 def test_stop_strings(server) -> None:
     url, _ = server
-    base = post(url, "/v1/completions", {"model": "smollm2", "prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0}).json()
+    base = post(
+        url,
+        "/v1/completions",
+        {"model": "smollm2", "prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0},
+    ).json()
     text = base["choices"][0]["text"]
     assert " 7" in text
-    cut = post(url, "/v1/completions", {"model": "smollm2", "prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0,
-                                       "stop": [" 7"]}).json()
-    assert cut["choices"][0]["text"] == text[: text.index(" 7")] and cut["choices"][0]["finish_reason"] == "stop"
+    cut = post(
+        url,
+        "/v1/completions",
+        {
+            "model": "smollm2",
+            "prompt": "1, 2, 3, 4,",
+            "max_tokens": 12,
+            "temperature": 0,
+            "stop": [" 7"],
+        },
+    ).json()
+    assert (
+        cut["choices"][0]["text"] == text[: text.index(" 7")]
+        and cut["choices"][0]["finish_reason"] == "stop"
+    )
 
 
 def test_embeddings_match_the_model(server) -> None:
     url, app = server
-    body = post(url, "/v1/embeddings", {"model": "minilm", "input": ["hello world", "good morning"]}).json()
+    body = post(
+        url, "/v1/embeddings", {"model": "minilm", "input": ["hello world", "good morning"]}
+    ).json()
     vectors = [d["embedding"] for d in body["data"]]
     expected = app.state.rebar.models.embedding.embed(["hello world", "good morning"])
     assert len(vectors) == 2 and len(vectors[0]) == 384
@@ -152,7 +234,11 @@ def test_embeddings_match_the_model(server) -> None:
 
     import numpy as np
 
-    b64 = post(url, "/v1/embeddings", {"model": "minilm", "input": "hello world", "encoding_format": "base64"}).json()
+    b64 = post(
+        url,
+        "/v1/embeddings",
+        {"model": "minilm", "input": "hello world", "encoding_format": "base64"},
+    ).json()
     decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype=np.float32)
     assert np.allclose(decoded, vectors[0], atol=1e-6)
 
@@ -160,8 +246,15 @@ def test_embeddings_match_the_model(server) -> None:
 def test_tokenize_and_detokenize(server) -> None:
     url, _ = server
     tokens = post(url, "/tokenize", {"prompt": "<|im_start|>user\nhi"}).json()
-    assert tokens["tokens"][0] == 1 and tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 2048
-    assert post(url, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"] == "<|im_start|>user\nhi"
+    assert (
+        tokens["tokens"][0] == 1
+        and tokens["count"] == len(tokens["tokens"])
+        and tokens["max_model_len"] == 2048
+    )
+    assert (
+        post(url, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
+        == "<|im_start|>user\nhi"
+    )
     chat = post(url, "/tokenize", {"messages": ASK}).json()
     assert chat["count"] > tokens["count"]
 
@@ -174,7 +267,11 @@ def test_tokenize_and_detokenize(server) -> None:
         (CHAT, {"model": "smollm2", "messages": ASK, "top_p": 0}, "top_p"),
         (CHAT, {"model": "smollm2", "messages": ASK, "top_p": 1.5}, "top_p"),
         (CHAT, {"model": "smollm2", "messages": ASK, "max_tokens": 5000}, "max_tokens"),
-        (CHAT, {"model": "smollm2", "messages": [{"role": "user", "content": "word " * 3000}]}, "prompt"),
+        (
+            CHAT,
+            {"model": "smollm2", "messages": [{"role": "user", "content": "word " * 3000}]},
+            "prompt",
+        ),
         (CHAT, {"model": "smollm2", "messages": ASK, "temperature": "hot"}, "temperature"),
         (CHAT, {"model": "smollm2", "messages": ASK, "tools": [{"type": "function"}]}, "tools"),
         (CHAT, {"model": "smollm2", "messages": ASK, "user": "alice"}, "user"),
@@ -205,13 +302,21 @@ def test_malformed_json_and_wrong_content(server) -> None:
 
 def test_oversized_body_is_413(server) -> None:
     url, _ = server
-    huge = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": "x" * (2 * 2**20)}]}).encode()
+    huge = json.dumps(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "x" * (2 * 2**20)}]}
+    ).encode()
     assert_error(post(url, CHAT, huge), 413)
 
 
 def test_client_disconnect_mid_stream_aborts_within_a_second(server) -> None:
     url, app = server
-    body = {"model": "smollm2", "messages": ASK, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "smollm2",
+        "messages": ASK,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", url + CHAT, json=body, timeout=60) as response:
         data = (line for line in response.iter_lines() if line.startswith("data: "))
         next(data), next(data)  # the role chunk, then generated content
@@ -232,7 +337,17 @@ def test_pings_keep_a_slow_stream_alive(server) -> None:
     state = app.state.rebar
     state.ping_interval_s = 0.005
     try:
-        response = post(url, CHAT, {"model": "smollm2", "messages": ASK, "max_tokens": 8, "stream": True, "temperature": 0})
+        response = post(
+            url,
+            CHAT,
+            {
+                "model": "smollm2",
+                "messages": ASK,
+                "max_tokens": 8,
+                "stream": True,
+                "temperature": 0,
+            },
+        )
     finally:
         state.ping_interval_s = 10.0
     events = sse_events(response)

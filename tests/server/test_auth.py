@@ -31,12 +31,30 @@ def test_every_configured_key_passes(checker: ApiKeyChecker, key: str) -> None:
     assert checker.check(f"  Bearer   {key}  ")
 
 
-@pytest.mark.parametrize("header", [
-    None, "", "Bearer", "Bearer ", "Bearer    ", "Bearer sk-wrong", f"Bearer {KEYS[0]}x", f"Bearer {KEYS[0][:-1]}",
-    f"Basic {KEYS[0]}", KEYS[0], f"Bearer {KEYS[0]} {KEYS[1]}", f"Token {KEYS[0]}", f"Bearer{KEYS[0]}",
-    "Bearer \udcff", "Bearer ключ", "Bearer \x00",
-])
-def test_wrong_missing_or_malformed_headers_fail(checker: ApiKeyChecker, header: str | None) -> None:
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer    ",
+        "Bearer sk-wrong",
+        f"Bearer {KEYS[0]}x",
+        f"Bearer {KEYS[0][:-1]}",
+        f"Basic {KEYS[0]}",
+        KEYS[0],
+        f"Bearer {KEYS[0]} {KEYS[1]}",
+        f"Token {KEYS[0]}",
+        f"Bearer{KEYS[0]}",
+        "Bearer \udcff",
+        "Bearer ключ",
+        "Bearer \x00",
+    ],
+)
+def test_wrong_missing_or_malformed_headers_fail(
+    checker: ApiKeyChecker, header: str | None
+) -> None:
     assert checker.check(header) is False
 
 
@@ -49,7 +67,11 @@ def test_disabled_checker_allows_everything() -> None:
 
 def test_checker_holds_digests_only(checker: ApiKeyChecker) -> None:
     assert not hasattr(checker, "__dict__")
-    held = [getattr(checker, name) for cls in type(checker).__mro__ for name in getattr(cls, "__slots__", ())]
+    held = [
+        getattr(checker, name)
+        for cls in type(checker).__mro__
+        for name in getattr(cls, "__slots__", ())
+    ]
     text = repr(held)
     for key in KEYS:
         assert key not in text and key.encode() not in text.encode()
@@ -64,8 +86,9 @@ def test_checker_refuses_plaintext_keys_without_echoing_them() -> None:
 
 
 @pytest.mark.parametrize("header", [f"Bearer {KEYS[0]}", f"Bearer {KEYS[2]}", "Bearer sk-wrong"])
-def test_every_digest_is_compared_in_constant_time(checker: ApiKeyChecker, header: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_digest_is_compared_in_constant_time(
+    checker: ApiKeyChecker, header: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = hmac.compare_digest
 
@@ -89,7 +112,9 @@ def test_bearer_token() -> None:
 def test_from_settings_reads_config_and_key_file(tmp_path) -> None:
     key_file = tmp_path / "keys.txt"
     key_file.write_text("# ops\nfile-key\n", encoding="utf-8")
-    checker = ApiKeyChecker.from_settings(Settings(server={"api_keys": ["conf-key"], "api_key_file": key_file}))
+    checker = ApiKeyChecker.from_settings(
+        Settings(server={"api_keys": ["conf-key"], "api_key_file": key_file})
+    )
     assert checker.check("Bearer conf-key") and checker.check("Bearer file-key")
     assert not checker.check("Bearer ops")
 
@@ -97,5 +122,10 @@ def test_from_settings_reads_config_and_key_file(tmp_path) -> None:
 def test_matching_digest_names_the_key_that_matched(checker: ApiKeyChecker) -> None:
     digest = checker.matching_digest(f"Bearer {KEYS[1]}")
     assert digest == hash_key(KEYS[1])  # the digest rate limits and tenant caches are keyed by
-    assert checker.matching_digest("Bearer not-a-key") is None and checker.matching_digest(None) is None
-    assert ApiKeyChecker(frozenset()).matching_digest(f"Bearer {KEYS[1]}") is None  # auth off: no key identity
+    assert (
+        checker.matching_digest("Bearer not-a-key") is None
+        and checker.matching_digest(None) is None
+    )
+    assert (
+        ApiKeyChecker(frozenset()).matching_digest(f"Bearer {KEYS[1]}") is None
+    )  # auth off: no key identity

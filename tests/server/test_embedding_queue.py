@@ -36,7 +36,9 @@ def make_queue() -> Iterator:
     """Builds EmbeddingQueues (retry_after_s 1 unless given) and shuts each down after the test."""
     made: list[EmbeddingQueue] = []
 
-    def make(model, max_waiting_inputs: int, batch_size: int = 32, retry_after_s: int = 1) -> EmbeddingQueue:
+    def make(
+        model, max_waiting_inputs: int, batch_size: int = 32, retry_after_s: int = 1
+    ) -> EmbeddingQueue:
         made.append(EmbeddingQueue(model, max_waiting_inputs, retry_after_s, batch_size))
         return made[-1]
 
@@ -126,7 +128,9 @@ def test_one_failing_request_fails_alone(make_queue) -> None:
 
 def test_shutdown_fails_waiting_requests_and_the_thread_never_blocks_exit(make_queue) -> None:
     gate = threading.Event()
-    queue = make_queue(lambda texts: (gate.wait(5), [np.zeros(1)] * len(texts))[1], 100, batch_size=1)
+    queue = make_queue(
+        lambda texts: (gate.wait(5), [np.zeros(1)] * len(texts))[1], 100, batch_size=1
+    )
 
     async def main():
         job = asyncio.ensure_future(queue.embed(["a", "b", "c"]))

@@ -33,7 +33,11 @@ def post(url: str, path: str, body: dict, **kwargs) -> httpx.Response:
 
 SURROGATE = "\ud800"
 SURROGATE_CASES = [
-    (CHAT, {"model": "smollm2", "messages": [{"role": "user", "content": "hi" + SURROGATE}]}, "messages.0.content"),
+    (
+        CHAT,
+        {"model": "smollm2", "messages": [{"role": "user", "content": "hi" + SURROGATE}]},
+        "messages.0.content",
+    ),
     (COMPLETIONS, {"model": "smollm2", "prompt": SURROGATE}, "prompt"),
     (CHAT, {"model": "smollm2", "messages": ASK, "stop": ["a" + SURROGATE]}, "stop.0"),
     ("/tokenize", {"prompt": "x" + SURROGATE}, "prompt"),
@@ -42,14 +46,22 @@ SURROGATE_CASES = [
 
 
 @pytest.mark.parametrize(("path", "body", "param"), SURROGATE_CASES)
-def test_lone_surrogates_are_a_400_naming_the_field(guarded, path: str, body: dict, param: str) -> None:
+def test_lone_surrogates_are_a_400_naming_the_field(
+    guarded, path: str, body: dict, param: str
+) -> None:
     url, app = guarded
     raw = json.dumps(body)  # ensure_ascii: the surrogate travels as the valid JSON escape \\ud800
     assert "\\ud800" in raw
-    response = httpx.post(url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    response = httpx.post(
+        url + path, content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == param and "lone surrogate" in error["message"] and error["code"] == "invalid_value"
+    assert (
+        error["param"] == param
+        and "lone surrogate" in error["message"]
+        and error["code"] == "invalid_value"
+    )
     assert_idle(app)
 
 
@@ -66,15 +78,26 @@ def test_max_completion_tokens_zero_and_an_empty_stop_are_refused(guarded) -> No
 
 
 @pytest.mark.parametrize("temperature", [1e-50, 1e-30, 1e-8])
-def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(guarded, temperature: float) -> None:
+def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(
+    guarded, temperature: float
+) -> None:
     url, app = guarded
     greedy = {"model": "smollm2", "messages": ASK, "max_tokens": 12, "temperature": 0}
     expected = post(url, CHAT, greedy).json()["choices"][0]["message"]["content"]
-    bodies = [{**greedy, "temperature": temperature, "top_k": 5}, {**greedy, "temperature": temperature},
-              {**greedy, "n": 2, "temperature": 0.7, "seed": 3}]
+    bodies = [
+        {**greedy, "temperature": temperature, "top_k": 5},
+        {**greedy, "temperature": temperature},
+        {**greedy, "n": 2, "temperature": 0.7, "seed": 3},
+    ]
     with ThreadPoolExecutor(len(bodies)) as pool:
-        responses = list(pool.map(lambda b: post(url, CHAT, {**b, "messages": ASK}, headers={"cache-control": "no-cache"}),
-                                  bodies))
+        responses = list(
+            pool.map(
+                lambda b: post(
+                    url, CHAT, {**b, "messages": ASK}, headers={"cache-control": "no-cache"}
+                ),
+                bodies,
+            )
+        )
     assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
     assert responses[0].json()["choices"][0]["message"]["content"] == expected
     assert responses[1].json()["choices"][0]["message"]["content"] == expected
@@ -84,8 +107,12 @@ def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(guarded, tempe
 @pytest.mark.parametrize("ids", [[-1], [2**63], [-(2**70)], [1, 10**9]])
 def test_echoed_token_ids_outside_the_vocabulary_are_a_400(guarded, ids: list[int]) -> None:
     url, app = guarded
-    response = post(url, COMPLETIONS, {"model": "smollm2", "prompt": ids, "echo": True, "max_tokens": 2})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+    response = post(
+        url, COMPLETIONS, {"model": "smollm2", "prompt": ids, "echo": True, "max_tokens": 2}
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", (
+        response.text
+    )
     assert_idle(app)
 
 
@@ -103,9 +130,17 @@ def test_a_shared_request_id_never_mixes_two_streams(guarded) -> None:
     prompts = ["Count from 1 to 20:", "Name the planets of the solar system:"]
 
     def stream(prompt: str) -> tuple[str, str]:
-        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": True}
+        body = {
+            "model": "smollm2",
+            "prompt": prompt,
+            "max_tokens": 24,
+            "temperature": 0,
+            "stream": True,
+        }
         text, ids = "", set()
-        with httpx.stream("POST", url + COMPLETIONS, json=body, headers={"X-Request-ID": "same-id"}, timeout=120) as r:
+        with httpx.stream(
+            "POST", url + COMPLETIONS, json=body, headers={"X-Request-ID": "same-id"}, timeout=120
+        ) as r:
             assert r.status_code == 200 and r.headers["x-request-id"] == "same-id"
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -115,8 +150,15 @@ def test_a_shared_request_id_never_mixes_two_streams(guarded) -> None:
         assert len(ids) == 1
         return text, ids.pop()
 
-    alone = [post(url, COMPLETIONS, {"model": "smollm2", "prompt": p, "max_tokens": 24, "temperature": 0},
-                  headers={"cache-control": "no-cache"}).json()["choices"][0]["text"] for p in prompts]
+    alone = [
+        post(
+            url,
+            COMPLETIONS,
+            {"model": "smollm2", "prompt": p, "max_tokens": 24, "temperature": 0},
+            headers={"cache-control": "no-cache"},
+        ).json()["choices"][0]["text"]
+        for p in prompts
+    ]
     with ThreadPoolExecutor(2) as pool:
         together = list(pool.map(stream, prompts))
     assert [text for text, _ in together] == alone
@@ -126,14 +168,31 @@ def test_a_shared_request_id_never_mixes_two_streams(guarded) -> None:
 
 def test_an_id_reused_after_its_owner_left_gets_only_its_own_output(guarded) -> None:
     url, app = guarded
-    first = {"model": "smollm2", "prompt": "Write a long story about a dragon:", "max_tokens": 200, "temperature": 0,
-             "stream": True, "ignore_eos": True}
+    first = {
+        "model": "smollm2",
+        "prompt": "Write a long story about a dragon:",
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     second = {"model": "smollm2", "prompt": "2 + 2 =", "max_tokens": 8, "temperature": 0}
-    expected = post(url, COMPLETIONS, second, headers={"cache-control": "no-cache"}).json()["choices"][0]["text"]
+    expected = post(url, COMPLETIONS, second, headers={"cache-control": "no-cache"}).json()[
+        "choices"
+    ][0]["text"]
     for _ in range(3):
-        with httpx.stream("POST", url + COMPLETIONS, json=first, headers={"X-Request-ID": "reused"}, timeout=60) as r:
-            next(line for line in r.iter_lines() if line.startswith("data: {"))  # leave mid-generation
-        again = post(url, COMPLETIONS, second, headers={"X-Request-ID": "reused", "cache-control": "no-cache"})
+        with httpx.stream(
+            "POST", url + COMPLETIONS, json=first, headers={"X-Request-ID": "reused"}, timeout=60
+        ) as r:
+            next(
+                line for line in r.iter_lines() if line.startswith("data: {")
+            )  # leave mid-generation
+        again = post(
+            url,
+            COMPLETIONS,
+            second,
+            headers={"X-Request-ID": "reused", "cache-control": "no-cache"},
+        )
         assert again.status_code == 200 and again.json()["choices"][0]["text"] == expected
     assert_idle(app)
 
@@ -148,7 +207,9 @@ def test_a_chunked_body_over_the_limit_is_413(guarded) -> None:
         for _ in range(40):
             yield b"x" * 65536
 
-    response = httpx.post(url + CHAT, content=chunks(), headers={"content-type": "application/json"}, timeout=60)
+    response = httpx.post(
+        url + CHAT, content=chunks(), headers={"content-type": "application/json"}, timeout=60
+    )
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
 
 
@@ -169,9 +230,13 @@ def raw_request(url: str, data: bytes, wait_s: float) -> bytes:
 def test_half_sent_headers_get_408_and_the_connection_is_closed(guarded) -> None:
     url, _ = guarded
     started = time.monotonic()
-    answer = raw_request(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty", wait_s=10)
+    answer = raw_request(
+        url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty", wait_s=10
+    )
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
-    assert time.monotonic() - started < 5  # closed after the 1 s deadline, not the 10 s we would wait
+    assert (
+        time.monotonic() - started < 5
+    )  # closed after the 1 s deadline, not the 10 s we would wait
 
 
 def test_a_body_that_stops_arriving_gets_408(guarded) -> None:
@@ -223,28 +288,45 @@ def test_made_up_methods_do_not_grow_the_metrics(guarded) -> None:
 
 
 def test_admin_key_is_checked_before_the_body(served_models) -> None:
-    with serving_models(served_models, server_settings(**{"server.admin_api_keys": ["admin-key"]})) as (url, _):
+    with serving_models(
+        served_models, server_settings(**{"server.admin_api_keys": ["admin-key"]})
+    ) as (url, _):
         for body in ({"steps": "not a number"}, {"unknown": 1}):
             response = post(url, "/admin/profile", body)
             assert response.status_code == 401, response.text
-        invalid_json = httpx.post(url + "/admin/profile", content=b"{", headers={"content-type": "application/json"})
+        invalid_json = httpx.post(
+            url + "/admin/profile", content=b"{", headers={"content-type": "application/json"}
+        )
         assert invalid_json.status_code == 401
-        wrong = post(url, "/admin/profile", {"steps": 0}, headers={"Authorization": "Bearer admin-key"})
+        wrong = post(
+            url, "/admin/profile", {"steps": 0}, headers={"Authorization": "Bearer admin-key"}
+        )
         assert wrong.status_code == 400  # with the key, the body is checked
     with serving_models(served_models, server_settings()) as (url, _):
         assert post(url, "/admin/profile", {"steps": "x"}).status_code == 403
 
 
 def test_cors_preflight_and_401_work_with_api_keys_on(served_models) -> None:
-    settings = server_settings(**{"server.api_keys": ["k1"], "server.cors_allow_origins": ["http://app.example"]})
+    settings = server_settings(
+        **{"server.api_keys": ["k1"], "server.cors_allow_origins": ["http://app.example"]}
+    )
     with serving_models(served_models, settings) as (url, _):
         origin = {"Origin": "http://app.example"}
-        preflight = httpx.options(url + CHAT, headers={**origin, "Access-Control-Request-Method": "POST",
-                                                       "Access-Control-Request-Headers": "authorization,content-type"})
+        preflight = httpx.options(
+            url + CHAT,
+            headers={
+                **origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "http://app.example"
         refused = post(url, CHAT, {"model": "smollm2", "messages": ASK}, headers=origin)
-        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "http://app.example"
+        assert (
+            refused.status_code == 401
+            and refused.headers["access-control-allow-origin"] == "http://app.example"
+        )
 
 
 # --- tokenization off the event loop -------------------------------------------------------------

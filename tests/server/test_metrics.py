@@ -16,8 +16,11 @@ Samples = dict[tuple[str, tuple], float]
 def scrape(url: str) -> Samples:
     response = httpx.get(url + "/metrics", timeout=30)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -25,7 +28,13 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def chat(url: str, content: str, **extra) -> httpx.Response:
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0, **extra}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
     return httpx.post(url + CHAT, json=body, timeout=120)
 
 
@@ -51,12 +60,24 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     streamed = chat(url, "Count to three.", stream=True, stream_options={"include_usage": True})
     repeat = chat(url, "What is the capital of France?")
     bad = chat(url, "Hi", model="no-such-model")
-    embedded = httpx.post(url + "/v1/embeddings", json={"model": "minilm", "input": "metrics, measured"}, timeout=60)
-    assert [r.status_code for r in (first, second, streamed, repeat, bad, embedded)] == [200, 200, 200, 200, 400, 200]
+    embedded = httpx.post(
+        url + "/v1/embeddings", json={"model": "minilm", "input": "metrics, measured"}, timeout=60
+    )
+    assert [r.status_code for r in (first, second, streamed, repeat, bad, embedded)] == [
+        200,
+        200,
+        200,
+        200,
+        400,
+        200,
+    ]
     assert first.headers["x-cache"] == "MISS" and repeat.headers["x-cache"] == "HIT"
 
     usages = [first.json()["usage"], second.json()["usage"]]
-    reasons = [first.json()["choices"][0]["finish_reason"], second.json()["choices"][0]["finish_reason"]]
+    reasons = [
+        first.json()["choices"][0]["finish_reason"],
+        second.json()["choices"][0]["finish_reason"],
+    ]
     stream_u, stream_reason = stream_usage(streamed)
     usages.append(stream_u)
     reasons.append(stream_reason)
@@ -68,26 +89,56 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     deadline = time.monotonic() + 5
     while True:
         after = scrape(url)
-        if delta(after, "rebar_http_requests_total", route="/v1/embeddings", method="POST", status="200") == 1 or time.monotonic() > deadline:
+        if (
+            delta(
+                after,
+                "rebar_http_requests_total",
+                route="/v1/embeddings",
+                method="POST",
+                status="200",
+            )
+            == 1
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.02)
 
     assert delta(after, "rebar_http_requests_total", route=CHAT, method="POST", status="200") == 4
     assert delta(after, "rebar_http_requests_total", route=CHAT, method="POST", status="400") == 1
-    assert delta(after, "rebar_http_requests_total", route="/v1/embeddings", method="POST", status="200") == 1
+    assert (
+        delta(
+            after, "rebar_http_requests_total", route="/v1/embeddings", method="POST", status="200"
+        )
+        == 1
+    )
     assert delta(after, "rebar_http_request_duration_seconds_count", route=CHAT, method="POST") == 5
 
     for reason in set(reasons):
-        assert delta(after, "rebar_requests_finished_total", finish_reason=reason) == reasons.count(reason)
-    finished = sum(v - value(before, n, **dict(l)) for (n, l), v in after.items() if n == "rebar_requests_finished_total")
+        assert delta(after, "rebar_requests_finished_total", finish_reason=reason) == reasons.count(
+            reason
+        )
+    finished = sum(
+        v - value(before, n, **dict(labels))
+        for (n, labels), v in after.items()
+        if n == "rebar_requests_finished_total"
+    )
     assert finished == 3
-    assert delta(after, "rebar_generation_tokens_total") == sum(u["completion_tokens"] for u in usages)
+    assert delta(after, "rebar_generation_tokens_total") == sum(
+        u["completion_tokens"] for u in usages
+    )
     assert delta(after, "rebar_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
-    for histogram in ("rebar_time_to_first_token_seconds", "rebar_request_queue_seconds", "rebar_request_prefill_seconds",
-                      "rebar_request_decode_seconds", "rebar_e2e_request_latency_seconds"):
+    for histogram in (
+        "rebar_time_to_first_token_seconds",
+        "rebar_request_queue_seconds",
+        "rebar_request_prefill_seconds",
+        "rebar_request_decode_seconds",
+        "rebar_e2e_request_latency_seconds",
+    ):
         assert delta(after, histogram + "_count") == 3, histogram
         assert delta(after, histogram + "_bucket", le="+Inf") == 3, histogram
-    assert delta(after, "rebar_inter_token_latency_seconds_count") == sum(u["completion_tokens"] - 1 for u in usages)
+    assert delta(after, "rebar_inter_token_latency_seconds_count") == sum(
+        u["completion_tokens"] - 1 for u in usages
+    )
 
     assert delta(after, "rebar_response_cache_total", result="hit") == 1
     assert delta(after, "rebar_response_cache_total", result="miss") == 3
@@ -95,11 +146,20 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     assert delta(after, "rebar_embedding_cache_total", result="hit") == 0
     assert delta(after, "rebar_prefix_cache_queries_total") > 0
 
-    assert value(after, "rebar_requests_running") == 0 and value(after, "rebar_requests_waiting") == 0
+    assert (
+        value(after, "rebar_requests_running") == 0 and value(after, "rebar_requests_waiting") == 0
+    )
     assert 0 <= value(after, "rebar_kv_cache_usage_ratio") <= 1
-    assert value(after, "rebar_rate_limited_total") == 0 and value(after, "rebar_store_circuit_open") == 0
+    assert (
+        value(after, "rebar_rate_limited_total") == 0
+        and value(after, "rebar_store_circuit_open") == 0
+    )
     assert value(after, "rebar_model_load_seconds", model="smollm2") > 0
-    info = {dict(labels)["model"]: dict(labels) for (name, labels), v in after.items() if name == "rebar_model_info" and v == 1}
+    info = {
+        dict(labels)["model"]: dict(labels)
+        for (name, labels), v in after.items()
+        if name == "rebar_model_info" and v == 1
+    }
     assert set(info) == {"smollm2", "minilm"} and info["smollm2"]["dtype"] == "float32"
 
 
@@ -109,13 +169,23 @@ def test_metrics_is_open_and_unknown_paths_are_other() -> None:
 
     from rebar.server.app import create_app
 
-    client = TestClient(create_app(server_settings(**{"server.api_keys": ["k1"]})))  # no lifespan: nothing loads
+    client = TestClient(
+        create_app(server_settings(**{"server.api_keys": ["k1"]}))
+    )  # no lifespan: nothing loads
     assert client.get("/v1/models").status_code == 401
     assert client.get("/some/random/path/123").status_code == 401
     response = client.get("/metrics")
     assert response.status_code == 200
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(response.text) for s in family.samples}
-    assert value(samples, "rebar_http_requests_total", route="/v1/models", method="GET", status="401") == 1
-    assert value(samples, "rebar_http_requests_total", route="other", method="GET", status="401") == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    assert (
+        value(samples, "rebar_http_requests_total", route="/v1/models", method="GET", status="401")
+        == 1
+    )
+    assert (
+        value(samples, "rebar_http_requests_total", route="other", method="GET", status="401") == 1
+    )
     assert not any("random" in str(labels) for _, labels in samples)

@@ -15,15 +15,23 @@ def config_for(**overrides):
 
 def test_defaults_guard_connections_and_trust_no_proxy() -> None:
     config = config_for()
-    assert config.http.func is GuardedH11Protocol and config.http.keywords == {"header_timeout_s": 15.0}
+    assert config.http.func is GuardedH11Protocol and config.http.keywords == {
+        "header_timeout_s": 15.0
+    }
     assert config.limit_concurrency == 1024
     assert config.proxy_headers is False  # uvicorn's own default would believe 127.0.0.1
     assert config.timeout_graceful_shutdown == 30
 
 
 def test_settings_reach_uvicorn() -> None:
-    config = config_for(**{"server.max_connections": 10, "server.header_timeout_s": 2.5,
-                           "server.trusted_proxies": ["10.0.0.5", "10.0.0.6"], "server.drain_timeout_s": 7})
+    config = config_for(
+        **{
+            "server.max_connections": 10,
+            "server.header_timeout_s": 2.5,
+            "server.trusted_proxies": ["10.0.0.5", "10.0.0.6"],
+            "server.drain_timeout_s": 7,
+        }
+    )
     assert config.limit_concurrency == 10 and config.http.keywords == {"header_timeout_s": 2.5}
     assert config.proxy_headers is True and config.forwarded_allow_ips == ["10.0.0.5", "10.0.0.6"]
     assert config.timeout_graceful_shutdown == 7

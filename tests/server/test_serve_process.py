@@ -11,17 +11,36 @@ import time
 
 import httpx
 
-from markers import requires_smollm2
 from live_server import free_port
+from markers import requires_smollm2
 
 
-def start_server(tmp_path, extra_env: dict | None = None, *args: str) -> tuple[subprocess.Popen, str]:
+def start_server(
+    tmp_path, extra_env: dict | None = None, *args: str
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "REBAR_ENGINE__MAX_MODEL_LEN": "1024", "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20), **(extra_env or {})}
-    log = open(tmp_path / "server.log", "w")
+    env = {
+        **os.environ,
+        "REBAR_ENGINE__MAX_MODEL_LEN": "1024",
+        "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20),
+        **(extra_env or {}),
+    }
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - the server process writes it until it stops
     process = subprocess.Popen(
-        [sys.executable, "-m", "rebar.cli", "serve", "--port", str(port), "--embedding-model", "none", *args],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "rebar.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--embedding-model",
+            "none",
+            *args,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     return process, f"http://127.0.0.1:{port}"
 
@@ -40,17 +59,26 @@ def wait_for(url: str, path: str, status: int, timeout: float = 120) -> None:
 
 @requires_smollm2
 def test_serve_drains_in_flight_requests_on_sigterm(tmp_path) -> None:
-    process, url = start_server(tmp_path, {"REBAR_SERVER__API_KEYS": '["sekrit"]'}, "--kv-cache-dtype", "float16")
+    process, url = start_server(
+        tmp_path, {"REBAR_SERVER__API_KEYS": '["sekrit"]'}, "--kv-cache-dtype", "float16"
+    )
     try:
         wait_for(url, "/health", 200)
         wait_for(url, "/ready", 200)
         auth = {"Authorization": "Bearer sekrit"}
         assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
-        assert [m["id"] for m in httpx.get(url + "/v1/models", headers=auth, timeout=5).json()["data"]] == ["smollm2"]
+        assert [
+            m["id"] for m in httpx.get(url + "/v1/models", headers=auth, timeout=5).json()["data"]
+        ] == ["smollm2"]
         result: dict = {}
 
         def long_request() -> None:
-            body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True}
+            body = {
+                "model": "smollm2",
+                "prompt": "Once upon a time",
+                "max_tokens": 40,
+                "ignore_eos": True,
+            }
             response = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=60)
             result["status"], result["body"] = response.status_code, response.json()
 
@@ -90,8 +118,8 @@ def test_kv_cache_dtype_choices_agree_in_cli_settings_and_engine() -> None:
     from rebar.config import EngineSettings
     from rebar.engine import engine_config
 
-    assert KV_CACHE_DTYPES == get_args(EngineSettings.model_fields["kv_cache_dtype"].annotation)
-    assert KV_CACHE_DTYPES == ("auto", *engine_config.KV_CACHE_DTYPES)
+    assert get_args(EngineSettings.model_fields["kv_cache_dtype"].annotation) == KV_CACHE_DTYPES
+    assert ("auto", *engine_config.KV_CACHE_DTYPES) == KV_CACHE_DTYPES
 
 
 def test_missing_config_file_is_a_clean_error(tmp_path) -> None:

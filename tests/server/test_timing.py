@@ -18,8 +18,13 @@ def parse_header(value: str) -> dict[str, float]:
 
 
 def chat(url: str, content: str, **extra) -> httpx.Response:
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-            "ignore_eos": True, **extra}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 6,
+        "ignore_eos": True,
+        **extra,
+    }
     return httpx.post(url + CHAT, json=body, timeout=120)
 
 
@@ -33,24 +38,39 @@ def test_header_splits_the_request_and_counts_prefix_cache_hits(server) -> None:
     timing = parse_header(first.headers["x-rebar-timing"])
     assert timing["queue_ms"] >= 0 and timing["prefill_ms"] > 0 and timing["decode_ms"] > 0
     assert timing["queue_ms"] + timing["prefill_ms"] + timing["decode_ms"] <= elapsed_ms
-    assert timing["cached_prompt_tokens"] == first.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (
+        timing["cached_prompt_tokens"]
+        == first.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
 
     second = chat(url, prompt, temperature=0.8)
     again = parse_header(second.headers["x-rebar-timing"])
     assert again["cached_prompt_tokens"] > 0  # the prompt's full blocks came from the prefix cache
-    assert again["cached_prompt_tokens"] == second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (
+        again["cached_prompt_tokens"]
+        == second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
 
 
 def test_stream_carries_timing_in_the_usage_chunk(server) -> None:
     url, _ = server
-    response = chat(url, "Say something short.", temperature=0.8, stream=True, stream_options={"include_usage": True})
+    response = chat(
+        url,
+        "Say something short.",
+        temperature=0.8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     assert response.status_code == 200 and "x-rebar-timing" not in response.headers
     chunks = [json.loads(b[6:]) for b in response.text.split("\n\n") if b.startswith("data: {")]
     usage_chunks = [c for c in chunks if c.get("usage")]
     assert len(usage_chunks) == 1 and tuple(usage_chunks[0]["timing"]) == KEYS
     timing = usage_chunks[0]["timing"]
     assert timing["prefill_ms"] > 0 and timing["decode_ms"] > 0
-    assert timing["cached_prompt_tokens"] == usage_chunks[0]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (
+        timing["cached_prompt_tokens"]
+        == usage_chunks[0]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
     assert all("timing" not in c for c in chunks if not c.get("usage"))
 
 

@@ -31,25 +31,41 @@ def traced(served_models):
         yield url, exporter
 
 
-def spans_of_trace(exporter: InMemorySpanExporter, trace_id: str, wait_for: str, timeout: float = 5.0) -> dict:
+def spans_of_trace(
+    exporter: InMemorySpanExporter, trace_id: str, wait_for: str, timeout: float = 5.0
+) -> dict:
     """{name: span} of one trace, once a span named `wait_for` (the last to end) has been exported."""
     deadline = time.monotonic() + timeout
     while True:
-        spans = [s for s in exporter.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+        spans = [
+            s
+            for s in exporter.get_finished_spans()
+            if format(s.context.trace_id, "032x") == trace_id
+        ]
         if any(s.name == wait_for for s in spans) or time.monotonic() > deadline:
             return {s.name: s for s in spans}
         time.sleep(0.02)
 
 
 def chat(url: str, content: str, headers: dict | None = None, **extra) -> httpx.Response:
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": content}], "max_tokens": 5, **extra}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 5,
+        **extra,
+    }
     return httpx.post(url + CHAT, json=body, headers=headers or {}, timeout=120)
 
 
 def test_generated_request_continues_the_callers_trace_with_every_phase(traced) -> None:
     url, exporter = traced
     traceparent = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
-    response = chat(url, "Trace me, please.", {"traceparent": traceparent, "X-Request-ID": "traced-1"}, temperature=0)
+    response = chat(
+        url,
+        "Trace me, please.",
+        {"traceparent": traceparent, "X-Request-ID": "traced-1"},
+        temperature=0,
+    )
     assert response.status_code == 200
     assert response.headers["x-trace-id"] == TRACE_ID
     usage = response.json()["usage"]
@@ -58,7 +74,10 @@ def test_generated_request_continues_the_callers_trace_with_every_phase(traced) 
     server = spans[f"POST {CHAT}"]
     assert server.kind == SpanKind.SERVER
     assert format(server.parent.span_id, "016x") == PARENT_SPAN_ID and server.parent.is_remote
-    assert server.attributes["http.route"] == CHAT and server.attributes["http.response.status_code"] == 200
+    assert (
+        server.attributes["http.route"] == CHAT
+        and server.attributes["http.response.status_code"] == 200
+    )
     assert server.attributes["rebar.request_id"] == "traced-1"
 
     def parent_of(name: str):
@@ -80,7 +99,9 @@ def test_generated_request_continues_the_callers_trace_with_every_phase(traced) 
     queue, prefill, decode = spans["queue"], spans["prefill"], spans["decode"]
     for phase in (queue, prefill, decode):
         assert phase.parent.span_id == generate.context.span_id
-    assert queue.end_time <= prefill.start_time + 1000 and prefill.end_time <= decode.start_time + 1000  # ns, rounding
+    assert (
+        queue.end_time <= prefill.start_time + 1000 and prefill.end_time <= decode.start_time + 1000
+    )  # ns, rounding
     assert prefill.end_time > prefill.start_time and decode.end_time > decode.start_time
     assert decode.attributes["rebar.output_tokens"] == usage["completion_tokens"]
     assert prefill.attributes["rebar.prompt_tokens"] == usage["prompt_tokens"]
@@ -99,7 +120,9 @@ def test_streamed_request_without_traceparent_starts_a_new_trace(traced) -> None
     assert server.parent is None
     assert "cache lookup" not in spans  # a sampled request never touches the response cache
     assert {"generate", "queue", "prefill", "decode"} <= set(spans)
-    assert spans["generate"].end_time <= server.end_time  # the server span lasts until the stream's last byte
+    assert (
+        spans["generate"].end_time <= server.end_time
+    )  # the server span lasts until the stream's last byte
 
 
 def test_rejected_and_unknown_requests_are_traced_with_their_status(traced) -> None:

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 def test_allowed_request_reports_openai_headers(backend: Backend) -> None:
     async def body(store: Store) -> None:
-        limiter = RateLimiter(store, "t", RateLimits(requests_per_minute=10, tokens_per_minute=1000))
+        limiter = RateLimiter(
+            store, "t", RateLimits(requests_per_minute=10, tokens_per_minute=1000)
+        )
         result = await limiter.check("alice", 120)
         assert result.allowed and result.retry_after_s is None and result.limited_by is None
         headers = result.headers
@@ -52,7 +54,9 @@ def test_request_limit_denies_without_consuming_tokens(backend: Backend) -> None
 
 def test_token_limit_denies_and_keeps_token_quota(backend: Backend) -> None:
     async def body(store: Store) -> None:
-        limiter = RateLimiter(store, "t", RateLimits(requests_per_minute=100, tokens_per_minute=100))
+        limiter = RateLimiter(
+            store, "t", RateLimits(requests_per_minute=100, tokens_per_minute=100)
+        )
         assert (await limiter.check("carol", 60)).allowed
         denied = await limiter.check("carol", 50)
         assert not denied.allowed and denied.limited_by == "tokens" and not denied.too_large
@@ -77,7 +81,12 @@ def test_per_key_limits_replace_the_default(backend: Backend) -> None:
             per_key={"vip": RateLimits(requests_per_minute=3, tokens_per_minute=None)},
         )
         assert limiter.limits_for("vip").requests_per_minute == 3
-        assert [(await limiter.check("vip", 5)).allowed for _ in range(4)] == [True, True, True, False]
+        assert [(await limiter.check("vip", 5)).allowed for _ in range(4)] == [
+            True,
+            True,
+            True,
+            False,
+        ]
         assert [(await limiter.check("anon", 5)).allowed for _ in range(2)] == [True, False]
         assert "x-ratelimit-limit-tokens" not in (await limiter.check("vip", 5)).headers
 
@@ -89,10 +98,14 @@ def test_spend_tokens_stops_at_the_limit_and_clamps(backend: Backend) -> None:
         limiter = RateLimiter(store, "t", RateLimits(tokens_per_minute=100))
         assert (await limiter.check("erin", 90)).allowed
         assert [await limiter.spend_tokens("erin", 4) for _ in range(3)] == [True, True, False]
-        assert await store.get("t:rl:erin:tok") == b"100"  # the one that did not fit stands at the limit
+        assert (
+            await store.get("t:rl:erin:tok") == b"100"
+        )  # the one that did not fit stands at the limit
         assert not (await limiter.check("erin", 1)).allowed
         assert await limiter.spend_tokens("erin", 0)  # nothing spent, nothing refused
-        assert await limiter.spend_tokens("frank", 30) and await store.get("t:rl:frank:tok") == b"30"
+        assert (
+            await limiter.spend_tokens("frank", 30) and await store.get("t:rl:frank:tok") == b"30"
+        )
         unlimited = RateLimiter(store, "t", RateLimits(requests_per_minute=5))
         assert await unlimited.spend_tokens("erin", 10**9)
 
@@ -110,7 +123,9 @@ def test_concurrent_spending_never_exceeds_the_limit(backend: Backend) -> None:
 
 def test_concurrent_checks_never_exceed_the_limit(backend: Backend) -> None:
     async def body(store: Store) -> None:
-        limiter = RateLimiter(store, "t", RateLimits(requests_per_minute=1000, tokens_per_minute=500))
+        limiter = RateLimiter(
+            store, "t", RateLimits(requests_per_minute=1000, tokens_per_minute=500)
+        )
         results = await asyncio.gather(*(limiter.check("gina", 30) for _ in range(40)))
         assert sum(r.allowed for r in results) == 16  # 16 * 30 = 480 <= 500 < 17 * 30
         assert await store.get("t:rl:gina:tok") == b"480"
@@ -142,8 +157,18 @@ def test_invalid_limits_and_tokens_raise() -> None:
 
 @pytest.mark.parametrize(
     ("ms", "text"),
-    [(0, "0s"), (17, "17ms"), (850, "850ms"), (1000, "1s"), (12_300, "12.3s"), (12_345, "12.345s"),
-     (59_999, "59.999s"), (60_000, "1m0s"), (90_500, "1m30.5s"), (360_000, "6m0s")],
+    [
+        (0, "0s"),
+        (17, "17ms"),
+        (850, "850ms"),
+        (1000, "1s"),
+        (12_300, "12.3s"),
+        (12_345, "12.345s"),
+        (59_999, "59.999s"),
+        (60_000, "1m0s"),
+        (90_500, "1m30.5s"),
+        (360_000, "6m0s"),
+    ],
 )
 def test_format_reset(ms: int, text: str) -> None:
     assert format_reset(ms) == text

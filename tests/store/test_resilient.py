@@ -165,7 +165,9 @@ def test_cancelled_trial_frees_the_trial_slot() -> None:
 
     async def main() -> None:
         inner = FlakyStore()
-        store = ResilientStore(inner, failure_threshold=1, open_for_s=1, call_timeout_s=5, clock=clock)
+        store = ResilientStore(
+            inner, failure_threshold=1, open_for_s=1, call_timeout_s=5, clock=clock
+        )
         inner.down = True
         await store.get("k")
         clock.now += 1
@@ -255,8 +257,12 @@ def test_redis_killed_then_restarted(own_redis_server, caplog: pytest.LogCapture
 
     async def main() -> None:
         inner = RedisStore(server.url)
-        allow = ResilientStore(inner, call_timeout_s=0.25, failure_threshold=3, open_for_s=0.5, on_error="allow")
-        deny = ResilientStore(inner, call_timeout_s=0.25, failure_threshold=3, open_for_s=0.5, on_error="deny")
+        allow = ResilientStore(
+            inner, call_timeout_s=0.25, failure_threshold=3, open_for_s=0.5, on_error="allow"
+        )
+        deny = ResilientStore(
+            inner, call_timeout_s=0.25, failure_threshold=3, open_for_s=0.5, on_error="deny"
+        )
         await allow.set("k", b"v")
         assert await allow.get("k") == b"v"
         assert (await deny.rate_limit("rl", 1, 5, 60_000)).allowed

@@ -75,7 +75,9 @@ def test_set_if_absent_is_a_lock(backend: Backend) -> None:
         assert await store.ttl_ms("lock") == -1
         # Many contenders at once: exactly one wins.
         await store.delete("lock")
-        wins = await asyncio.gather(*(store.set_if_absent("lock", str(i).encode(), 1000) for i in range(30)))
+        wins = await asyncio.gather(
+            *(store.set_if_absent("lock", str(i).encode(), 1000) for i in range(30))
+        )
         assert sum(wins) == 1
 
     backend.run(body)
@@ -228,8 +230,12 @@ def test_memory_store_holds_at_most_its_byte_budget() -> None:
         for i in range(100):  # 100 values of ~1 KB: ten times the budget
             await store.set(f"k{i}", bytes(1000))
             assert store.num_bytes <= 10_000
-        assert await store.get("k99") is not None and await store.get("k0") is None  # oldest went first
-        assert store.num_bytes == sum(len(k) + 1000 for k in (f"k{i}" for i in range(100)) if k in store._entries)
+        assert (
+            await store.get("k99") is not None and await store.get("k0") is None
+        )  # oldest went first
+        assert store.num_bytes == sum(
+            len(k) + 1000 for k in (f"k{i}" for i in range(100)) if k in store._entries
+        )
         await store.set("k99", b"small")  # overwriting gives the old value's bytes back
         await store.delete("k98")
         assert store.num_bytes == sum(len(k) + len(v) for k, (v, _) in store._entries.items())

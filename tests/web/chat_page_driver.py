@@ -43,11 +43,21 @@ class ChatPage:
         self.status = page.get_by_role("status")
         self.model = page.get_by_label("Model")
 
-    def settings(self, *, max_tokens: int | None = None, temperature: float | None = None, api_key: str | None = None) -> None:
+    def settings(
+        self,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        api_key: str | None = None,
+    ) -> None:
         details = self.page.locator("details#settings")
         if details.get_attribute("open") is None:
             details.locator("summary").click()
-        for label, value in (("Max tokens", max_tokens), ("Temperature", temperature), ("API key", api_key)):
+        for label, value in (
+            ("Max tokens", max_tokens),
+            ("Temperature", temperature),
+            ("API key", api_key),
+        ):
             if value is not None:
                 field = self.page.get_by_label(label, exact=True)
                 field.fill(str(value))

@@ -6,7 +6,6 @@ import importlib.util
 import shutil
 
 import pytest
-
 from web_tools import CHROMIUM, WEB_DIR, missing_tool
 
 

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
-from live_server import server_settings, serving_models
 from web_tools import REPO
+
+from live_server import server_settings, serving_models
 
 SCREENSHOT_DIR = Path(os.environ.get("REBAR_TEST_ARTIFACTS", REPO / "build" / "test-artifacts"))
 STATS = re.compile(r"first token \d+\.\d\d s · \d+\.\d tokens/s · \d+ tokens")
@@ -60,7 +60,9 @@ def test_answer_streams_in_token_by_token_and_survives_a_reload(chat, chat_serve
     assert screenshot.stat().st_size > 10_000
 
     chat.page.reload()
-    expect(chat.page.locator("article.turn.user .content")).to_have_text(["What is the capital of France?"])
+    expect(chat.page.locator("article.turn.user .content")).to_have_text(
+        ["What is the capital of France?"]
+    )
     expect(chat.last_answer().locator(".content")).to_have_text(final)
     expect(chat.last_answer().locator(".note")).to_have_text(STATS)
 

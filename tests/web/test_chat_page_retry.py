@@ -9,8 +9,8 @@ import re
 import threading
 
 import pytest
-
 from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
+
 from live_server import server_settings, serving_models
 
 API_KEY = "web-test-key"
@@ -18,7 +18,9 @@ API_KEY = "web-test-key"
 
 @pytest.fixture(scope="module")
 def limited_server(served_models):
-    settings = server_settings(**{"server.api_keys": [API_KEY], "rate_limits.requests_per_minute": 1})
+    settings = server_settings(
+        **{"server.api_keys": [API_KEY], "rate_limits.requests_per_minute": 1}
+    )
     with serving_models(served_models, settings) as (url, app):
         yield url, app
 
@@ -38,7 +40,9 @@ def use_up_requests_until(app, seconds: float) -> None:
     thread.join()
 
 
-def test_rate_limited_request_retries_after_retry_after_and_succeeds(chromium_browser, limited_server) -> None:
+def test_rate_limited_request_retries_after_retry_after_and_succeeds(
+    chromium_browser, limited_server
+) -> None:
     url, app = limited_server
     with open_page(chromium_browser, url) as chat:
         expect(chat.status).to_contain_text("needs an API key")
@@ -48,9 +52,15 @@ def test_rate_limited_request_retries_after_retry_after_and_succeeds(chromium_br
 
         use_up_requests_until(app, 2.5)
         chat.send("Say hello.")
-        expect(chat.status).to_contain_text(re.compile(r"Rate limited \(request id web-[0-9a-f]+\); trying again in [1-3] s \(try 2 of 4\)"))
+        expect(chat.status).to_contain_text(
+            re.compile(
+                r"Rate limited \(request id web-[0-9a-f]+\); trying again in [1-3] s \(try 2 of 4\)"
+            )
+        )
         answer = chat.last_answer()
-        expect(answer.locator(".note")).to_contain_text("after 2 tries", timeout=GENERATION_TIMEOUT_MS)
+        expect(answer.locator(".note")).to_contain_text(
+            "after 2 tries", timeout=GENERATION_TIMEOUT_MS
+        )
         assert answer.locator(".content").inner_text().strip()
         expect(answer.locator(".error")).to_be_hidden()
         expect(chat.status).to_have_text("")

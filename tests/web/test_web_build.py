@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-
 from web_tools import STATIC_DIR, WEB_DIR
 
 REBUILD = "run `make web` (or `npm --prefix web run build`) and commit src/rebar/web/static"
@@ -21,20 +20,32 @@ def files_under(root: Path, entry: str) -> list[Path]:
 
 def source_hash(sources: list[str]) -> str:
     """The hash web/build.mjs writes: sha256 over "<posix path>\\n<sha256 of its bytes>\\n" in path order."""
-    paths = sorted(p.relative_to(WEB_DIR).as_posix() for entry in sources for p in files_under(WEB_DIR, entry))
+    paths = sorted(
+        p.relative_to(WEB_DIR).as_posix() for entry in sources for p in files_under(WEB_DIR, entry)
+    )
     digest = hashlib.sha256()
     for path in paths:
-        digest.update(f"{path}\n{hashlib.sha256((WEB_DIR / path).read_bytes()).hexdigest()}\n".encode())
+        digest.update(
+            f"{path}\n{hashlib.sha256((WEB_DIR / path).read_bytes()).hexdigest()}\n".encode()
+        )
     return digest.hexdigest()
 
 
 def test_committed_build_was_made_from_the_current_sources() -> None:
     info = json.loads((STATIC_DIR / "build-info.json").read_text())
-    assert source_hash(info["sources"]) == info["source_sha256"], f"web/ changed since the last build: {REBUILD}"
+    assert source_hash(info["sources"]) == info["source_sha256"], (
+        f"web/ changed since the last build: {REBUILD}"
+    )
 
 
 def test_rebuilding_reproduces_the_committed_files_byte_for_byte(npm: str, tmp_path: Path) -> None:
-    subprocess.run(["node", "build.mjs", "--out", str(tmp_path)], cwd=WEB_DIR, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["node", "build.mjs", "--out", str(tmp_path)],
+        cwd=WEB_DIR,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     built = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     committed = {p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.is_file()}
     assert sorted(built) == sorted(committed), REBUILD
@@ -46,7 +57,9 @@ def test_page_and_static_files_are_served_without_an_api_key() -> None:
     from rebar.config import load_settings
     from rebar.server.app import create_app
 
-    client = TestClient(create_app(load_settings(None, {"server.api_keys": ["secret"]})))  # no lifespan: nothing loads
+    client = TestClient(
+        create_app(load_settings(None, {"server.api_keys": ["secret"]}))
+    )  # no lifespan: nothing loads
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert page.headers["cache-control"] == "no-cache"

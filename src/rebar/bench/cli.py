@@ -23,15 +23,35 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
     from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
 
-    engine_config = EngineConfig(max_num_seqs=max(args.concurrency, 1), max_num_batched_tokens=args.max_num_batched_tokens,
-                                 kv_cache_dtype=args.kv_cache_dtype)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, engine_config=engine_config, dequantize=args.dequantize)
+    engine_config = EngineConfig(
+        max_num_seqs=max(args.concurrency, 1),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        engine_config=engine_config,
+        dequantize=args.dequantize,
+    )
     core = llm.engine
     if core is None:
-        raise InvalidRequestError(f"{args.model} is an embedding model; bench offline needs a generator", "model")
+        raise InvalidRequestError(
+            f"{args.model} is an embedding model; bench offline needs a generator", "model"
+        )
     if args.warmup:
-        run_offline(core, num_prompts=1, input_len=min(args.input_len, 16), output_len=4, concurrency=1, seed=args.seed + 1)
-    result = run_offline(core, args.num_prompts, args.input_len, args.output_len, args.concurrency, seed=args.seed)
+        run_offline(
+            core,
+            num_prompts=1,
+            input_len=min(args.input_len, 16),
+            output_len=4,
+            concurrency=1,
+            seed=args.seed + 1,
+        )
+    result = run_offline(
+        core, args.num_prompts, args.input_len, args.output_len, args.concurrency, seed=args.seed
+    )
     print(result.table())
     _write_json(args.json, result.to_json())
     return 0
@@ -44,11 +64,20 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     levels = parse_concurrency_levels(args.concurrency)
     config = ServeBenchConfig(
-        url=args.url, model=args.model, endpoint=args.endpoint, num_prompts=args.num_prompts,
-        input_words=args.input_words, output_tokens=args.output_tokens, seed=args.seed,
-        api_key=args.api_key, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
+        url=args.url,
+        model=args.model,
+        endpoint=args.endpoint,
+        num_prompts=args.num_prompts,
+        input_words=args.input_words,
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+        api_key=args.api_key,
+        timeout_s=args.timeout,
+        ignore_eos=args.ignore_eos,
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would drown the progress lines
+    logging.getLogger("httpx").setLevel(
+        logging.WARNING
+    )  # one INFO line per request would drown the progress lines
     report = asyncio.run(run_serve_bench(config, levels))
     print(report.table())
     _write_json(args.json, report.to_json())
@@ -60,13 +89,26 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = CompareConfig(
-        model=args.model, threads=args.threads, repeats=args.repeats, prompt_tokens=args.prompt_tokens,
-        gen_tokens=args.gen_tokens, batch=args.batch, batch_prompt_tokens=args.batch_prompt_tokens,
-        batch_gen_tokens=args.batch_gen_tokens, http=not args.no_http, concurrency=args.concurrency,
-        seed=args.seed, decode_target=args.decode_target, prefill_target=args.prefill_target,
-        batched_target=args.batched_target, http_target=args.http_target,
-        tools={"llama-bench": args.llama_bench, "llama-batched-bench": args.llama_batched_bench,
-               "llama-server": args.llama_server},
+        model=args.model,
+        threads=args.threads,
+        repeats=args.repeats,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        batch=args.batch,
+        batch_prompt_tokens=args.batch_prompt_tokens,
+        batch_gen_tokens=args.batch_gen_tokens,
+        http=not args.no_http,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        decode_target=args.decode_target,
+        prefill_target=args.prefill_target,
+        batched_target=args.batched_target,
+        http_target=args.http_target,
+        tools={
+            "llama-bench": args.llama_bench,
+            "llama-batched-bench": args.llama_batched_bench,
+            "llama-server": args.llama_server,
+        },
     )
     report = run_compare(config)
     print(report.table())
@@ -77,7 +119,9 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 def cmd_bench_gate(args: argparse.Namespace) -> int:
     from rebar.bench.gate import run_gate
 
-    return run_gate(args.model, Path(args.baseline), update=args.update_baseline, threads=args.threads)
+    return run_gate(
+        args.model, Path(args.baseline), update=args.update_baseline, threads=args.threads
+    )
 
 
 def cmd_bench_make_model(args: argparse.Namespace) -> int:
@@ -89,82 +133,154 @@ def cmd_bench_make_model(args: argparse.Namespace) -> int:
     out = Path(args.out)
     f16 = out.with_name(out.stem + "-F16.gguf") if args.type != "F16" else out
     tokenizer = resolve_model_path(args.tokenizer_from)
-    print(f"writing {f16} ({shape.num_parameters(49152) / 1e9:.2f} B parameters, random F16 weights)")
+    print(
+        f"writing {f16} ({shape.num_parameters(49152) / 1e9:.2f} B parameters, random F16 weights)"
+    )
     write_random_llama(f16, shape, tokenizer, seed=args.seed)
     if args.type != "F16":
         print(f"quantizing to {args.type} with llama.cpp's llama-quantize -> {out}")
-        quantize(find_tool("llama-quantize", args.llama_quantize), f16, out, args.type, args.threads)
+        quantize(
+            find_tool("llama-quantize", args.llama_quantize), f16, out, args.type, args.threads
+        )
         if not args.keep_f16:
             f16.unlink()
     return 0
 
 
-def add_bench_parser(commands: Any, add_model_args: Callable[[argparse.ArgumentParser], None],
-                     positive_int: Callable[[str], int], kv_cache_dtypes: Sequence[str]) -> None:
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    offline = bench.add_parser("offline", help="engine throughput and latency at a fixed concurrency")
+def add_bench_parser(
+    commands: Any,
+    add_model_args: Callable[[argparse.ArgumentParser], None],
+    positive_int: Callable[[str], int],
+    kv_cache_dtypes: Sequence[str],
+) -> None:
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench", required=True
+    )
+    offline = bench.add_parser(
+        "offline", help="engine throughput and latency at a fixed concurrency"
+    )
     add_model_args(offline)
     offline.add_argument("--num-prompts", type=int, default=16)
     offline.add_argument("--input-len", type=int, default=128)
     offline.add_argument("--output-len", type=int, default=64)
     offline.add_argument("--concurrency", type=int, default=1)
     offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    offline.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache_dtypes,
-                         help="KV cache storage (auto: float16 on the CPU, else the model's dtype)")
+    offline.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=kv_cache_dtypes,
+        help="KV cache storage (auto: float16 on the CPU, else the model's dtype)",
+    )
     offline.add_argument("--seed", type=int, default=0)
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
     offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
     offline.set_defaults(handler=cmd_bench_offline)
 
-    serve = bench.add_parser("serve", help="streaming latency and throughput of any OpenAI-compatible server")
+    serve = bench.add_parser(
+        "serve", help="streaming latency and throughput of any OpenAI-compatible server"
+    )
     serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    serve.add_argument("--model", default=None, help="model name to request (default: the first from /v1/models)")
+    serve.add_argument(
+        "--model", default=None, help="model name to request (default: the first from /v1/models)"
+    )
     serve.add_argument("--endpoint", default="chat", choices=["chat", "completions"])
-    serve.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels, run in order")
+    serve.add_argument(
+        "--concurrency", default="1,4,16", help="comma-separated concurrency levels, run in order"
+    )
     serve.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
     serve.add_argument("--input-words", type=int, default=128, help="words per prompt")
     serve.add_argument("--output-tokens", type=int, default=128, help="max_tokens of every request")
-    serve.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true (an extension vLLM and llama.cpp accept)")
+    serve.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="send ignore_eos=true (an extension vLLM and llama.cpp accept)",
+    )
     serve.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     serve.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
-    serve.add_argument("--timeout", type=float, default=600.0, help="seconds before one request counts as failed")
-    serve.add_argument("--json", default=None, help="also write the results (one object per level) to this file")
+    serve.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before one request counts as failed"
+    )
+    serve.add_argument(
+        "--json", default=None, help="also write the results (one object per level) to this file"
+    )
     serve.set_defaults(handler=cmd_bench_serve)
 
-    compare = bench.add_parser("compare", help="rebar (defaults) vs llama.cpp's own tools on the same GGUF; ratios")
+    compare = bench.add_parser(
+        "compare", help="rebar (defaults) vs llama.cpp's own tools on the same GGUF; ratios"
+    )
     compare.add_argument("--model", default="smollm2", help="a GGUF model (alias or path)")
     compare.add_argument("--threads", type=positive_int, default=2)
-    compare.add_argument("--repeats", type=positive_int, default=3, help="runs per figure (the median is reported)")
-    compare.add_argument("--prompt-tokens", type=positive_int, default=512, help="prefill length (llama-bench -p)")
-    compare.add_argument("--gen-tokens", type=positive_int, default=128, help="decode length (llama-bench -n)")
-    compare.add_argument("--batch", type=positive_int, default=16, help="streams of the batched decode (-npl)")
-    compare.add_argument("--batch-prompt-tokens", type=positive_int, default=90, help="their prompt length (-npp)")
-    compare.add_argument("--batch-gen-tokens", type=positive_int, default=64, help="their output length (-ntg)")
-    compare.add_argument("--concurrency", type=positive_int, default=16, help="HTTP streams (llama-server -np)")
+    compare.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs per figure (the median is reported)"
+    )
+    compare.add_argument(
+        "--prompt-tokens", type=positive_int, default=512, help="prefill length (llama-bench -p)"
+    )
+    compare.add_argument(
+        "--gen-tokens", type=positive_int, default=128, help="decode length (llama-bench -n)"
+    )
+    compare.add_argument(
+        "--batch", type=positive_int, default=16, help="streams of the batched decode (-npl)"
+    )
+    compare.add_argument(
+        "--batch-prompt-tokens", type=positive_int, default=90, help="their prompt length (-npp)"
+    )
+    compare.add_argument(
+        "--batch-gen-tokens", type=positive_int, default=64, help="their output length (-ntg)"
+    )
+    compare.add_argument(
+        "--concurrency", type=positive_int, default=16, help="HTTP streams (llama-server -np)"
+    )
     compare.add_argument("--no-http", action="store_true", help="skip the HTTP figures")
     for name, default in (("decode", 1.0), ("prefill", 1.0), ("batched", 1.0), ("http", 1.0)):
-        compare.add_argument(f"--{name}-target", type=float, default=default,
-                             help=f"rebar / llama.cpp ratio the {name} figure must reach (default {default})")
+        compare.add_argument(
+            f"--{name}-target",
+            type=float,
+            default=default,
+            help=f"rebar / llama.cpp ratio the {name} figure must reach (default {default})",
+        )
     for tool in ("llama-bench", "llama-batched-bench", "llama-server"):
-        compare.add_argument(f"--{tool}", default=None, help=f"path of {tool} (default: found, see rebar.bench.llamacpp)")
+        compare.add_argument(
+            f"--{tool}",
+            default=None,
+            help=f"path of {tool} (default: found, see rebar.bench.llamacpp)",
+        )
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
     compare.set_defaults(handler=cmd_bench_compare)
 
-    gate = bench.add_parser("gate", help="CI performance gate: cold start, p95 latency, peak RSS against a baseline")
+    gate = bench.add_parser(
+        "gate", help="CI performance gate: cold start, p95 latency, peak RSS against a baseline"
+    )
     gate.add_argument("--model", default="smollm2")
-    gate.add_argument("--baseline", default="perf/baseline.json", help="committed baseline (normalised figures)")
-    gate.add_argument("--update-baseline", action="store_true", help="measure and write the baseline instead of judging")
-    gate.add_argument("--threads", type=int, default=1,
-                      help="torch threads (1: immune to the barrier stalls a busy machine causes; must match the baseline)")
+    gate.add_argument(
+        "--baseline", default="perf/baseline.json", help="committed baseline (normalised figures)"
+    )
+    gate.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="measure and write the baseline instead of judging",
+    )
+    gate.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: immune to the barrier stalls a busy machine causes; must match the baseline)",
+    )
     gate.set_defaults(handler=cmd_bench_gate)
 
-    make = bench.add_parser("make-model", help="a random-weight Llama-shaped GGUF (for speed and memory benchmarks)")
+    make = bench.add_parser(
+        "make-model", help="a random-weight Llama-shaped GGUF (for speed and memory benchmarks)"
+    )
     make.add_argument("--shape", default="1b", choices=["1b", "3b", "8b"])
     make.add_argument("--type", default="Q4_K_M", help="llama-quantize type (F16: no quantization)")
     make.add_argument("--out", required=True, help="the .gguf file to write")
-    make.add_argument("--tokenizer-from", default="smollm2", help="a GGUF whose tokenizer the model gets")
-    make.add_argument("--llama-quantize", default=None, help="path of llama-quantize (default: found)")
+    make.add_argument(
+        "--tokenizer-from", default="smollm2", help="a GGUF whose tokenizer the model gets"
+    )
+    make.add_argument(
+        "--llama-quantize", default=None, help="path of llama-quantize (default: found)"
+    )
     make.add_argument("--threads", type=positive_int, default=2)
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--keep-f16", action="store_true", help="keep the intermediate F16 file")

@@ -86,21 +86,34 @@ class CompareReport:
     notes: list[str]  # what the peer is, and why a figure is missing
 
     def table(self) -> str:
-        header = f"{'figure':<44} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  {'target':<10} result"
-        lines = [f"model {self.model}, {self.threads} threads", *self.notes, header, "-" * len(header)]
+        header = (
+            f"{'figure':<44} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  {'target':<10} result"
+        )
+        lines = [
+            f"model {self.model}, {self.threads} threads",
+            *self.notes,
+            header,
+            "-" * len(header),
+        ]
         for r in self.rows:
+
             def cell(value: float | None) -> str:
                 return f"{value:>10.2f}" if value is not None else f"{'-':>10}"
+
             ratio = f"{r.ratio:>7.2f}" if r.ratio is not None else f"{'-':>7}"
             result = {True: "pass", False: "FAIL", None: "n/a"}[r.passed]
-            lines.append(f"{r.figure:<44} {cell(r.rebar)} {cell(r.peer)} {ratio}  {r.target:<10} {result}")
+            lines.append(
+                f"{r.figure:<44} {cell(r.rebar)} {cell(r.peer)} {ratio}  {r.target:<10} {result}"
+            )
         return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
 
-def compared(figure: str, rebar: float | None, peer: float | None, target: float, higher_is_better: bool) -> Row:
+def compared(
+    figure: str, rebar: float | None, peer: float | None, target: float, higher_is_better: bool
+) -> Row:
     """A row whose ratio is rebar / peer, passing at >= target (rates) or <= target (times)."""
     ratio = rebar / peer if rebar is not None and peer else None
     sign = ">=" if higher_is_better else "<="
@@ -113,6 +126,7 @@ def random_prompt(allowed: list[int], length: int, rng: random.Random) -> list[i
 
 
 # ----- rebar, in process ----------------------------------------------------------------------------
+
 
 def _token_times(core, requests: dict[str, list[int]], max_tokens: int) -> dict[str, list[float]]:
     """Arrival time of every token of each request, all added at once to an idle engine core;
@@ -137,13 +151,22 @@ class RebarFigures:
     batched_decode_tokens_per_s: float
 
 
-def measure_rebar(core, config: CompareConfig, allowed: list[int], rng: random.Random, run: int) -> RebarFigures:
+def measure_rebar(
+    core, config: CompareConfig, allowed: list[int], rng: random.Random, run: int
+) -> RebarFigures:
     """One run of each figure, on fresh random prompts."""
-    (times,) = _token_times(core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens).values()
+    (times,) = _token_times(
+        core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens
+    ).values()
     decode = (len(times) - 2) / (times[-1] - times[1])
-    (times,) = _token_times(core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1).values()
+    (times,) = _token_times(
+        core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1
+    ).values()
     prefill = times[1] - times[0]
-    streams = {f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng) for i in range(config.batch)}
+    streams = {
+        f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng)
+        for i in range(config.batch)
+    }
     per_stream = _token_times(core, streams, config.batch_gen_tokens).values()
     decode_start = max(t[1] for t in per_stream)  # every stream has its first token
     decode_end = max(t[-1] for t in per_stream)
@@ -154,7 +177,9 @@ def measure_rebar(core, config: CompareConfig, allowed: list[int], rng: random.R
 def medians(runs: list) -> object:
     """The field-wise median of dataclass instances of one type."""
     kind = type(runs[0])
-    return kind(*(statistics.median(getattr(r, f) for r in runs) for f in kind.__dataclass_fields__))
+    return kind(
+        *(statistics.median(getattr(r, f) for r in runs) for f in kind.__dataclass_fields__)
+    )
 
 
 # ----- rebar's memory, in a fresh process -----------------------------------------------------------
@@ -186,8 +211,14 @@ class MemoryFigures:
 
 def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, model], capture_output=True, text=True, env=env,
-                          timeout=1800, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, model],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the memory measurement failed: {done.stderr[-1500:]}")
     values = json.loads(done.stdout.strip().splitlines()[-1])
@@ -195,6 +226,7 @@ def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
 
 
 # ----- HTTP -----------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     import socket
@@ -217,14 +249,23 @@ def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
 
     runs = []
     for run in range(config.repeats):
-        bench = ServeBenchConfig(url=url, num_prompts=config.http_requests, input_words=64,
-                                 output_tokens=config.http_tokens, ignore_eos=True, seed=config.seed + run)
+        bench = ServeBenchConfig(
+            url=url,
+            num_prompts=config.http_requests,
+            input_words=64,
+            output_tokens=config.http_tokens,
+            ignore_eos=True,
+            seed=config.seed + run,
+        )
         level = asyncio.run(run_serve_bench(bench, [config.concurrency])).levels[0]
         ttfts = sorted(r.ttft_s for r in level.requests if r.ok and r.ttft_s is not None)
         p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else float("nan")
         runs.append((level.output_tokens_per_s, p95, level.num_failed))
-    return HttpFigures(statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
-                       sum(r[2] for r in runs))
+    return HttpFigures(
+        statistics.median(r[0] for r in runs),
+        statistics.median(r[1] for r in runs),
+        sum(r[2] for r in runs),
+    )
 
 
 def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
@@ -232,10 +273,27 @@ def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
     import httpx
 
     port = _free_port()
-    env = {**os.environ, "REBAR_ENGINE__NUM_THREADS": str(config.threads), "REBAR_LOGGING__LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "REBAR_ENGINE__NUM_THREADS": str(config.threads),
+        "REBAR_LOGGING__LEVEL": "warning",
+    }
     server = subprocess.Popen(
-        [sys.executable, "-m", "rebar.cli", "serve", "--model", model, "--embedding-model", "none", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "rebar.cli",
+            "serve",
+            "--model",
+            model,
+            "--embedding-model",
+            "none",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -268,6 +326,7 @@ def measure_peer_http(path: Path, config: CompareConfig) -> HttpFigures:
 
 # ----- the comparison -------------------------------------------------------------------------------
 
+
 def _peer(notes: list[str], what: str, measure):
     """`measure()`, or None with a note saying why the peer's figure is missing."""
     try:
@@ -277,26 +336,67 @@ def _peer(notes: list[str], what: str, measure):
         return None
 
 
-def build_rows(config: CompareConfig, rebar: RebarFigures, bench, batched, memory: MemoryFigures | None,
-               http: tuple[HttpFigures, HttpFigures | None] | None) -> list[Row]:
+def build_rows(
+    config: CompareConfig,
+    rebar: RebarFigures,
+    bench,
+    batched,
+    memory: MemoryFigures | None,
+    http: tuple[HttpFigures, HttpFigures | None] | None,
+) -> list[Row]:
     rows = [
-        compared(f"decode tok/s (tg{config.gen_tokens})", rebar.decode_tokens_per_s,
-                 bench and bench.gen_tokens_per_s, config.decode_target, True),
-        compared(f"prefill {config.prompt_tokens} tokens, s (pp{config.prompt_tokens})", rebar.prefill_s,
-                 bench and bench.prefill_s, config.prefill_target, False),
-        compared(f"batched decode tok/s ({config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens})",
-                 rebar.batched_decode_tokens_per_s, batched and batched.decode_tokens_per_s, config.batched_target, True),
+        compared(
+            f"decode tok/s (tg{config.gen_tokens})",
+            rebar.decode_tokens_per_s,
+            bench and bench.gen_tokens_per_s,
+            config.decode_target,
+            True,
+        ),
+        compared(
+            f"prefill {config.prompt_tokens} tokens, s (pp{config.prompt_tokens})",
+            rebar.prefill_s,
+            bench and bench.prefill_s,
+            config.prefill_target,
+            False,
+        ),
+        compared(
+            f"batched decode tok/s ({config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens})",
+            rebar.batched_decode_tokens_per_s,
+            batched and batched.decode_tokens_per_s,
+            config.batched_target,
+            True,
+        ),
     ]
     if memory is not None:
         mib = 2**20
-        rows.append(Row("peak resident MiB (file + KV + 400 MiB)", memory.peak_bytes / mib, None, None,
-                        f"<= {memory.bound_bytes / mib:.0f}", memory.peak_bytes <= memory.bound_bytes))
+        rows.append(
+            Row(
+                "peak resident MiB (file + KV + 400 MiB)",
+                memory.peak_bytes / mib,
+                None,
+                None,
+                f"<= {memory.bound_bytes / mib:.0f}",
+                memory.peak_bytes <= memory.bound_bytes,
+            )
+        )
     if http is not None:
         ours, theirs = http
-        rows.append(compared(f"HTTP {config.concurrency} streams, output tok/s", ours.output_tokens_per_s,
-                             theirs and theirs.output_tokens_per_s, config.http_target, True))
-        ttft = compared(f"HTTP {config.concurrency} streams, p95 TTFT s", ours.ttft_p95_s,
-                        theirs and theirs.ttft_p95_s, 1.0, False)
+        rows.append(
+            compared(
+                f"HTTP {config.concurrency} streams, output tok/s",
+                ours.output_tokens_per_s,
+                theirs and theirs.output_tokens_per_s,
+                config.http_target,
+                True,
+            )
+        )
+        ttft = compared(
+            f"HTTP {config.concurrency} streams, p95 TTFT s",
+            ours.ttft_p95_s,
+            theirs and theirs.ttft_p95_s,
+            1.0,
+            False,
+        )
         if ours.num_failed:
             ttft.passed = False
         rows.append(ttft)
@@ -322,13 +422,28 @@ def run_compare(config: CompareConfig) -> CompareReport:
     if path.suffix != ".gguf":
         notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
     tools, is_gguf = config.tools, path.suffix == ".gguf"
-    peers = {  # what each repeat runs of llama.cpp; a tool that fails once is not tried again
-        "llama-bench": lambda: run_llama_bench(find_tool("llama-bench", tools.get("llama-bench")), path,
-                                               config.threads, config.prompt_tokens, config.gen_tokens, repetitions=1),
-        "llama-batched-bench": lambda: run_batched_bench(
-            find_tool("llama-batched-bench", tools.get("llama-batched-bench")), path, config.threads, config.batch,
-            config.batch_prompt_tokens, config.batch_gen_tokens),
-    } if is_gguf else {}
+    peers = (
+        {  # what each repeat runs of llama.cpp; a tool that fails once is not tried again
+            "llama-bench": lambda: run_llama_bench(
+                find_tool("llama-bench", tools.get("llama-bench")),
+                path,
+                config.threads,
+                config.prompt_tokens,
+                config.gen_tokens,
+                repetitions=1,
+            ),
+            "llama-batched-bench": lambda: run_batched_bench(
+                find_tool("llama-batched-bench", tools.get("llama-batched-bench")),
+                path,
+                config.threads,
+                config.batch,
+                config.batch_prompt_tokens,
+                config.batch_gen_tokens,
+            ),
+        }
+        if is_gguf
+        else {}
+    )
     rebar_runs: list[RebarFigures] = []
     peer_runs: dict[str, list] = {name: [] for name in peers}
     for run in range(config.repeats):
@@ -341,12 +456,18 @@ def run_compare(config: CompareConfig) -> CompareReport:
                 peer_runs[name].append(figures)
     del llm
     bench = medians(peer_runs["llama-bench"]) if peer_runs.get("llama-bench") else None
-    batched = medians(peer_runs["llama-batched-bench"]) if peer_runs.get("llama-batched-bench") else None
+    batched = (
+        medians(peer_runs["llama-batched-bench"]) if peer_runs.get("llama-batched-bench") else None
+    )
     memory = measure_memory(config.model, path, config.threads)
     http = None
     if config.http:
         ours = measure_rebar_http(config.model, config)
-        theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config)) if is_gguf else None
+        theirs = (
+            _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
+            if is_gguf
+            else None
+        )
         http = (ours, theirs)
     rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http)
     return CompareReport(config.model, config.threads, rows, notes)

@@ -32,7 +32,11 @@ from pathlib import Path
 
 import torch
 
-TOLERANCES = {"cold_start": 0.35, "p95_latency": 0.35, "peak_rss": 0.15}  # allowed relative increase
+TOLERANCES = {
+    "cold_start": 0.35,
+    "p95_latency": 0.35,
+    "peak_rss": 0.15,
+}  # allowed relative increase
 UNITS = {"cold_start": "x calibration", "p95_latency": "x calibration", "peak_rss": "MiB"}
 
 
@@ -43,7 +47,10 @@ def calibrate(repeats: int = 7, steps: int = 32) -> float:
     def weight(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, generator=generator) * 0.02
 
-    layers = [(weight(576, 1152), weight(576, 576), weight(576, 3072), weight(1536, 576)) for _ in range(4)]
+    layers = [
+        (weight(576, 1152), weight(576, 576), weight(576, 3072), weight(1536, 576))
+        for _ in range(4)
+    ]
     x0 = torch.randn(1, 576, generator=generator)
 
     def run() -> float:
@@ -109,7 +116,9 @@ def measure_p95_latency(model: str) -> float:
 
     llm = LLM(model, engine_config=EngineConfig(max_num_seqs=4, max_model_len=512))
     run_offline(llm.engine, num_prompts=1, input_len=8, output_len=2, concurrency=1, seed=1)
-    result = run_offline(llm.engine, num_prompts=16, input_len=32, output_len=16, concurrency=4, seed=0)
+    result = run_offline(
+        llm.engine, num_prompts=16, input_len=32, output_len=16, concurrency=4, seed=0
+    )
     return result.e2e_ms["p95"] / 1000
 
 
@@ -123,7 +132,11 @@ class GateFigures:
     peak_rss: float  # MiB above the libraries-only process
 
     def normalised(self) -> dict[str, float]:
-        return {"cold_start": self.cold_start, "p95_latency": self.p95_latency, "peak_rss": self.peak_rss}
+        return {
+            "cold_start": self.cold_start,
+            "p95_latency": self.p95_latency,
+            "peak_rss": self.peak_rss,
+        }
 
 
 def measure(model: str) -> GateFigures:
@@ -132,7 +145,9 @@ def measure(model: str) -> GateFigures:
     cold_start_s, rss = measure_cold_start(model)
     p95 = measure_p95_latency(model)
     calibration = (before + calibrate()) / 2
-    return GateFigures(calibration, cold_start_s, p95, cold_start_s / calibration, p95 / calibration, rss)
+    return GateFigures(
+        calibration, cold_start_s, p95, cold_start_s / calibration, p95 / calibration, rss
+    )
 
 
 @dataclass(frozen=True)
@@ -153,21 +168,34 @@ class Verdict:
     def line(self) -> str:
         verdict = "ok  " if self.passed else "FAIL"
         change = (self.ratio - 1) * 100
-        return (f"{verdict} {self.figure:<12} {self.measured:10.2f} {UNITS[self.figure]:<14} baseline {self.baseline:10.2f}  "
-                f"{change:+6.1f}% (limit +{self.tolerance * 100:.0f}%)")
+        return (
+            f"{verdict} {self.figure:<12} {self.measured:10.2f} {UNITS[self.figure]:<14} baseline {self.baseline:10.2f}  "
+            f"{change:+6.1f}% (limit +{self.tolerance * 100:.0f}%)"
+        )
 
 
-def judge(measured: dict[str, float], baseline: dict[str, float], tolerances: dict[str, float] = TOLERANCES) -> list[Verdict]:
+def judge(
+    measured: dict[str, float],
+    baseline: dict[str, float],
+    tolerances: dict[str, float] = TOLERANCES,
+) -> list[Verdict]:
     missing = sorted(set(tolerances) - set(baseline))
     if missing:
-        raise ValueError(f"baseline lacks {', '.join(missing)}; regenerate it with --update-baseline")
-    return [Verdict(name, measured[name], baseline[name], tolerance) for name, tolerance in tolerances.items()]
+        raise ValueError(
+            f"baseline lacks {', '.join(missing)}; regenerate it with --update-baseline"
+        )
+    return [
+        Verdict(name, measured[name], baseline[name], tolerance)
+        for name, tolerance in tolerances.items()
+    ]
 
 
 def run_gate(model: str, baseline_path: Path, update: bool = False, threads: int = 1) -> int:
     if not update and not baseline_path.exists():
-        print(f"no baseline at {baseline_path}: measure one on a quiet machine with --update-baseline "
-              "(and check that the gate then passes twice) before the gate can judge anything")
+        print(
+            f"no baseline at {baseline_path}: measure one on a quiet machine with --update-baseline "
+            "(and check that the gate then passes twice) before the gate can judge anything"
+        )
         return 2
     if not update:
         recorded = json.loads(baseline_path.read_text()).get("threads", 1)
@@ -179,11 +207,18 @@ def run_gate(model: str, baseline_path: Path, update: bool = False, threads: int
         figures = measure(model)
     finally:
         torch.set_num_threads(previous)
-    print(f"calibration {figures.calibration_s * 1e3:.1f} ms; cold start {figures.cold_start_s:.2f} s; "
-          f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {threads})")
+    print(
+        f"calibration {figures.calibration_s * 1e3:.1f} ms; cold start {figures.cold_start_s:.2f} s; "
+        f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {threads})"
+    )
     if update:
         baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"model": model, "threads": threads, "figures": figures.normalised(), "raw": asdict(figures)}
+        record = {
+            "model": model,
+            "threads": threads,
+            "figures": figures.normalised(),
+            "raw": asdict(figures),
+        }
         baseline_path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"baseline written to {baseline_path}")
         return 0
@@ -195,8 +230,13 @@ def run_gate(model: str, baseline_path: Path, update: bool = False, threads: int
         print(verdict.line())
     failed = [v for v in verdicts if not v.passed]
     if failed:
-        print("performance gate FAILED: " + "; ".join(
-            f"{v.figure} is {(v.ratio - 1) * 100:.1f}% above its baseline (limit {v.tolerance * 100:.0f}%)" for v in failed))
+        print(
+            "performance gate FAILED: "
+            + "; ".join(
+                f"{v.figure} is {(v.ratio - 1) * 100:.1f}% above its baseline (limit {v.tolerance * 100:.0f}%)"
+                for v in failed
+            )
+        )
         return 1
     print("performance gate passed")
     return 0

@@ -60,11 +60,17 @@ def find_tool(name: str, explicit: str | Path | None = None) -> Path:
 
 def _run(command: list[str], timeout_s: float) -> str:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired as exc:
-        raise PeerUnavailable(f"{Path(command[0]).name} did not finish within {timeout_s:.0f} s") from exc
+        raise PeerUnavailable(
+            f"{Path(command[0]).name} did not finish within {timeout_s:.0f} s"
+        ) from exc
     if done.returncode != 0:
-        raise PeerUnavailable(f"{Path(command[0]).name} exited with {done.returncode}: {done.stderr[-1500:]}")
+        raise PeerUnavailable(
+            f"{Path(command[0]).name} exited with {done.returncode}: {done.stderr[-1500:]}"
+        )
     return done.stdout
 
 
@@ -82,19 +88,44 @@ class BenchFigures:
         return self.prompt_tokens / self.prompt_tokens_per_s
 
 
-def run_llama_bench(tool: Path, model: Path, threads: int, prompt_tokens: int, gen_tokens: int,
-                    repetitions: int = 3, timeout_s: float = 1800) -> BenchFigures:
+def run_llama_bench(
+    tool: Path,
+    model: Path,
+    threads: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    repetitions: int = 3,
+    timeout_s: float = 1800,
+) -> BenchFigures:
     """`llama-bench -p N -n M -t T -r R -o json` (f16 KV cache, its defaults otherwise)."""
-    out = _run([str(tool), "-m", str(model), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-t", str(threads),
-                "-r", str(repetitions), "-o", "json"], timeout_s)
+    out = _run(
+        [
+            str(tool),
+            "-m",
+            str(model),
+            "-p",
+            str(prompt_tokens),
+            "-n",
+            str(gen_tokens),
+            "-t",
+            str(threads),
+            "-r",
+            str(repetitions),
+            "-o",
+            "json",
+        ],
+        timeout_s,
+    )
     return parse_llama_bench(out)
 
 
 def parse_llama_bench(text: str) -> BenchFigures:
-    tests = json.loads(text[text.index("["):])
+    tests = json.loads(text[text.index("[") :])
     prompt = next(t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0)
     gen = next(t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0)
-    return BenchFigures(prompt["n_prompt"], float(prompt["avg_ts"]), gen["n_gen"], float(gen["avg_ts"]))
+    return BenchFigures(
+        prompt["n_prompt"], float(prompt["avg_ts"]), gen["n_gen"], float(gen["avg_ts"])
+    )
 
 
 @dataclass(frozen=True)
@@ -108,12 +139,39 @@ class BatchedFigures:
     decode_tokens_per_s: float  # S_TG: generated tokens of all streams / decode time
 
 
-def run_batched_bench(tool: Path, model: Path, threads: int, sequences: int, prompt_tokens: int, gen_tokens: int,
-                      timeout_s: float = 1800) -> BatchedFigures:
+def run_batched_bench(
+    tool: Path,
+    model: Path,
+    threads: int,
+    sequences: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    timeout_s: float = 1800,
+) -> BatchedFigures:
     """`llama-batched-bench -npp P -ntg G -npl S` with a context that holds every stream."""
     context = max(2048, sequences * (prompt_tokens + gen_tokens) + 64)
-    out = _run([str(tool), "-m", str(model), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt_tokens),
-                "-ntg", str(gen_tokens), "-npl", str(sequences), "-t", str(threads)], timeout_s)
+    out = _run(
+        [
+            str(tool),
+            "-m",
+            str(model),
+            "-c",
+            str(context),
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "-npp",
+            str(prompt_tokens),
+            "-ntg",
+            str(gen_tokens),
+            "-npl",
+            str(sequences),
+            "-t",
+            str(threads),
+        ],
+        timeout_s,
+    )
     return parse_batched_bench(out)
 
 
@@ -130,11 +188,37 @@ def parse_batched_bench(text: str) -> BatchedFigures:
 class LlamaServer:
     """`llama-server` on loopback with `parallel` slots (its continuous batching), each of `slot_context` tokens."""
 
-    def __init__(self, tool: Path, model: Path, threads: int, port: int, parallel: int, slot_context: int = 1024) -> None:
+    def __init__(
+        self,
+        tool: Path,
+        model: Path,
+        threads: int,
+        port: int,
+        parallel: int,
+        slot_context: int = 1024,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        command = [str(tool), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
-                   "-c", str(parallel * slot_context), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        command = [
+            str(tool),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-np",
+            str(parallel),
+            "-c",
+            str(parallel * slot_context),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-webui",
+        ]
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
 
     def wait_ready(self, timeout_s: float = 300) -> None:
         import httpx
@@ -171,7 +255,9 @@ class LlamaServer:
         self.stop()
 
 
-def quantize(tool: Path, source: Path, target: Path, type_name: str, threads: int, timeout_s: float = 3600) -> Path:
+def quantize(
+    tool: Path, source: Path, target: Path, type_name: str, threads: int, timeout_s: float = 3600
+) -> Path:
     """`llama-quantize SOURCE TARGET TYPE THREADS`."""
     _run([str(tool), str(source), str(target), type_name, str(threads)], timeout_s)
     return target

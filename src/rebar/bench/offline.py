@@ -34,14 +34,19 @@ class OfflineResult:
     ttft_ms: dict[str, float]
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]  # request added -> its last token
-    decode_tokens_per_s_per_stream: float  # mean over requests of (tokens after the first) / decode time
+    decode_tokens_per_s_per_stream: (
+        float  # mean over requests of (tokens after the first) / decode time
+    )
     peak_kv_usage: float
     num_preemptions: int
     num_prefix_hits: int
 
     def table(self) -> str:
         rows = [
-            ("requests x (input, output)", f"{self.num_prompts} x ({self.input_len}, {self.output_len}), concurrency {self.concurrency}"),
+            (
+                "requests x (input, output)",
+                f"{self.num_prompts} x ({self.input_len}, {self.output_len}), concurrency {self.concurrency}",
+            ),
             ("duration", f"{self.duration_s:.2f} s"),
             ("prompt throughput", f"{self.prompt_tokens_per_s:.1f} tok/s"),
             ("generation throughput", f"{self.output_tokens_per_s:.1f} tok/s"),
@@ -71,16 +76,31 @@ def summarize(samples: list[float]) -> dict[str, float]:
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"p50": pick(0.5), "p90": pick(0.9), "p95": pick(0.95), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
+    return {
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "p95": pick(0.95),
+        "p99": pick(0.99),
+        "mean": statistics.fmean(ordered),
+    }
 
 
-def random_prompts(num_prompts: int, input_len: int, vocab_size: int, special_ids: set[int], seed: int) -> list[list[int]]:
+def random_prompts(
+    num_prompts: int, input_len: int, vocab_size: int, special_ids: set[int], seed: int
+) -> list[list[int]]:
     rng = random.Random(seed)
     allowed = [t for t in range(vocab_size) if t not in special_ids]
     return [[rng.choice(allowed) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
-def run_offline(core: EngineCore, num_prompts: int, input_len: int, output_len: int, concurrency: int, seed: int = 0) -> OfflineResult:
+def run_offline(
+    core: EngineCore,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    seed: int = 0,
+) -> OfflineResult:
     tokenizer = core.tokenizer
     specials = {i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)}
     prompts = random_prompts(num_prompts, input_len, tokenizer.vocab_size, specials, seed)
@@ -104,12 +124,34 @@ def run_offline(core: EngineCore, num_prompts: int, input_len: int, output_len: 
             timings[output.request_id].token_times.extend([now] * len(output.new_token_ids))
             in_flight -= output.finished
     duration = time.perf_counter() - started
-    return _result(core, timings, stats_before, num_prompts, input_len, output_len, concurrency, duration, peak_usage)
+    return _result(
+        core,
+        timings,
+        stats_before,
+        num_prompts,
+        input_len,
+        output_len,
+        concurrency,
+        duration,
+        peak_usage,
+    )
 
 
-def _result(core, timings, stats_before, num_prompts, input_len, output_len, concurrency, duration, peak_usage) -> OfflineResult:
+def _result(
+    core,
+    timings,
+    stats_before,
+    num_prompts,
+    input_len,
+    output_len,
+    concurrency,
+    duration,
+    peak_usage,
+) -> OfflineResult:
     ttft = [(t.token_times[0] - t.start) * 1000 for t in timings.values()]
-    itl = [(b - a) * 1000 for t in timings.values() for a, b in zip(t.token_times, t.token_times[1:])]
+    itl = [
+        (b - a) * 1000 for t in timings.values() for a, b in zip(t.token_times, t.token_times[1:])
+    ]
     e2e = [(t.token_times[-1] - t.start) * 1000 for t in timings.values()]
     decode_rates = [
         (len(t.token_times) - 1) / (t.token_times[-1] - t.token_times[0])

@@ -38,7 +38,12 @@ class LlamaShape:
 
     def num_parameters(self, vocab: int) -> int:
         kv = self.kv_heads * self.head_dim
-        per_layer = 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 2 * self.hidden
+        per_layer = (
+            2 * self.hidden * self.hidden
+            + 2 * self.hidden * kv
+            + 3 * self.hidden * self.ffn
+            + 2 * self.hidden
+        )
         return self.layers * per_layer + vocab * self.hidden + self.hidden
 
 
@@ -50,7 +55,9 @@ def _tokenizer_fields(source: Path) -> dict:
     return {key: value for key, value in meta.items() if key.startswith("tokenizer.")}
 
 
-def write_random_llama(path: Path, shape: LlamaShape, tokenizer_source: Path, seed: int = 0) -> Path:
+def write_random_llama(
+    path: Path, shape: LlamaShape, tokenizer_source: Path, seed: int = 0
+) -> Path:
     """Write an F16 `llama` GGUF of `shape` with random weights (normal, std 0.02; norms 1) to `path`."""
     from gguf import GGUFWriter
 

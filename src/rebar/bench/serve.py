@@ -101,10 +101,14 @@ class ServeBenchConfig:
         base = self.url.rstrip("/")
         object.__setattr__(self, "url", base[: -len("/v1")] if base.endswith("/v1") else base)
         if self.endpoint not in ENDPOINTS:
-            raise BenchConfigError(f"--endpoint must be one of {sorted(ENDPOINTS)}, got {self.endpoint!r}")
+            raise BenchConfigError(
+                f"--endpoint must be one of {sorted(ENDPOINTS)}, got {self.endpoint!r}"
+            )
         for name in ("num_prompts", "input_words", "output_tokens"):
             if getattr(self, name) < 1:
-                raise BenchConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+                raise BenchConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+                )
         if not self.timeout_s > 0:
             raise BenchConfigError(f"--timeout must be positive, got {self.timeout_s}")
 
@@ -160,8 +164,14 @@ class ServeBenchReport:
 
     def to_dicts(self) -> list[dict[str, Any]]:
         c = self.config
-        context = {"url": c.url, "model": c.model, "endpoint": c.endpoint, "num_prompts": c.num_prompts,
-                   "input_words": c.input_words, "output_tokens_requested": c.output_tokens}
+        context = {
+            "url": c.url,
+            "model": c.model,
+            "endpoint": c.endpoint,
+            "num_prompts": c.num_prompts,
+            "input_words": c.input_words,
+            "output_tokens_requested": c.output_tokens,
+        }
         return [{**context, **level.to_dict()} for level in self.levels]
 
     def to_json(self) -> str:
@@ -176,7 +186,9 @@ def parse_concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",")]
     except ValueError:
-        raise BenchConfigError(f"--concurrency must be a comma-separated list of positive integers, got {text!r}") from None
+        raise BenchConfigError(
+            f"--concurrency must be a comma-separated list of positive integers, got {text!r}"
+        ) from None
     if not levels or min(levels) < 1:
         raise BenchConfigError(f"--concurrency levels must be at least 1, got {text!r}")
     return levels
@@ -258,7 +270,11 @@ class _StreamReader:
         if chunk.get("error"):
             return self._fail("stream_error", error_message(chunk))
         choices = chunk.get("choices") or []
-        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        choice = (
+            choices[0]
+            if isinstance(choices, list) and choices and isinstance(choices[0], dict)
+            else {}
+        )
         if self._content(choice):
             self._content_arrived(now)
         if choice.get("finish_reason"):
@@ -322,9 +338,17 @@ def _request_body(config: ServeBenchConfig, prompt: str) -> dict[str, Any]:
     return body
 
 
-async def _stream(client: httpx.AsyncClient, config: ServeBenchConfig, prompt: str, result: RequestResult, start: float) -> None:
+async def _stream(
+    client: httpx.AsyncClient,
+    config: ServeBenchConfig,
+    prompt: str,
+    result: RequestResult,
+    start: float,
+) -> None:
     url = config.url + ENDPOINTS[config.endpoint]
-    async with client.stream("POST", url, json=_request_body(config, prompt), headers=config.headers()) as response:
+    async with client.stream(
+        "POST", url, json=_request_body(config, prompt), headers=config.headers()
+    ) as response:
         if response.status_code != 200:
             result.error = str(response.status_code)
             result.error_message = error_message(await response.aread())
@@ -346,14 +370,19 @@ async def _stream(client: httpx.AsyncClient, config: ServeBenchConfig, prompt: s
     result.output_tokens = result.usage_output_tokens if has_usage else result.num_content_chunks
 
 
-async def run_request(client: httpx.AsyncClient, config: ServeBenchConfig, prompt: str) -> RequestResult:
+async def run_request(
+    client: httpx.AsyncClient, config: ServeBenchConfig, prompt: str
+) -> RequestResult:
     """Sends one streaming request and measures it; never raises for anything the server does."""
     result = RequestResult()
     start = time.perf_counter()
     try:
         await asyncio.wait_for(_stream(client, config, prompt, result, start), config.timeout_s)
     except TimeoutError:
-        result.error, result.error_message = "timeout", f"no complete answer within {config.timeout_s:g} s"
+        result.error, result.error_message = (
+            "timeout",
+            f"no complete answer within {config.timeout_s:g} s",
+        )
     except (httpx.HTTPError, OSError) as exc:
         result.error, result.error_message = type(exc).__name__, str(exc)[:200]
     result.e2e_s = time.perf_counter() - start
@@ -362,7 +391,9 @@ async def run_request(client: httpx.AsyncClient, config: ServeBenchConfig, promp
     return result
 
 
-async def run_level(client: httpx.AsyncClient, config: ServeBenchConfig, prompts: Sequence[str], concurrency: int) -> LevelResult:
+async def run_level(
+    client: httpx.AsyncClient, config: ServeBenchConfig, prompts: Sequence[str], concurrency: int
+) -> LevelResult:
     """Sends every prompt with at most `concurrency` requests in flight."""
     semaphore = asyncio.Semaphore(concurrency)
     in_flight = max_in_flight = 0
@@ -382,7 +413,9 @@ async def run_level(client: httpx.AsyncClient, config: ServeBenchConfig, prompts
     return summarize_level(concurrency, list(results), time.perf_counter() - started, max_in_flight)
 
 
-def summarize_level(concurrency: int, results: list[RequestResult], duration_s: float, max_in_flight: int) -> LevelResult:
+def summarize_level(
+    concurrency: int, results: list[RequestResult], duration_s: float, max_in_flight: int
+) -> LevelResult:
     ok = [r for r in results if r.ok]
     errors = Counter(r.error for r in results if not r.ok and r.error is not None)
     examples: dict[str, str] = {}
@@ -413,9 +446,13 @@ async def list_models(client: httpx.AsyncClient, config: ServeBenchConfig) -> li
     """The model ids from `GET {url}/v1/models`; raises ServerUnreachableError when that fails."""
     url = f"{config.url}/v1/models"
     try:
-        response = await client.get(url, headers=config.headers(), timeout=min(config.timeout_s, 10.0))
+        response = await client.get(
+            url, headers=config.headers(), timeout=min(config.timeout_s, 10.0)
+        )
     except httpx.HTTPError as exc:
-        raise ServerUnreachableError(f"cannot reach the server: GET {url} failed ({type(exc).__name__}: {exc})") from None
+        raise ServerUnreachableError(
+            f"cannot reach the server: GET {url} failed ({type(exc).__name__}: {exc})"
+        ) from None
     if response.status_code != 200:
         hint = " (check --api-key)" if response.status_code in (401, 403) else ""
         raise ServerUnreachableError(
@@ -424,14 +461,20 @@ async def list_models(client: httpx.AsyncClient, config: ServeBenchConfig) -> li
     try:
         entries = response.json().get("data") or []
     except (ValueError, AttributeError):
-        raise ServerUnreachableError(f"GET {url} did not return an OpenAI-style model list") from None
+        raise ServerUnreachableError(
+            f"GET {url} did not return an OpenAI-style model list"
+        ) from None
     return [str(entry["id"]) for entry in entries if isinstance(entry, dict) and "id" in entry]
 
 
-async def run_serve_bench(config: ServeBenchConfig, concurrency_levels: Sequence[int]) -> ServeBenchReport:
+async def run_serve_bench(
+    config: ServeBenchConfig, concurrency_levels: Sequence[int]
+) -> ServeBenchReport:
     """Checks the server, resolves the model, then runs each concurrency level in order."""
     if not concurrency_levels or min(concurrency_levels) < 1:
-        raise BenchConfigError(f"concurrency levels must be at least 1, got {list(concurrency_levels)}")
+        raise BenchConfigError(
+            f"concurrency levels must be at least 1, got {list(concurrency_levels)}"
+        )
     widest = max(concurrency_levels)
     limits = httpx.Limits(max_connections=widest, max_keepalive_connections=widest)
     timeout = httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 30.0))
@@ -444,7 +487,12 @@ async def run_serve_bench(config: ServeBenchConfig, concurrency_levels: Sequence
             config = replace(config, model=model_ids[0])
         levels = []
         for index, concurrency in enumerate(concurrency_levels):
-            logger.info("concurrency %d: %d requests to %s", concurrency, config.num_prompts, config.url + ENDPOINTS[config.endpoint])
+            logger.info(
+                "concurrency %d: %d requests to %s",
+                concurrency,
+                config.num_prompts,
+                config.url + ENDPOINTS[config.endpoint],
+            )
             prompts = make_prompts(config.num_prompts, config.input_words, config.seed, level=index)
             levels.append(await run_level(client, config, prompts, concurrency))
     return ServeBenchReport(config, levels)
@@ -458,13 +506,33 @@ def _triple(values: dict[str, float | None]) -> str:
 def format_table(report: ServeBenchReport) -> str:
     """A header line, one row per concurrency level, then one line per failure cause."""
     c = report.config
-    header = (f"model {c.model} via {c.url}{ENDPOINTS[c.endpoint]}: {c.num_prompts} requests per level, "
-              f"{c.input_words} words in, max {c.output_tokens} tokens out")
-    columns = ("concurrency", "ok", "failed", "duration s", "req/s", "out tok/s",
-               "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms")
+    header = (
+        f"model {c.model} via {c.url}{ENDPOINTS[c.endpoint]}: {c.num_prompts} requests per level, "
+        f"{c.input_words} words in, max {c.output_tokens} tokens out"
+    )
+    columns = (
+        "concurrency",
+        "ok",
+        "failed",
+        "duration s",
+        "req/s",
+        "out tok/s",
+        "TTFT p50/p90/p99 ms",
+        "ITL p50/p90/p99 ms",
+        "E2E p50/p90/p99 ms",
+    )
     rows = [
-        (str(r.concurrency), str(r.num_ok), str(r.num_failed), f"{r.duration_s:.2f}", f"{r.requests_per_s:.2f}",
-         f"{r.output_tokens_per_s:.1f}", _triple(r.ttft_ms), _triple(r.itl_ms), _triple(r.e2e_ms))
+        (
+            str(r.concurrency),
+            str(r.num_ok),
+            str(r.num_failed),
+            f"{r.duration_s:.2f}",
+            f"{r.requests_per_s:.2f}",
+            f"{r.output_tokens_per_s:.1f}",
+            _triple(r.ttft_ms),
+            _triple(r.itl_ms),
+            _triple(r.e2e_ms),
+        )
         for r in report.levels
     ]
     widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(columns)]
@@ -472,5 +540,7 @@ def format_table(report: ServeBenchReport) -> str:
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     for r in report.levels:
         for cause, count in r.errors.items():
-            lines.append(f"concurrency {r.concurrency}: {count} x {cause}: {r.error_examples.get(cause, '')}")
+            lines.append(
+                f"concurrency {r.concurrency}: {count} x {cause}: {r.error_examples.get(cause, '')}"
+            )
     return "\n".join(lines)

@@ -66,7 +66,9 @@ class AsyncEngine:
         self._streams_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
-        self._id_prefix = uuid.uuid4().hex[:8]  # tells this engine's ids from another's in shared logs
+        self._id_prefix = uuid.uuid4().hex[
+            :8
+        ]  # tells this engine's ids from another's in shared logs
         self._profile: _Profile | None = None  # owned by the core thread
 
     # ----- lifecycle -----------------------------------------------------------------------------
@@ -87,7 +89,11 @@ class AsyncEngine:
 
     # ----- public API ----------------------------------------------------------------------------
     async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, timeout: float | None = None,
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        timeout: float | None = None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request until each of its `params.n` choices has finished.
@@ -170,7 +176,8 @@ class AsyncEngine:
                 if self._profile is not None and self._profile.session is not None:
                     self._profile.session.step_done()
             if self._profile is not None and (
-                self._profile.session.num_steps >= self._profile.num_steps or time.monotonic() >= self._profile.deadline
+                self._profile.session.num_steps >= self._profile.num_steps
+                or time.monotonic() >= self._profile.deadline
             ):
                 self._end_profile()
 
@@ -186,12 +193,22 @@ class AsyncEngine:
 
     def _start_profile(self, command: _Profile) -> None:
         if self._profile is not None:
-            _call_soon(command.loop, _settle(command.future), RebarError("a profile is already being taken"))
+            _call_soon(
+                command.loop,
+                _settle(command.future),
+                RebarError("a profile is already being taken"),
+            )
             return
         try:
-            command.session = ProfileSession(self.core.runner.model, self.core.runner.device, command.top).start()
-        except Exception as exc:  # noqa: BLE001 - reported to the caller
-            _call_soon(command.loop, _settle(command.future), RebarError(f"profiling failed to start: {exc}"))
+            command.session = ProfileSession(
+                self.core.runner.model, self.core.runner.device, command.top
+            ).start()
+        except Exception as exc:
+            _call_soon(
+                command.loop,
+                _settle(command.future),
+                RebarError(f"profiling failed to start: {exc}"),
+            )
             return
         self._profile = command
 
@@ -201,7 +218,7 @@ class AsyncEngine:
             return
         try:
             result: ProfileResult | BaseException = command.session.finish()
-        except Exception as exc:  # noqa: BLE001 - reported to the caller
+        except Exception as exc:
             result = RebarError(f"profiling failed: {exc}")
         _call_soon(command.loop, _settle(command.future), result)
 
@@ -213,8 +230,13 @@ class AsyncEngine:
             self._deliver(self.core.abort_request(command.request_id))
             return
         try:
-            self.core.add_request(command.request_id, command.prompt_token_ids, command.params, command.deadline,
-                                  cache_salt=command.cache_salt)
+            self.core.add_request(
+                command.request_id,
+                command.prompt_token_ids,
+                command.params,
+                command.deadline,
+                cache_salt=command.cache_salt,
+            )
         except RebarError as exc:
             self._send(command.request_id, exc)
 
@@ -239,7 +261,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, function: Callable, item: object
         loop.call_soon_threadsafe(function, item)
     except RuntimeError:  # the caller's event loop is closed
         pass
-
 
 
 def _settle(future: asyncio.Future) -> Callable[[object], None]:

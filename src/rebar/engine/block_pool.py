@@ -33,7 +33,9 @@ def salt_hash(cache_salt: str | None) -> bytes:
     """The parent hash of a request's first block: only requests with equal salts (or both None) share blocks."""
     if cache_salt is None:
         return _UNSALTED
-    return hashlib.sha256(b"rebar prefix-cache salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(
+        b"rebar prefix-cache salt\0" + cache_salt.encode("utf-8", "surrogatepass")
+    ).digest()
 
 
 def chain_hash(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
@@ -72,7 +74,9 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """Take `count` free blocks (evicting whatever prefix they cached), each with ref_count 1."""
         if count > len(self._free):
-            raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")  # callers check first
+            raise RuntimeError(
+                f"asked for {count} blocks, {len(self._free)} free"
+            )  # callers check first
         taken = []
         for _ in range(count):
             block_id, _ = self._free.popitem(last=False)
@@ -133,8 +137,14 @@ class BlockPool:
         """Assert the pool agrees with `held` (block id -> number of requests holding it)."""
         for block in self.blocks:
             expected = held.get(block.block_id, 0)
-            assert block.ref_count == expected, f"block {block.block_id}: ref_count {block.ref_count}, held {expected}"
-            assert (block.block_id in self._free) == (expected == 0), f"block {block.block_id} free-list mismatch"
+            assert block.ref_count == expected, (
+                f"block {block.block_id}: ref_count {block.ref_count}, held {expected}"
+            )
+            assert (block.block_id in self._free) == (expected == 0), (
+                f"block {block.block_id} free-list mismatch"
+            )
         for block_hash, block_id in self._cached.items():
-            assert self.blocks[block_id].block_hash == block_hash, f"cache index points at stale block {block_id}"
+            assert self.blocks[block_id].block_hash == block_hash, (
+                f"cache index points at stale block {block_id}"
+            )
         assert len(self._free) == sum(1 for b in self.blocks if b.ref_count == 0)

@@ -57,7 +57,9 @@ class _RequestState:
     def release_logprobs(self, final: bool) -> tuple:
         released = self.detokenizer.num_released_chars
         ready = [entry for start, entry in self.pending_logprobs if start < released]
-        self.pending_logprobs = [] if final else [(s, e) for s, e in self.pending_logprobs if s >= released]
+        self.pending_logprobs = (
+            [] if final else [(s, e) for s, e in self.pending_logprobs if s >= released]
+        )
         return tuple(ready)
 
 
@@ -86,7 +88,10 @@ class EngineCore:
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or model_config.max_position_embeddings,
+            model_config.max_position_embeddings,
+        )
         kv_dtype = config.kv_dtype(dtype, device)
         num_blocks = num_kv_blocks(config, model_config, kv_dtype, device)
         if num_blocks * config.block_size < self.max_model_len:
@@ -95,15 +100,33 @@ class EngineCore:
                 "raise kv_cache_memory or lower max_model_len",
                 "kv_cache_memory",
             )
-        kv_cache = KVCache(model_config.num_layers, num_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim, kv_dtype, device)
+        kv_cache = KVCache(
+            model_config.num_layers,
+            num_blocks,
+            config.block_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            kv_dtype,
+            device,
+        )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
-            num_blocks, config.block_size, num_blocks * config.block_size, kv_cache.num_bytes / 2**20,
-            kv_dtype, kv_bytes_per_token(model_config, kv_dtype),
+            num_blocks,
+            config.block_size,
+            num_blocks * config.block_size,
+            kv_cache.num_bytes / 2**20,
+            kv_dtype,
+            kv_bytes_per_token(model_config, kv_dtype),
         )
-        self.runner = ModelRunner(model, model_config, kv_cache, device, fused_decode=config.fused_decode)
-        self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager)
+        self.runner = ModelRunner(
+            model, model_config, kv_cache, device, fused_decode=config.fused_decode
+        )
+        self.kv_manager = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager
+        )
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
         self.num_requests_added = 0
 
@@ -118,7 +141,11 @@ class EngineCore:
         return self._max_total_tokens(len(prompt), params)
 
     def add_request(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, deadline: float | None = None,
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        deadline: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
         """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks).
@@ -139,11 +166,20 @@ class EngineCore:
             state = _RequestState(
                 parent_id=request_id,
                 index=index,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, params.stop, params.skip_special_tokens
+                ),
                 generator=make_generator(child_params),
             )
-            request = Request(child_id, list(prompt), child_params, max_total, deadline=deadline, state=state,
-                              cache_salt=cache_salt)
+            request = Request(
+                child_id,
+                list(prompt),
+                child_params,
+                max_total,
+                deadline=deadline,
+                state=state,
+                cache_salt=cache_salt,
+            )
             children.append(request)
         self._children[request_id] = [r.request_id for r in children]
         self.num_requests_added += 1
@@ -156,10 +192,13 @@ class EngineCore:
             raise InvalidRequestError("prompt is empty", "prompt")
         vocab = self.tokenizer.vocab_size
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+            raise InvalidRequestError(
+                f"prompt token ids must be integers in [0, {vocab})", "prompt"
+            )
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context window of {self.max_model_len} leaves no room to generate", "prompt"
+                f"prompt has {len(prompt)} tokens; the context window of {self.max_model_len} leaves no room to generate",
+                "prompt",
             )
         return prompt
 
@@ -184,12 +223,27 @@ class EngineCore:
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every live request with an error (engine shutdown or an unexpected fault)."""
         live = list(self.scheduler.requests.values())
-        return [self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False) for r in live]
+        return [
+            self._finish(r, RequestStatus.FINISHED_ERROR, error=message, keep_cached=False)
+            for r in live
+        ]
 
     def _live_children(self, request_id: str) -> list[Request]:
-        return [self.scheduler.requests[c] for c in self._children.get(request_id, []) if c in self.scheduler.requests]
+        return [
+            self.scheduler.requests[c]
+            for c in self._children.get(request_id, [])
+            if c in self.scheduler.requests
+        ]
 
-    def _finish(self, request: Request, status: RequestStatus, delta: str = "", new_tokens: tuple[int, ...] = (), error: str | None = None, keep_cached: bool = True) -> RequestOutput:
+    def _finish(
+        self,
+        request: Request,
+        status: RequestStatus,
+        delta: str = "",
+        new_tokens: tuple[int, ...] = (),
+        error: str | None = None,
+        keep_cached: bool = True,
+    ) -> RequestOutput:
         self.scheduler.finish_request(request.request_id, status, keep_cached=keep_cached)
         state: _RequestState = request.state
         siblings = self._children.get(state.parent_id, [])
@@ -201,7 +255,9 @@ class EngineCore:
         request.finished_time = time.monotonic()
         return self._output(request, new_tokens, delta, finished=True)
 
-    def _output(self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False) -> RequestOutput:
+    def _output(
+        self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False
+    ) -> RequestOutput:
         state: _RequestState = request.state
         logprobs = state.release_logprobs(final=finished)
         return RequestOutput(
@@ -217,8 +273,14 @@ class EngineCore:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             error=request.error,
-            timing=RequestTiming(request.arrival_time, request.scheduled_time, request.first_token_time,
-                                 request.finished_time) if finished else None,
+            timing=RequestTiming(
+                request.arrival_time,
+                request.scheduled_time,
+                request.first_token_time,
+                request.finished_time,
+            )
+            if finished
+            else None,
         )
 
     # ----- one step ------------------------------------------------------------------------------
@@ -239,8 +301,11 @@ class EngineCore:
         logits, failed = self._execute(plan.scheduled)
         outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
         self.scheduler.update_after_step(plan)
-        sampling = [self.scheduler.requests[item.request_id] for item in plan.scheduled
-                    if item.sample and item.request_id not in failed]
+        sampling = [
+            self.scheduler.requests[item.request_id]
+            for item in plan.scheduled
+            if item.sample and item.request_id not in failed
+        ]
         return outputs + self._sample_and_append(sampling, logits)
 
     def _execute(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
@@ -253,7 +318,10 @@ class EngineCore:
         try:
             return self.runner.execute(items), []
         except Exception:
-            logger.exception("model step failed for requests %s; running each alone", [i.request_id for i in items])
+            logger.exception(
+                "model step failed for requests %s; running each alone",
+                [i.request_id for i in items],
+            )
         rows: list[torch.Tensor] = [torch.empty(0, self.runner.config.vocab_size)]
         failed: list[str] = []
         unwritten: set[int] = set()  # blocks whose K/V a failed item was to write this step
@@ -261,7 +329,10 @@ class EngineCore:
             # A prefix hit taken this step may read blocks that an earlier item was to fill.
             depends_on_failed = not unwritten.isdisjoint(item.block_ids)
             if depends_on_failed:
-                logger.error("request %s reads KV blocks that a failed request was to write; failing it too", item.request_id)
+                logger.error(
+                    "request %s reads KV blocks that a failed request was to write; failing it too",
+                    item.request_id,
+                )
             item_logits = None if depends_on_failed else self._execute_alone(item)
             if item_logits is None:
                 failed.append(item.request_id)
@@ -279,20 +350,28 @@ class EngineCore:
 
     def _blocks_written(self, item: ScheduledRequest) -> tuple[int, ...]:
         block_size = self.config.block_size
-        first, last = item.start_position // block_size, (item.start_position + len(item.token_ids) - 1) // block_size
+        first, last = (
+            item.start_position // block_size,
+            (item.start_position + len(item.token_ids) - 1) // block_size,
+        )
         return item.block_ids[first : last + 1]
 
     def _fail(self, request: Request) -> RequestOutput:
         """Finish a request the engine could not serve; its K/V may be missing or garbage, so it is not cached."""
-        return self._finish(request, RequestStatus.FINISHED_ERROR, error=ENGINE_FAULT, keep_cached=False)
+        return self._finish(
+            request, RequestStatus.FINISHED_ERROR, error=ENGINE_FAULT, keep_cached=False
+        )
 
-    def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+    def _sample_and_append(
+        self, requests: list[Request], logits: torch.Tensor
+    ) -> list[RequestOutput]:
         if not requests:
             return []
         # Token histories are only read by penalties; copying them every step would cost O(length).
         rows = [
             SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids)
-            if r.params.has_penalties else SampleRequest(r.params, r.state.generator, (), ())
+            if r.params.has_penalties
+            else SampleRequest(r.params, r.state.generator, (), ())
             for r in requests
         ]
         try:
@@ -303,7 +382,10 @@ class EngineCore:
         outputs = []
         for request, token in zip(requests, sampled):
             if token is None:
-                logger.error("request %s: sampling failed (its logits hold NaN or no finite value)", request.request_id)
+                logger.error(
+                    "request %s: sampling failed (its logits hold NaN or no finite value)",
+                    request.request_id,
+                )
                 outputs.append(self._fail(request))
                 continue
             try:
@@ -346,8 +428,15 @@ class EngineCore:
 
     def _expire_deadlines(self) -> list[RequestOutput]:
         now = time.monotonic()
-        expired = [r for r in self.scheduler.requests.values() if r.deadline is not None and now >= r.deadline]
-        return [self._finish(r, RequestStatus.FINISHED_TIMEOUT, error=DEADLINE_EXCEEDED) for r in expired]
+        expired = [
+            r
+            for r in self.scheduler.requests.values()
+            if r.deadline is not None and now >= r.deadline
+        ]
+        return [
+            self._finish(r, RequestStatus.FINISHED_TIMEOUT, error=DEADLINE_EXCEEDED)
+            for r in expired
+        ]
 
     # ----- introspection -------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -370,4 +459,3 @@ class EngineCore:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
         assert set(self._children) == {r.state.parent_id for r in self.scheduler.requests.values()}
-

@@ -80,7 +80,9 @@ def _partial_stop_length(text: str, stops: Sequence[str]) -> int:
 class IncrementalDetokenizer:
     """Feed token ids one at a time with `add`; each call returns the newly final text."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
         self._skip_special = skip_special_tokens

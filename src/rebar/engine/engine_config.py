@@ -50,21 +50,32 @@ class EngineConfig:
             "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
             "kv_cache_memory": self.kv_cache_memory is None or self.kv_cache_memory > 0,
             "kv_cache_fraction": 0.0 < self.kv_cache_fraction <= 1.0,
-            "kv_cache_dtype": self.kv_cache_dtype == "auto" or self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype": self.kv_cache_dtype == "auto"
+            or self.kv_cache_dtype in KV_CACHE_DTYPES,
         }
         for name, ok in checks.items():
             if not ok:
-                raise InvalidRequestError(f"invalid engine setting {name}={getattr(self, name)!r}", name)
+                raise InvalidRequestError(
+                    f"invalid engine setting {name}={getattr(self, name)!r}", name
+                )
 
     def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
         """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
         if self.kv_cache_dtype != "auto":
             return KV_CACHE_DTYPES[self.kv_cache_dtype]
-        return torch.float16 if device.type == "cpu" and model_dtype == torch.float32 else model_dtype
+        return (
+            torch.float16 if device.type == "cpu" and model_dtype == torch.float32 else model_dtype
+        )
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty(0, dtype=dtype).element_size()
+    return (
+        2
+        * config.num_layers
+        * config.num_kv_heads
+        * config.head_dim
+        * torch.empty(0, dtype=dtype).element_size()
+    )
 
 
 def available_memory(device: torch.device) -> int:
@@ -81,7 +92,9 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+def num_kv_blocks(
+    engine: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int:
     """Blocks that fit the memory budget; at least enough for one full-length sequence."""
     budget = engine.kv_cache_memory
     if budget is None:

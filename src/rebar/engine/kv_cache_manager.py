@@ -19,7 +19,9 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self._blocks: dict[str, list[int]] = {}
@@ -60,15 +62,21 @@ class KVCacheManager:
             hashes.append(chain_hash(parent, self._block_tokens(request, index)))
         return hashes
 
-    def allocate(self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None) -> bool:
+    def allocate(
+        self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None
+    ) -> bool:
         """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the pool is short.
 
         `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared first.
         """
         cached_prefix = cached_prefix or []
         held = self._blocks.get(request.request_id, [])
-        assert not (held and cached_prefix), "a prefix hit is only taken by a request holding no blocks"
-        num_computed = len(cached_prefix) * self.block_size if cached_prefix else request.num_computed_tokens
+        assert not (held and cached_prefix), (
+            "a prefix hit is only taken by a request holding no blocks"
+        )
+        num_computed = (
+            len(cached_prefix) * self.block_size if cached_prefix else request.num_computed_tokens
+        )
         total = blocks_needed(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = max(0, total - len(held) - len(cached_prefix))
         # Sharing a free cached block removes it from the free list too.

@@ -34,7 +34,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidRequestError(f"device {device!r} requested but CUDA is not available", "device")
+        raise InvalidRequestError(
+            f"device {device!r} requested but CUDA is not available", "device"
+        )
     return torch.device(device)
 
 
@@ -80,11 +82,17 @@ class LLM:
         if max_model_len is not None:
             engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
         self.model = build_model(
-            self.checkpoint, self.dtype, self.device, attention_backend=engine_config.attention_backend, dequantize=dequantize,
+            self.checkpoint,
+            self.dtype,
+            self.device,
+            attention_backend=engine_config.attention_backend,
+            dequantize=dequantize,
         )
         self.engine: EngineCore | None = None
         if self.config.is_decoder:
-            self.engine = EngineCore(self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device)
+            self.engine = EngineCore(
+                self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device
+            )
         self.load_seconds = time.perf_counter() - started
         self._ids = itertools.count()
 
@@ -108,7 +116,10 @@ class LLM:
     # ----- decoder models -----------------------------------------------------------------
     def _require_decoder(self) -> EngineCore:
         if self.engine is None:
-            raise InvalidRequestError(f"{self.config.source_architecture} is an embedding model; it cannot generate", "model")
+            raise InvalidRequestError(
+                f"{self.config.source_architecture} is an embedding model; it cannot generate",
+                "model",
+            )
         return self.engine
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
@@ -117,12 +128,20 @@ class LLM:
         ids = list(ids)
         vocab = self.tokenizer.vocab_size
         if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"need a non-empty list of token ids in [0, {vocab})", "prompt")
+            raise InvalidRequestError(
+                f"need a non-empty list of token ids in [0, {vocab})", "prompt"
+            )
         if len(ids) > engine.max_model_len:
-            raise InvalidRequestError(f"{len(ids)} tokens exceed the context window of {engine.max_model_len}", "prompt")
+            raise InvalidRequestError(
+                f"{len(ids)} tokens exceed the context window of {engine.max_model_len}", "prompt"
+            )
         return engine.logits(ids)
 
-    def stream(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[RequestOutput]:
         """Generate for every prompt as one continuous batch, yielding outputs as each step produces them.
 
         Outputs carry `request_id` = the prompt's position as a string. Stopping the iteration early
@@ -143,12 +162,18 @@ class LLM:
             for rid in request_ids:
                 engine.abort_request(rid)
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
         """Complete each prompt (text, or a list of token ids); returns one output per prompt, in order."""
         batch = [prompt_token_ids(self.tokenizer, p) for p in self._as_batch(prompts)]
         collected: dict[tuple[int, int], _Collected] = {}
         for output in self.stream(batch, params):
-            entry = collected.setdefault((int(output.request_id), output.index), _Collected(token_ids=[], logprobs=[]))
+            entry = collected.setdefault(
+                (int(output.request_id), output.index), _Collected(token_ids=[], logprobs=[])
+            )
             entry.text += output.text_delta
             entry.token_ids.extend(output.new_token_ids)
             entry.logprobs.extend(output.logprobs)
@@ -157,17 +182,25 @@ class LLM:
         results = []
         for i, prompt_ids in enumerate(batch):
             choices = tuple(_choice(j, collected[(i, j)]) for j in range(per_prompt[i].n))
-            results.append(CompletionOutput.from_choices(prompt_ids, choices, collected[(i, 0)].last))
+            results.append(
+                CompletionOutput.from_choices(prompt_ids, choices, collected[(i, 0)].last)
+            )
         return results
 
-    def chat_prompt_ids(self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True) -> list[int]:
+    def chat_prompt_ids(
+        self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True
+    ) -> list[int]:
         """Token ids of `messages` in the model's own chat template, message contents kept as text
         (a typed `<|im_start|>` never becomes a control token); led by BOS when the model wants one
         and `bos` is True."""
-        ids = chat_prompt_ids(self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt)
+        ids = chat_prompt_ids(
+            self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt
+        )
         return with_bos(self.tokenizer, ids) if bos else ids
 
-    def chat(self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None) -> list[CompletionOutput]:
+    def chat(
+        self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None
+    ) -> list[CompletionOutput]:
         """Answer one conversation (a list of messages) or several; renders the model's own template."""
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # a single conversation
@@ -185,26 +218,38 @@ class LLM:
         return batch
 
     @staticmethod
-    def _params_per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    def _params_per_prompt(
+        params: SamplingParams | Sequence[SamplingParams] | None, count: int
+    ) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * count
         if isinstance(params, SamplingParams):
             return [params] * count
         if len(params) != count:
-            raise InvalidRequestError(f"got {len(params)} SamplingParams for {count} prompts", "params")
+            raise InvalidRequestError(
+                f"got {len(params)} SamplingParams for {count} prompts", "params"
+            )
         return list(params)
 
     # ----- encoder models -----------------------------------------------------------------
     def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> torch.Tensor:
         """One L2-normalised vector per text (float32 [len(texts), hidden]); inputs past the limit are truncated."""
         if self.config.architecture != "bert":
-            raise InvalidRequestError(f"{self.config.source_architecture} is not an embedding model", "model")
+            raise InvalidRequestError(
+                f"{self.config.source_architecture} is not an embedding model", "model"
+            )
         if isinstance(texts, str):
             texts = [texts]
-        if not isinstance(texts, Sequence) or not texts or not all(isinstance(t, str) for t in texts):
+        if (
+            not isinstance(texts, Sequence)
+            or not texts
+            or not all(isinstance(t, str) for t in texts)
+        ):
             raise InvalidRequestError("input must be a non-empty list of strings", "input")
         texts = list(texts)
-        chunks = [self._embed_batch(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        chunks = [
+            self._embed_batch(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)
+        ]
         return torch.cat(chunks)
 
     @torch.inference_mode()
@@ -225,4 +270,12 @@ def _renamed(output: RequestOutput, request_id: str) -> RequestOutput:
 
 def _choice(index: int, entry: _Collected) -> Choice:
     last = entry.last
-    return Choice(index, entry.text, list(entry.token_ids), last.finish_reason, last.stop_reason, tuple(entry.logprobs), last.error)
+    return Choice(
+        index,
+        entry.text,
+        list(entry.token_ids),
+        last.finish_reason,
+        last.stop_reason,
+        tuple(entry.logprobs),
+        last.error,
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-
 # What `RequestOutput.error` says. Fixed texts, so no exception detail (paths, tensor shapes, device
 # names) ever reaches a client; the log line for the failure carries the exception and request id.
 ENGINE_FAULT = "the engine failed while generating this request; see the server log"
@@ -46,9 +45,19 @@ class CompletionOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @classmethod
-    def from_choices(cls, prompt_token_ids: list[int], choices: tuple[Choice, ...], last: "RequestOutput") -> "CompletionOutput":
+    def from_choices(
+        cls, prompt_token_ids: list[int], choices: tuple[Choice, ...], last: RequestOutput
+    ) -> CompletionOutput:
         first = choices[0]
-        return cls(prompt_token_ids, first.text, first.token_ids, first.finish_reason, first.stop_reason, choices, last.num_cached_tokens)
+        return cls(
+            prompt_token_ids,
+            first.text,
+            first.token_ids,
+            first.finish_reason,
+            first.stop_reason,
+            choices,
+            last.num_cached_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -73,14 +82,16 @@ class RequestTiming:
     def prefill_s(self) -> float:
         if self.scheduled is None:
             return 0.0
-        return (self.first_token if self.first_token is not None else self.finished) - self.scheduled
+        return (
+            self.first_token if self.first_token is not None else self.finished
+        ) - self.scheduled
 
     @property
     def decode_s(self) -> float:
         return 0.0 if self.first_token is None else self.finished - self.first_token
 
     @classmethod
-    def combine(cls, timings: Iterable["RequestTiming"]) -> "RequestTiming | None":
+    def combine(cls, timings: Iterable[RequestTiming]) -> RequestTiming | None:
         """The span of several choices of one request: earliest start of each phase, latest finish."""
         timings = list(timings)
         if not timings:
@@ -90,8 +101,12 @@ class RequestTiming:
             present = [v for v in values if v is not None]
             return min(present) if present else None
 
-        return cls(min(t.arrival for t in timings), earliest(t.scheduled for t in timings),
-                   earliest(t.first_token for t in timings), max(t.finished for t in timings))
+        return cls(
+            min(t.arrival for t in timings),
+            earliest(t.scheduled for t in timings),
+            earliest(t.first_token for t in timings),
+            max(t.finished for t in timings),
+        )
 
 
 @dataclass(frozen=True)

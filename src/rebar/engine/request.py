@@ -64,8 +64,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: str | int | None = None
     error: str | None = None
-    cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with equal salts
-    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks, filled lazily
+    cache_salt: str | None = (
+        None  # prefix-cache blocks are shared only between requests with equal salts
+    )
+    block_hashes: list[bytes] = field(
+        default_factory=list
+    )  # chained hashes of its full blocks, filled lazily
     # Engine-side companions (sampler RNG, detokenizer, timing), opaque to the scheduler.
     state: Any = None
 

@@ -20,14 +20,21 @@ class ModelRunner:
     """Owns the model and its KV cache tensors; knows nothing about requests beyond a step's plan."""
 
     def __init__(
-        self, model: nn.Module, config: ModelConfig, kv_cache: KVCache, device: torch.device, fused_decode: bool = True
+        self,
+        model: nn.Module,
+        config: ModelConfig,
+        kv_cache: KVCache,
+        device: torch.device,
+        fused_decode: bool = True,
     ) -> None:
         self.model = model
         self.config = config
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
-        self.fused_decoder = self._build_fused_decoder() if fused_decode and device.type == "cpu" else None
+        self.fused_decoder = (
+            self._build_fused_decoder() if fused_decode and device.type == "cpu" else None
+        )
 
     def _build_fused_decoder(self):
         from rebar.kernels.cpu_decode import FusedDecoder
@@ -37,11 +44,15 @@ class ModelRunner:
             logger.info("fused CPU decode step off: %s", outcome.reason)
         else:
             limit = outcome.decoder.max_rows
-            logger.info("fused CPU decode step on: decode steps of %s run in one C++ call",
-                        "any size" if limit == math.inf else f"up to {limit} sequences")
+            logger.info(
+                "fused CPU decode step on: decode steps of %s run in one C++ call",
+                "any size" if limit == math.inf else f"up to {limit} sequences",
+            )
         return outcome.decoder
 
-    def _metadata(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _metadata(
+        self, items: Sequence[ScheduledRequest]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -50,7 +61,10 @@ class ModelRunner:
             end = item.start_position + len(item.token_ids)
             for position in range(item.start_position, end):
                 positions.append(position)
-                slots.append(item.block_ids[position // self.block_size] * self.block_size + position % self.block_size)
+                slots.append(
+                    item.block_ids[position // self.block_size] * self.block_size
+                    + position % self.block_size
+                )
         meta = AttentionMetadata(
             query_lens=tuple(len(item.token_ids) for item in items),
             context_lens=tuple(item.start_position + len(item.token_ids) for item in items),
@@ -83,7 +97,9 @@ class ModelRunner:
             if fused:
                 hidden = self.fused_decoder(input_ids, positions, meta)
             else:
-                hidden = self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
+                hidden = self.model(
+                    input_ids, positions, meta, self.kv_cache
+                )  # [num_tokens, hidden]
             ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
             for index, item, end in zip(group, chosen, ends.tolist()):
                 if item.sample:
@@ -98,8 +114,18 @@ class ModelRunner:
         """Logits at every position of one sequence, using a private cache (the shared pool is untouched)."""
         c = self.config
         num_blocks = -(-len(token_ids) // self.block_size)
-        cache = KVCache(c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim, self.kv_cache.keys[0].dtype, self.device)
-        item = ScheduledRequest("logits", tuple(token_ids), 0, tuple(range(num_blocks)), sample=True)
+        cache = KVCache(
+            c.num_layers,
+            num_blocks,
+            self.block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            self.kv_cache.keys[0].dtype,
+            self.device,
+        )
+        item = ScheduledRequest(
+            "logits", tuple(token_ids), 0, tuple(range(num_blocks)), sample=True
+        )
         input_ids, positions, meta = self._metadata([item])
         hidden = self.model(input_ids, positions, meta, cache)
         return self.model.compute_logits(hidden).cpu()

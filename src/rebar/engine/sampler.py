@@ -73,7 +73,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return _filter_rows(logits.unsqueeze(0), [params]).squeeze(0)
 
 
-def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampledToken | None]:
+def sample_batch(
+    logits: torch.Tensor, requests: Sequence[SampleRequest]
+) -> list[SampledToken | None]:
     """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module docstring.
 
     Callers may rely on: the caller's `logits` tensor is not modified; every token id returned is in
@@ -98,7 +100,8 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> lis
     token_ids = torch.where(valid, token_ids, 0)
     logprobs = _logprobs(logits, token_ids, requests)
     return [
-        SampledToken(t, lp) if ok else None for t, lp, ok in zip(token_ids.tolist(), logprobs, valid.tolist())
+        SampledToken(t, lp) if ok else None
+        for t, lp, ok in zip(token_ids.tolist(), logprobs, valid.tolist())
     ]
 
 
@@ -163,10 +166,14 @@ def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
     if not rows:
         return
     if max(columns) >= logits.shape[1]:
-        raise ValueError(f"logit_bias names token {max(columns)} beyond the vocabulary of {logits.shape[1]}")
+        raise ValueError(
+            f"logit_bias names token {max(columns)} beyond the vocabulary of {logits.shape[1]}"
+        )
     device = logits.device
     index = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
-    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+    logits.index_put_(
+        index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True
+    )
 
 
 def _token_counts(
@@ -176,15 +183,21 @@ def _token_counts(
 
     `histories[j]` belongs to row `rows[j]`. Costs time in the history length, not the vocabulary.
     """
-    token_ids = torch.tensor(list(itertools.chain.from_iterable(histories)), dtype=torch.long, device=device)
+    token_ids = torch.tensor(
+        list(itertools.chain.from_iterable(histories)), dtype=torch.long, device=device
+    )
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
         raise ValueError(f"token history holds an id outside [0, {vocab_size})")
     lengths = torch.tensor([len(h) for h in histories], device=device)
-    row_ids = torch.repeat_interleave(torch.tensor(list(rows), dtype=torch.long, device=device), lengths)
+    row_ids = torch.repeat_interleave(
+        torch.tensor(list(rows), dtype=torch.long, device=device), lengths
+    )
     return torch.unique(row_ids * vocab_size + token_ids, return_counts=True)
 
 
-def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest], rows: Sequence[int]) -> None:
+def _apply_penalties(
+    logits: torch.Tensor, requests: Sequence[SampleRequest], rows: Sequence[int]
+) -> None:
     """Repetition (prompt and output), then presence and frequency (output only) penalties, in place.
 
     `requests[j]` is row `rows[j]` of `logits` ([rows, vocab], contiguous); only logits of tokens
@@ -192,7 +205,9 @@ def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest], ro
     """
     vocab_size, device = logits.shape[1], logits.device
     flat = logits.view(-1)
-    output_ids, output_counts = _token_counts([r.output_token_ids for r in requests], rows, vocab_size, device)
+    output_ids, output_counts = _token_counts(
+        [r.output_token_ids for r in requests], rows, vocab_size, device
+    )
 
     def per_row(values: list[float], flat_ids: torch.Tensor) -> torch.Tensor:
         by_row = torch.zeros(logits.shape[0], dtype=logits.dtype, device=device)
@@ -201,7 +216,9 @@ def _apply_penalties(logits: torch.Tensor, requests: Sequence[SampleRequest], ro
 
     repetition = [r.params.repetition_penalty for r in requests]
     if any(p != 1.0 for p in repetition):
-        prompt_ids, _ = _token_counts([r.prompt_token_ids for r in requests], rows, vocab_size, device)
+        prompt_ids, _ = _token_counts(
+            [r.prompt_token_ids for r in requests], rows, vocab_size, device
+        )
         seen = torch.unique(torch.cat([prompt_ids, output_ids]))
         penalty, values = per_row(repetition, seen), flat[seen]
         flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
@@ -243,7 +260,10 @@ def _narrows(params: SamplingParams, vocab_size: int) -> bool:
 
 
 def _mask_sorted(
-    sorted_logits: torch.Tensor, params: Sequence[SamplingParams], vocab_size: int, total: torch.Tensor | None = None
+    sorted_logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    vocab_size: int,
+    total: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply top-k then top-p to logits sorted best first ([rows, n], n <= vocab_size).
 
@@ -291,7 +311,9 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
         else:
             by_width.setdefault(width, []).append(i)
     for width, rows in by_width.items():
-        found, fallback = _draw_from_candidates(logits[rows], [params[i] for i in rows], uniforms[rows], width)
+        found, fallback = _draw_from_candidates(
+            logits[rows], [params[i] for i in rows], uniforms[rows], width
+        )
         exact = [j for j in range(len(rows)) if j not in fallback]
         token_ids[[rows[j] for j in exact]] = found[exact]
         full += [rows[j] for j in fallback]
@@ -322,7 +344,9 @@ def _scaled(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Ten
     Shifting leaves the distribution unchanged and keeps a tiny temperature from overflowing to
     inf (which would turn the probabilities into NaN).
     """
-    return (logits - logits.amax(-1, keepdim=True)) / _column([p.temperature for p in params], logits)
+    return (logits - logits.amax(-1, keepdim=True)) / _column(
+        [p.temperature for p in params], logits
+    )
 
 
 def _draw_from_candidates(
@@ -341,7 +365,9 @@ def _draw_from_candidates(
     whole = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab_size]
     total = torch.ones(len(params), 1, dtype=values.dtype, device=values.device)
     if whole:
-        total[whole] = _scaled(logits[whole], [params[j] for j in whole]).exp().sum(-1, keepdim=True)
+        total[whole] = (
+            _scaled(logits[whole], [params[j] for j in whole]).exp().sum(-1, keepdim=True)
+        )
     kept = _mask_min_p(_mask_sorted(values, params, vocab_size, total), params)
     # Without top-k the set is exact when the candidates alone hold top_p of the mass, so every
     # token past them would be dropped anyway.
@@ -359,7 +385,9 @@ def _invert_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cdf = logits.exp().double().cumsum(-1)  # [rows, n]; float64 keeps rare tokens distinguishable
     total = cdf[:, -1:]
     # Stay strictly below the total, so the search always lands on a token with positive mass.
-    target = torch.minimum(uniforms.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(
+        uniforms.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total))
+    )
     return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
@@ -371,7 +399,9 @@ def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device
         uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
     for row, generator in enumerate(generators):
         if generator is not None:
-            uniforms[row] = torch.rand((), dtype=torch.float64, generator=generator, device=generator.device).cpu()
+            uniforms[row] = torch.rand(
+                (), dtype=torch.float64, generator=generator, device=generator.device
+            ).cpu()
     return uniforms.to(device)
 
 

@@ -74,7 +74,9 @@ def _is_finite_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _checked_real(name: str, value: object, low: float, high: float, low_open: bool = False) -> float:
+def _checked_real(
+    name: str, value: object, low: float, high: float, low_open: bool = False
+) -> float:
     """`value` as a float when it is a finite number within the interval, else InvalidRequestError."""
     above_low = _is_finite_real(value) and (value > low if low_open else value >= low)
     if not above_low or not value <= high:  # type: ignore[operator]
@@ -87,7 +89,9 @@ def _checked_int(name: str, value: object, low: int, high: int | None, hint: str
     """`value` as an int when it is an integer (not a bool) within [low, high], else InvalidRequestError."""
     if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
         interval = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise InvalidRequestError(f"{name} must be an integer {interval}{hint}, got {value!r}", name)
+        raise InvalidRequestError(
+            f"{name} must be an integer {interval}{hint}, got {value!r}", name
+        )
     return int(value)  # type: ignore[call-overload]
 
 
@@ -96,7 +100,9 @@ def _token_id_key(key: object) -> int:
     if isinstance(key, str) and _DECIMAL.fullmatch(key.strip()):
         key = int(key)
     if not _is_int(key) or key < 0:  # type: ignore[operator]
-        raise InvalidRequestError(f"logit_bias keys must be non-negative token ids, got {key!r}", "logit_bias")
+        raise InvalidRequestError(
+            f"logit_bias keys must be non-negative token ids, got {key!r}", "logit_bias"
+        )
     return int(key)  # type: ignore[call-overload]
 
 
@@ -105,7 +111,9 @@ def _checked_logit_bias(value: object) -> LogitBias | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise InvalidRequestError(f"logit_bias must map token ids to biases, got {type(value).__name__}", "logit_bias")
+        raise InvalidRequestError(
+            f"logit_bias must map token ids to biases, got {type(value).__name__}", "logit_bias"
+        )
     biases: dict[int, float] = {}
     for key, bias in value.items():
         token_id = _token_id_key(key)
@@ -165,7 +173,11 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        for name, value in {**self._checked_limits(), **self._checked_sampling(), **self._checked_extras()}.items():
+        for name, value in {
+            **self._checked_limits(),
+            **self._checked_sampling(),
+            **self._checked_extras(),
+        }.items():
             object.__setattr__(self, name, value)
         self._validate_stops()
 
@@ -176,7 +188,9 @@ class SamplingParams:
         seed = None if self.seed is None else _checked_int("seed", self.seed, 0, _SEED_LIMIT - 1)
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise InvalidRequestError(f"{name} must be a boolean, got {getattr(self, name)!r}", name)
+                raise InvalidRequestError(
+                    f"{name} must be a boolean, got {getattr(self, name)!r}", name
+                )
         return {"max_tokens": max_tokens, "seed": seed, "n": _checked_int("n", self.n, 1, MAX_N)}
 
     def _checked_sampling(self) -> dict[str, object]:
@@ -189,11 +203,21 @@ class SamplingParams:
         }
 
     def _checked_extras(self) -> dict[str, object]:
-        logprobs = None if self.logprobs is None else _checked_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        logprobs = (
+            None
+            if self.logprobs is None
+            else _checked_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        )
         repetition = self.repetition_penalty
-        repetition = _checked_real("repetition_penalty", repetition, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
-        presence = _checked_real("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
-        frequency = _checked_real("frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+        repetition = _checked_real(
+            "repetition_penalty", repetition, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+        )
+        presence = _checked_real(
+            "presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY
+        )
+        frequency = _checked_real(
+            "frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY
+        )
         return {
             "repetition_penalty": repetition,
             "presence_penalty": presence,
@@ -204,22 +228,32 @@ class SamplingParams:
 
     def _validate_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop"
+            )
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
         if any(len(s) > MAX_STOP_LENGTH for s in self.stop):
-            raise InvalidRequestError(f"stop strings may be at most {MAX_STOP_LENGTH} characters long", "stop")
+            raise InvalidRequestError(
+                f"stop strings may be at most {MAX_STOP_LENGTH} characters long", "stop"
+            )
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
+            raise InvalidRequestError(
+                "stop_token_ids must be non-negative integers", "stop_token_ids"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise InvalidRequestError when a token id named by these params is not below `vocab_size`."""
-        for name, token_ids in (("logit_bias", self.logit_bias or ()), ("stop_token_ids", self.stop_token_ids)):
+        for name, token_ids in (
+            ("logit_bias", self.logit_bias or ()),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
             too_big = [t for t in token_ids if t >= vocab_size]
             if too_big:
                 raise InvalidRequestError(
-                    f"{name} names token {too_big[0]}, but the vocabulary has {vocab_size} tokens", name
+                    f"{name} names token {too_big[0]}, but the vocabulary has {vocab_size} tokens",
+                    name,
                 )
 
     def child(self, index: int) -> SamplingParams:
@@ -239,4 +273,8 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         """True when any repetition, presence or frequency penalty changes the logits."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -66,7 +66,9 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
-    def finish_request(self, request_id: str, status: RequestStatus, keep_cached: bool = True) -> Request | None:
+    def finish_request(
+        self, request_id: str, status: RequestStatus, keep_cached: bool = True
+    ) -> Request | None:
         """The single exit: stop, length, abort, timeout and error all come here and free the blocks."""
         assert status.is_finished
         request = self.requests.pop(request_id, None)
@@ -101,7 +103,12 @@ class Scheduler:
             index += 1
 
         # Admit waiting requests only when nothing had to be preempted this step.
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (
+            self.waiting
+            and not preempted
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
             request = self.waiting[0]
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
@@ -154,9 +161,13 @@ class Scheduler:
                 request.num_computed_tokens = item.start_position + len(item.token_ids)
 
     def check_integrity(self) -> None:
-        assert set(self.requests) == {r.request_id for r in self.running} | {r.request_id for r in self.waiting}
+        assert set(self.requests) == {r.request_id for r in self.running} | {
+            r.request_id for r in self.waiting
+        }
         assert all(r.status == RequestStatus.RUNNING for r in self.running)
-        assert all(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting)
+        assert all(
+            r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting
+        )
         assert all(not self.kv.block_ids(r.request_id) for r in self.waiting)
         assert len(self.running) <= self.config.max_num_seqs
         self.kv.check_integrity()

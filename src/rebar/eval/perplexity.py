@@ -63,7 +63,10 @@ class PerplexityResult:
 
 
 def perplexity(
-    logits_of: Callable[[list[int]], torch.Tensor], token_ids: Sequence[int], context: int, stride: int
+    logits_of: Callable[[list[int]], torch.Tensor],
+    token_ids: Sequence[int],
+    context: int,
+    stride: int,
 ) -> PerplexityResult:
     """`logits_of(ids)` must return next-token logits [len(ids), vocab] (row i predicts ids[i + 1])."""
     started = time.perf_counter()
@@ -73,12 +76,22 @@ def perplexity(
     num_scored = 0
     for window in windows:
         logits = logits_of(ids[window.begin : window.end])
-        rows = logits[window.first_target - 1 - window.begin : window.end - 1 - window.begin].float()
+        rows = logits[
+            window.first_target - 1 - window.begin : window.end - 1 - window.begin
+        ].float()
         targets = torch.tensor(ids[window.first_target : window.end], dtype=torch.long)
         total_nll += F.cross_entropy(rows, targets, reduction="sum").item()
         num_scored += len(targets)
     mean_nll = total_nll / num_scored
-    return PerplexityResult(math.exp(mean_nll), mean_nll, num_scored, len(windows), context, stride, time.perf_counter() - started)
+    return PerplexityResult(
+        math.exp(mean_nll),
+        mean_nll,
+        num_scored,
+        len(windows),
+        context,
+        stride,
+        time.perf_counter() - started,
+    )
 
 
 def read_text(path: Path, text_field: str = "text") -> str:
@@ -94,7 +107,9 @@ def read_text(path: Path, text_field: str = "text") -> str:
         raise InvalidRequestError(f"data file {path} is not UTF-8 text: {exc}", "data") from exc
 
 
-def evaluation_tokens(tokenizer: Tokenizer, path: Path, text_field: str = "text", max_tokens: int | None = None) -> list[int]:
+def evaluation_tokens(
+    tokenizer: Tokenizer, path: Path, text_field: str = "text", max_tokens: int | None = None
+) -> list[int]:
     """The token stream of a data file, cut to its first `max_tokens` tokens."""
     if max_tokens is not None and max_tokens < 2:
         raise InvalidRequestError(f"max_tokens must be at least 2, got {max_tokens}", "max_tokens")

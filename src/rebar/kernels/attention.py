@@ -25,7 +25,9 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]
     context_lens: tuple[int, ...]
     slot_mapping: torch.Tensor  # [num_tokens] int64
-    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
+    block_tables: (
+        torch.Tensor
+    )  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
     # Derived per-step tensors every layer would otherwise rebuild (backends fill it on first use;
     # the metadata, and so this, lives for one step).
     step_cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -69,7 +71,11 @@ class KVCache:
 
 
 def write_kv(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots, in the cache's dtype."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
@@ -91,7 +97,9 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
 
 
-def _causal_mask(query_len: int, context_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+def _causal_mask(
+    query_len: int, context_len: int, sliding_window: int | None, device: torch.device
+) -> torch.Tensor:
     """[query_len, context_len] bool, True where a query may attend to a key."""
     query_pos = torch.arange(context_len - query_len, context_len, device=device)[:, None]
     key_pos = torch.arange(context_len, device=device)[None, :]
@@ -115,7 +123,9 @@ def paged_attention(
     write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
     start = 0
-    for query_len, context_len, block_table in zip(meta.query_lens, meta.context_lens, meta.block_tables):
+    for query_len, context_len, block_table in zip(
+        meta.query_lens, meta.context_lens, meta.block_tables
+    ):
         end = start + query_len
         if context_len == query_len:  # nothing cached before: attend over this step's own K/V
             keys, values = as_stored(k[start:end], key_cache), as_stored(v[start:end], value_cache)

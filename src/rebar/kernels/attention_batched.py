@@ -54,7 +54,15 @@ def batched_paged_attention(
     out = torch.empty_like(q)
     if decode_seqs:
         rows = torch.tensor([starts[i] for i in decode_seqs], dtype=torch.long, device=q.device)
-        decoded = _decode(q.index_select(0, rows), key_cache, value_cache, meta, decode_seqs, scale, sliding_window)
+        decoded = _decode(
+            q.index_select(0, rows),
+            key_cache,
+            value_cache,
+            meta,
+            decode_seqs,
+            scale,
+            sliding_window,
+        )
         out.index_copy_(0, rows, decoded)
     for seq, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
         if query_len == 1:
@@ -65,7 +73,9 @@ def batched_paged_attention(
             out[span] = _fresh_prefill(q[span], keys, values, scale, sliding_window)
         else:
             table = meta.block_tables[seq]
-            out[span] = _chunk_prefill(q[span], key_cache, value_cache, table, context_len, scale, sliding_window)
+            out[span] = _chunk_prefill(
+                q[span], key_cache, value_cache, table, context_len, scale, sliding_window
+            )
     return out
 
 
@@ -114,10 +124,14 @@ def _gather_kv(
     """
     num_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     index = slots.reshape(-1)
-    out = torch.empty(2, index.numel(), num_heads, head_dim, dtype=key_cache.dtype, device=key_cache.device)
+    out = torch.empty(
+        2, index.numel(), num_heads, head_dim, dtype=key_cache.dtype, device=key_cache.device
+    )
     torch.index_select(key_cache.view(-1, num_heads, head_dim), 0, index, out=out[0])
     torch.index_select(value_cache.view(-1, num_heads, head_dim), 0, index, out=out[1])
-    out = out.view(2, *slots.shape, num_heads, head_dim).to(dtype)  # a float16 cache computes in q's dtype
+    out = out.view(2, *slots.shape, num_heads, head_dim).to(
+        dtype
+    )  # a float16 cache computes in q's dtype
     return out[0], out[1]
 
 
@@ -132,7 +146,9 @@ def _decode(
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
     """One SDPA call over every decode row, keys padded to the longest (windowed) context."""
     slots, valid = _decode_slots(meta, seqs, key_cache.shape[1], sliding_window, q.device)
-    keys, values = _gather_kv(key_cache, value_cache, slots, q.dtype)  # [n, width, kv_heads, head_dim]
+    keys, values = _gather_kv(
+        key_cache, value_cache, slots, q.dtype
+    )  # [n, width, kv_heads, head_dim]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [n, kv_heads, width, head_dim]
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[1]
@@ -144,7 +160,11 @@ def _decode(
 
 
 def _decode_slots(
-    meta: AttentionMetadata, seqs: list[int], block_size: int, sliding_window: int | None, device: torch.device
+    meta: AttentionMetadata,
+    seqs: list[int],
+    block_size: int,
+    sliding_window: int | None,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # slots [n, width] int64, valid [n, width] bool
     """The decode rows' cache slots, computed by the first layer of a step and reused by the others.
 
@@ -210,7 +230,9 @@ def _chunk_prefill(
         torch.tensor([key_count], dtype=torch.long, device=device),
         key_count,
     )
-    keys, values = _gather_kv(key_cache, value_cache, slots[0], q.dtype)  # [key_count, kv_heads, head_dim]
+    keys, values = _gather_kv(
+        key_cache, value_cache, slots[0], q.dtype
+    )  # [key_count, kv_heads, head_dim]
     mask = _causal_mask(
         torch.arange(first_query, context_len, device=device),
         torch.arange(key_start, context_len, device=device),
@@ -219,7 +241,9 @@ def _chunk_prefill(
     return _sdpa(q, keys, values, mask, scale)
 
 
-def _causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+def _causal_mask(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int | None
+) -> torch.Tensor:
     """[len(query_pos), len(key_pos)] bool, True where the query may attend to the key."""
     allowed = key_pos[None, :] <= query_pos[:, None]
     if sliding_window is not None:

@@ -52,7 +52,9 @@ def get_attention_backend(name: str) -> AttentionBackend:
     target = ATTENTION_BACKENDS.get(name) if isinstance(name, str) else None
     if target is None:
         known = ", ".join(sorted(ATTENTION_BACKENDS))
-        raise InvalidRequestError(f"unknown attention backend {name!r}; known: {known}", "attention_backend")
+        raise InvalidRequestError(
+            f"unknown attention backend {name!r}; known: {known}", "attention_backend"
+        )
     module_name, function_name = target.split(":")
     return getattr(importlib.import_module(module_name), function_name)
 

@@ -25,7 +25,15 @@ from rebar.kernels.attention import AttentionMetadata, KVCache
 
 PROFILE_RANGE = "fused_decode_step"
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # csrc/decoder.h, Activation
-_LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_LINEARS = (
+    "attn.q_proj",
+    "attn.k_proj",
+    "attn.v_proj",
+    "attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 @dataclass(frozen=True)
@@ -43,20 +51,42 @@ class FusedDecoder:
         # The runner sends steps of at most this many one-token rows: as many as every layer linear's
         # CPU kernel serves in the model's own path (any number, unless a test pins another plan), so
         # a decode row's numbers do not depend on which path its step took.
-        self.max_rows = min(layer.get_submodule(path).kernels[0].max_rows for layer in model.layers for path in _LINEARS)
+        self.max_rows = min(
+            layer.get_submodule(path).kernels[0].max_rows
+            for layer in model.layers
+            for path in _LINEARS
+        )
         self._decoder = extension.FusedDecoder(
-            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
-            float(config.norm_eps), float(config.softmax_scale), int(config.sliding_window or 0),
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.intermediate_size,
+            float(config.norm_eps),
+            float(config.softmax_scale),
+            int(config.sliding_window or 0),
             _ACTIVATIONS[config.activation],
         )
         for index, layer in enumerate(model.layers):
             linears = [_linear_args(layer.get_submodule(path)) for path in _LINEARS]
-            norms = [None if norm is None else norm.weight.detach()
-                     for norm in (layer.attn.q_norm, layer.attn.k_norm, layer.attn_out_norm, layer.mlp_out_norm)]
+            norms = [
+                None if norm is None else norm.weight.detach()
+                for norm in (
+                    layer.attn.q_norm,
+                    layer.attn.k_norm,
+                    layer.attn_out_norm,
+                    layer.mlp_out_norm,
+                )
+            ]
             self._decoder.add_layer(
-                layer.input_norm.weight.detach(), layer.post_attn_norm.weight.detach(),
-                kv_cache.keys[index], kv_cache.values[index], linears, norms,
-                config.layer_window(index) is not None, model.is_local[index],
+                layer.input_norm.weight.detach(),
+                layer.post_attn_norm.weight.detach(),
+                kv_cache.keys[index],
+                kv_cache.values[index],
+                linears,
+                norms,
+                config.layer_window(index) is not None,
+                model.is_local[index],
             )
 
     @classmethod
@@ -69,7 +99,9 @@ class FusedDecoder:
 
         return BuildOutcome(cls(model, kv_cache, load_extension().module), "")
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V.
         Every row of `meta` must add one token."""
         model = self.model
@@ -77,8 +109,16 @@ class FusedDecoder:
         (cos, sin), (local_cos, local_sin) = model.rope_tables(positions, torch.float32)
         # One range in a profile (rebar profile, /admin/profile) where the model's path has one per layer.
         with torch.profiler.record_function(PROFILE_RANGE):
-            self._decoder.step(x, cos, sin, local_cos, local_sin, meta.slot_mapping, meta.block_tables,
-                               list(meta.context_lens))
+            self._decoder.step(
+                x,
+                cos,
+                sin,
+                local_cos,
+                local_sin,
+                meta.slot_mapping,
+                meta.block_tables,
+                list(meta.context_lens),
+            )
         return model.norm(x)
 
 
@@ -95,7 +135,10 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
 
     if type(model) is not LlamaModel:
         return f"{type(model).__name__} is not a Llama-family decoder"
-    if kv_cache.keys[0].dtype not in (torch.float32, torch.float16) or kv_cache.keys[0].device.type != "cpu":
+    if (
+        kv_cache.keys[0].dtype not in (torch.float32, torch.float16)
+        or kv_cache.keys[0].device.type != "cpu"
+    ):
         return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
@@ -108,5 +151,7 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
             if not isinstance(module, QuantLinear):
                 return f"{name} is not quantized"
             if module.kernels[0].kernel.name != "native":
-                return f"{name} does not run on rebar's CPU kernels ({module.kernels[0].kernel.name})"
+                return (
+                    f"{name} does not run on rebar's CPU kernels ({module.kernels[0].kernel.name})"
+                )
     return ""

@@ -78,14 +78,17 @@ def paged_decode_attention(
     group_size = num_heads // num_kv_heads
     blocks_per_partition = max(1, tokens_per_partition // block_size)
     num_partitions = max(
-        -(-_num_window_blocks(n, block_size, sliding_window) // blocks_per_partition) for n in context_lens
+        -(-_num_window_blocks(n, block_size, sliding_window) // blocks_per_partition)
+        for n in context_lens
     )
     out = torch.empty_like(q)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=q.device)
     single = num_partitions == 1
     # Per (sequence, query head, partition): running max, sum of exponentials, unnormalised output.
     stats_shape = (num_seqs, num_heads, num_partitions)
-    partial_max = torch.empty(stats_shape if not single else (1, 1, 1), dtype=torch.float32, device=q.device)
+    partial_max = torch.empty(
+        stats_shape if not single else (1, 1, 1), dtype=torch.float32, device=q.device
+    )
     partial_sum = torch.empty_like(partial_max)
     partial_out = torch.empty((*partial_max.shape, head_dim), dtype=torch.float32, device=q.device)
 
@@ -162,7 +165,9 @@ def _decode_partition_kernel(
     dim_mask = dims < HEAD_DIM
     slots = tl.arange(0, PADDED_BLOCK_SIZE)
 
-    q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :] * stride_q_dim
+    q_ptrs = (
+        q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :] * stride_q_dim
+    )
     q = tl.load(q_ptrs, mask=group_mask[:, None] & dim_mask[None, :], other=0.0).to(tl.float32)
     q = q * scale  # [group, dim]
 
@@ -172,8 +177,12 @@ def _decode_partition_kernel(
     # Every block visited holds at least one visible key, so the running max is finite after the
     # first one and `exp(old_max - new_max)` never sees -inf - -inf.
     for logical_block in range(first_block, end_block):
-        physical_block = tl.load(block_tables_ptr + seq * stride_table_seq + logical_block * stride_table_block)
-        physical_block = physical_block.to(tl.int64)  # block * stride can pass 2^31 in a large cache
+        physical_block = tl.load(
+            block_tables_ptr + seq * stride_table_seq + logical_block * stride_table_block
+        )
+        physical_block = physical_block.to(
+            tl.int64
+        )  # block * stride can pass 2^31 in a large cache
         positions = logical_block * BLOCK_SIZE + slots
         visible = (slots < BLOCK_SIZE) & (positions < context_len) & (positions >= first_key)
         kv_mask = visible[:, None] & dim_mask[None, :]
@@ -201,7 +210,12 @@ def _decode_partition_kernel(
 
     out_mask = group_mask[:, None] & dim_mask[None, :]
     if SINGLE_PARTITION:
-        out_ptrs = out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + dims[None, :] * stride_out_dim
+        out_ptrs = (
+            out_ptr
+            + seq * stride_out_seq
+            + heads[:, None] * stride_out_head
+            + dims[None, :] * stride_out_dim
+        )
         result = acc / running_sum[:, None]
         tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -209,7 +223,9 @@ def _decode_partition_kernel(
         stat_index = (seq * num_heads + heads) * num_partitions + partition
         tl.store(partial_max_ptr + stat_index, running_max, mask=group_mask)
         tl.store(partial_sum_ptr + stat_index, running_sum, mask=group_mask)
-        tl.store(partial_out_ptr + stat_index[:, None] * HEAD_DIM + dims[None, :], acc, mask=out_mask)
+        tl.store(
+            partial_out_ptr + stat_index[:, None] * HEAD_DIM + dims[None, :], acc, mask=out_mask
+        )
 
 
 @triton.jit

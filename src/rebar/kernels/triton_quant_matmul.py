@@ -42,12 +42,16 @@ def _configs() -> list[triton.Config]:
         (128, 64, 64, 8, 3),
     ]
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages
+        )
         for m, n, k, warps, stages in shapes
     ]
 
 
-def _tiles_within_groups(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
+def _tiles_within_groups(
+    configs: list[triton.Config], named_args: dict, **_: object
+) -> list[triton.Config]:
     """Keep configs whose K tiles never straddle two quantization groups."""
     group_size, k = named_args["group_size"], named_args["K"]
     return [c for c in configs if group_size >= k or group_size % c.kwargs["BLOCK_K"] == 0]
@@ -55,11 +59,15 @@ def _tiles_within_groups(configs: list[triton.Config], named_args: dict, **_: ob
 
 # group_size is part of the key: which configs are valid depends on it.
 _autotune = triton.autotune(
-    configs=_configs(), key=["M", "N", "K", "group_size"], prune_configs_by={"early_config_prune": _tiles_within_groups}
+    configs=_configs(),
+    key=["M", "N", "K", "group_size"],
+    prune_configs_by={"early_config_prune": _tiles_within_groups},
 )
 
 
-def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+def int8_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """x [M, K] @ dequantized(qweight [N, K] int8, scales [N, K // group_size]).T -> [M, N] in x.dtype."""
     num_out, num_in = qweight.shape
     _check_common(x, num_in, group_size, scales, num_out)
@@ -69,7 +77,11 @@ def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gr
 
 
 def int4_matmul(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    group_size: int,
 ) -> torch.Tensor:
     """x [M, K] @ dequantized(qweight [N, K // 2] packed uint8, scales, offsets [N, K // group_size]).T.
 
@@ -77,16 +89,22 @@ def int4_matmul(
     """
     num_out, num_in = qweight.shape[0], 2 * qweight.shape[1]
     if qweight.dtype != torch.uint8:
-        raise ValueError(f"int4 qweight must be torch.uint8 (two values per byte), got {qweight.dtype}")
+        raise ValueError(
+            f"int4 qweight must be torch.uint8 (two values per byte), got {qweight.dtype}"
+        )
     if x.shape[-1] % 2:
         raise ValueError(f"int4 needs an even number of input channels, got {x.shape[-1]}")
     _check_common(x, num_in, group_size, scales, num_out)
     if offsets.shape != scales.shape:
-        raise ValueError(f"offsets shape {tuple(offsets.shape)} must equal scales shape {tuple(scales.shape)}")
+        raise ValueError(
+            f"offsets shape {tuple(offsets.shape)} must equal scales shape {tuple(scales.shape)}"
+        )
     return _launch(_int4_kernel, x, qweight, scales, offsets, num_out, group_size)
 
 
-def _check_common(x: torch.Tensor, num_in: int, group_size: int, scales: torch.Tensor, num_out: int) -> None:
+def _check_common(
+    x: torch.Tensor, num_in: int, group_size: int, scales: torch.Tensor, num_out: int
+) -> None:
     if x.dim() != 2 or x.shape[1] != num_in:
         raise ValueError(f"x must be [M, {num_in}], got {tuple(x.shape)}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -94,9 +112,13 @@ def _check_common(x: torch.Tensor, num_in: int, group_size: int, scales: torch.T
     if group_size <= 0 or num_in % group_size:
         raise ValueError(f"group_size {group_size} must divide the {num_in} input channels")
     if group_size != num_in and group_size % _MIN_BLOCK_K:
-        raise ValueError(f"group_size {group_size} must be the input width {num_in} or a multiple of {_MIN_BLOCK_K}")
+        raise ValueError(
+            f"group_size {group_size} must be the input width {num_in} or a multiple of {_MIN_BLOCK_K}"
+        )
     if scales.shape != (num_out, num_in // group_size):
-        raise ValueError(f"scales must be [{num_out}, {num_in // group_size}], got {tuple(scales.shape)}")
+        raise ValueError(
+            f"scales must be [{num_out}, {num_in // group_size}], got {tuple(scales.shape)}"
+        )
 
 
 def _launch(
@@ -159,9 +181,14 @@ def _int8_kernel(
         k_mask = ks < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-        q = tl.load(w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
-                    mask=col_mask[None, :] & k_mask[:, None], other=0)  # fmt: skip  [BLOCK_K, BLOCK_N]
-        scale = tl.load(scales_ptr + cols * stride_sn + (k0 // group_size) * stride_sg, mask=col_mask, other=0.0)
+        q = tl.load(
+            w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
+            mask=col_mask[None, :] & k_mask[:, None],
+            other=0,
+        )  # fmt: skip  [BLOCK_K, BLOCK_N]
+        scale = tl.load(
+            scales_ptr + cols * stride_sn + (k0 // group_size) * stride_sg, mask=col_mask, other=0.0
+        )
         partial = tl.dot(x.to(DOT_DTYPE), q.to(DOT_DTYPE), input_precision=INPUT_PRECISION)
         acc += partial * scale.to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
@@ -189,10 +216,19 @@ def _int4_kernel(
         even = k0 + 2 * half
         pair_mask = even < K  # K is even, so the odd partner exists whenever the even one does
         x_mask = row_mask[:, None] & pair_mask[None, :]
-        x_even = tl.load(x_ptr + rows[:, None] * stride_xm + even[None, :] * stride_xk, mask=x_mask, other=0.0)
-        x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :] * stride_xk, mask=x_mask, other=0.0)
-        packed = tl.load(w_ptr + cols[None, :] * stride_wn + (k0 // 2 + half)[:, None] * stride_wk,
-                         mask=col_mask[None, :] & pair_mask[:, None], other=0)  # fmt: skip  [BLOCK_K // 2, BLOCK_N]
+        x_even = tl.load(
+            x_ptr + rows[:, None] * stride_xm + even[None, :] * stride_xk, mask=x_mask, other=0.0
+        )
+        x_odd = tl.load(
+            x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :] * stride_xk,
+            mask=x_mask,
+            other=0.0,
+        )
+        packed = tl.load(
+            w_ptr + cols[None, :] * stride_wn + (k0 // 2 + half)[:, None] * stride_wk,
+            mask=col_mask[None, :] & pair_mask[:, None],
+            other=0,
+        )  # fmt: skip  [BLOCK_K // 2, BLOCK_N]
         low = (packed & 0xF).to(DOT_DTYPE)
         high = (packed >> 4).to(DOT_DTYPE)
         partial = tl.dot(x_even.to(DOT_DTYPE), low, input_precision=INPUT_PRECISION)
@@ -201,7 +237,12 @@ def _int4_kernel(
 
         group = k0 // group_size
         scale = tl.load(scales_ptr + cols * stride_sn + group * stride_sg, mask=col_mask, other=0.0)
-        offset = tl.load(offsets_ptr + cols * stride_on + group * stride_og, mask=col_mask, other=0.0)
-        acc += partial * scale.to(tl.float32)[None, :] + row_sums[:, None] * offset.to(tl.float32)[None, :]
+        offset = tl.load(
+            offsets_ptr + cols * stride_on + group * stride_og, mask=col_mask, other=0.0
+        )
+        acc += (
+            partial * scale.to(tl.float32)[None, :]
+            + row_sums[:, None] * offset.to(tl.float32)[None, :]
+        )
     tl.store(out_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
              acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])  # fmt: skip

@@ -17,13 +17,21 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.word_embeddings = uninitialized.embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = uninitialized.embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = uninitialized.embedding(config.type_vocab_size, config.hidden_size)
+        self.position_embeddings = uninitialized.embedding(
+            config.max_position_embeddings, config.hidden_size
+        )
+        self.token_type_embeddings = uninitialized.embedding(
+            config.type_vocab_size, config.hidden_size
+        )
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None] + self.token_type_embeddings(token_type_ids)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)[None]
+            + self.token_type_embeddings(token_type_ids)
+        )
         return self.LayerNorm(x)
 
 
@@ -41,7 +49,9 @@ class BertSelfAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:  # [batch, heads, seq, head_dim]
             return t.view(batch, seq, self.num_heads, -1).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=mask
+        )
         return out.transpose(1, 2).reshape(batch, seq, hidden)
 
 
@@ -81,7 +91,9 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertDenseLayerNorm(config.intermediate_size, config.hidden_size, config.norm_eps)
+        self.output = BertDenseLayerNorm(
+            config.intermediate_size, config.hidden_size, config.norm_eps
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         attended = self.attention(x, mask)
@@ -117,7 +129,9 @@ class BertModel(nn.Module):
             x = layer(x, keys_allowed)
         return x
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # [batch, hidden] float32
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:  # [batch, hidden] float32
         hidden = self.forward(input_ids, attention_mask).float()
         if self.config.pooling == "cls":
             pooled = hidden[:, 0]

@@ -42,7 +42,11 @@ def build_model(
         with torch.device("meta"):
             model: nn.Module = BertModel(config)
     else:
-        backend = default_attention_backend(torch.device(device)) if attention_backend is None else attention_backend
+        backend = (
+            default_attention_backend(torch.device(device))
+            if attention_backend is None
+            else attention_backend
+        )
         freq_factors = _rope_freq_factors(checkpoint)
         with torch.device("meta"):
             model = LlamaModel(config, rope_freq_factors=freq_factors, attention_backend=backend)
@@ -51,7 +55,9 @@ def build_model(
     present = {name for name in checkpoint.tensors if name not in _NON_PARAMETER_TENSORS}
     missing = sorted(set(expected) - present)
     if missing:
-        raise ModelFormatError(f"{checkpoint.path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ModelFormatError(
+            f"{checkpoint.path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     unexpected = sorted(present - set(expected))
     if unexpected:
         raise ModelFormatError(f"{checkpoint.path}: unexpected tensors {unexpected[:5]}")
@@ -65,9 +71,15 @@ def build_model(
 
     device = torch.device(device)
     quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device)
-    state = {name: checkpoint.load_tensor(name, dtype).to(device) for name in expected if name not in quantized}
+    state = {
+        name: checkpoint.load_tensor(name, dtype).to(device)
+        for name in expected
+        if name not in quantized
+    }
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
-    assert set(missing) == set(quantized), f"unloaded tensors {sorted(set(missing) - set(quantized))[:5]}"
+    assert set(missing) == set(quantized), (
+        f"unloaded tensors {sorted(set(missing) - set(quantized))[:5]}"
+    )
     for name, weight in quantized.items():
         swap_in_quantized(model, {name: weight}, dtype)
         checkpoint.release(name)
@@ -83,17 +95,22 @@ def _rope_freq_factors(checkpoint: Checkpoint) -> torch.Tensor | None:
     info = checkpoint.tensors["rope_freq_factors"]
     expected = (checkpoint.config.head_dim // 2,)
     if info.shape != expected:
-        raise ModelFormatError(f"{checkpoint.path}: tensor {info.file_name!r} has shape {list(info.shape)}, "
-                               f"expected {list(expected)} from the model config")
+        raise ModelFormatError(
+            f"{checkpoint.path}: tensor {info.file_name!r} has shape {list(info.shape)}, "
+            f"expected {list(expected)} from the model config"
+        )
     factors = checkpoint.load_tensor("rope_freq_factors", torch.float32)
     if not bool(torch.isfinite(factors).all()) or not bool((factors > 0).all()):
-        raise ModelFormatError(f"{checkpoint.path}: tensor {info.file_name!r} holds factors that are not finite "
-                               "and positive")
+        raise ModelFormatError(
+            f"{checkpoint.path}: tensor {info.file_name!r} holds factors that are not finite "
+            "and positive"
+        )
     return factors
 
 
-def _quantized_weights(checkpoint: Checkpoint, names: dict[str, tuple[int, ...]],
-                       device: torch.device) -> dict[str, AnyQuantWeight]:
+def _quantized_weights(
+    checkpoint: Checkpoint, names: dict[str, tuple[int, ...]], device: torch.device
+) -> dict[str, AnyQuantWeight]:
     kept = {}
     for name, shape in names.items():
         if len(shape) != 2:

@@ -19,17 +19,31 @@ from rebar.model.chat_template import render_chat
 from rebar.model.tokenizer import Tokenizer
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, template: str | None, messages: Sequence[Mapping[str, Any]],
-                    add_generation_prompt: bool = True) -> list[int]:
+def chat_prompt_ids(
+    tokenizer: Tokenizer,
+    template: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """The ids of `messages` rendered by `template` (no BOS added: callers decide, as for any prompt)."""
     special = tokenizer.special
     contents = [message.get("content") for message in messages]
     if not any(isinstance(text, str) and tokenizer.holds_special_text(text) for text in contents):
-        return tokenizer.encode(render_chat(template, messages, add_generation_prompt, special.bos_token, special.eos_token))
+        return tokenizer.encode(
+            render_chat(
+                template, messages, add_generation_prompt, special.bos_token, special.eos_token
+            )
+        )
     nonce = uuid.uuid4().hex  # cannot occur in the messages or the template by chance
-    marked = [{**message, "content": f"[{nonce}:{i}]"} if isinstance(message.get("content"), str) else dict(message)
-              for i, message in enumerate(messages)]
-    rendered = render_chat(template, marked, add_generation_prompt, special.bos_token, special.eos_token)
+    marked = [
+        {**message, "content": f"[{nonce}:{i}]"}
+        if isinstance(message.get("content"), str)
+        else dict(message)
+        for i, message in enumerate(messages)
+    ]
+    rendered = render_chat(
+        template, marked, add_generation_prompt, special.bos_token, special.eos_token
+    )
     ids: list[int] = []
     # re.split with a group alternates template text and the index of the content at each marker.
     for position, piece in enumerate(re.split(rf"\[{nonce}:(\d+)\]", rendered)):

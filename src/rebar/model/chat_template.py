@@ -24,13 +24,17 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message, "messages")
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
+) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -50,7 +54,9 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             raise InvalidRequestError(f"messages[{index}] must be an object", "messages")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            raise InvalidRequestError(f"messages[{index}].role must be one of {ROLES}, got {role!r}", "messages")
+            raise InvalidRequestError(
+                f"messages[{index}].role must be one of {ROLES}, got {role!r}", "messages"
+            )
         if not isinstance(content, str):
             raise InvalidRequestError(f"messages[{index}].content must be a string", "messages")
         clean.append(dict(message))
@@ -66,13 +72,20 @@ def render_chat(
 ) -> str:
     """The prompt text for `messages`; errors are typed (no template, bad messages, template refusal)."""
     if template is None:
-        raise UnsupportedModelError("this model has no chat template; use a plain completion instead")
+        raise UnsupportedModelError(
+            "this model has no chat template; use a plain completion instead"
+        )
     clean = validate_messages(messages)
     try:
         return _compile(template).render(
-            messages=clean, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+            messages=clean,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
         )
     except TemplateError:
         raise
     except jinja2.TemplateError as exc:
-        raise InvalidRequestError(f"the chat template failed on these messages: {exc}", "messages") from exc
+        raise InvalidRequestError(
+            f"the chat template failed on these messages: {exc}", "messages"
+        ) from exc

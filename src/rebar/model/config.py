@@ -39,7 +39,9 @@ def number_problem(value: object) -> str | None:
     """Why `value` cannot be a scale such as an epsilon, a RoPE base or a factor, or None when it can."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "must be a number"
-    if isinstance(value, int) and abs(value) > 2**1000:  # beyond float: math.isfinite would raise OverflowError
+    if (
+        isinstance(value, int) and abs(value) > 2**1000
+    ):  # beyond float: math.isfinite would raise OverflowError
         return "must be a finite positive number"
     if not math.isfinite(value) or value <= 0:
         return "must be a finite positive number"
@@ -85,8 +87,12 @@ class RopeScaling:
         _check_dimension(self, "original_max_position")
         if self.kind == "llama3" and self.low_freq_factor >= self.high_freq_factor:
             # llama3 blends between the two; equal factors would divide by zero
-            raise InvalidModelConfig(f"low_freq_factor={self.low_freq_factor} must be below "
-                                     f"high_freq_factor={self.high_freq_factor}", "low_freq_factor", "high_freq_factor")
+            raise InvalidModelConfig(
+                f"low_freq_factor={self.low_freq_factor} must be below "
+                f"high_freq_factor={self.high_freq_factor}",
+                "low_freq_factor",
+                "high_freq_factor",
+            )
 
 
 @dataclass(frozen=True)
@@ -140,24 +146,40 @@ class ModelConfig:
     source_architecture: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             _check_dimension(self, name)
         _check_number(self, "norm_eps")
         if self.architecture == "llama":
             self._check_decoder()
-        elif self.hidden_size % self.num_heads != 0:  # BERT splits the hidden state into equal heads
-            raise InvalidModelConfig(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}",
-                                     "hidden_size", "num_heads")
+        elif (
+            self.hidden_size % self.num_heads != 0
+        ):  # BERT splits the hidden state into equal heads
+            raise InvalidModelConfig(
+                f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}",
+                "hidden_size",
+                "num_heads",
+            )
 
     def _check_decoder(self) -> None:
         _check_dimension(self, "num_kv_heads")
         _check_dimension(self, "head_dim")
         if self.num_heads % self.num_kv_heads != 0:
-            raise InvalidModelConfig(f"num_heads={self.num_heads} is not a multiple of "
-                                     f"num_kv_heads={self.num_kv_heads}", "num_heads", "num_kv_heads")
+            raise InvalidModelConfig(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
+                "num_heads",
+                "num_kv_heads",
+            )
         if self.head_dim % 2 != 0:  # RoPE rotates pairs of dimensions
-            raise InvalidModelConfig(f"head_dim must be a positive even number, got {self.head_dim}", "head_dim")
+            raise InvalidModelConfig(
+                f"head_dim must be a positive even number, got {self.head_dim}", "head_dim"
+            )
         for name in ("rope_theta", "embedding_scale"):
             _check_number(self, name)
         for name in ("rope_local_theta", "attention_scale"):
@@ -166,10 +188,16 @@ class ModelConfig:
         if self.sliding_window is not None:
             _check_dimension(self, "sliding_window")
         if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
-            raise InvalidModelConfig(f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} "
-                                     "layers", "sliding_layers", "num_layers")
+            raise InvalidModelConfig(
+                f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} "
+                "layers",
+                "sliding_layers",
+                "num_layers",
+            )
         if self.activation not in ACTIVATIONS:
-            raise InvalidModelConfig(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}", "activation")
+            raise InvalidModelConfig(
+                f"activation must be one of {ACTIVATIONS}, got {self.activation!r}", "activation"
+            )
 
     @property
     def is_decoder(self) -> bool:
@@ -177,7 +205,9 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends over, or None for the whole context."""
-        if self.sliding_window is None or (self.sliding_layers is not None and not self.sliding_layers[layer]):
+        if self.sliding_window is None or (
+            self.sliding_layers is not None and not self.sliding_layers[layer]
+        ):
             return None
         return self.sliding_window
 

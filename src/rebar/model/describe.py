@@ -14,9 +14,17 @@ def _number(value: float) -> str:
 
 def layer_pattern(config: ModelConfig) -> str:
     """One letter per layer, S (sliding window) or G (global), grouped by the pattern's period."""
-    letters = "".join("S" if config.layer_window(i) is not None else "G" for i in range(config.num_layers))
-    period = next((p for p in range(1, len(letters) + 1)
-                   if all(letters[i] == letters[i % p] for i in range(len(letters)))), len(letters))
+    letters = "".join(
+        "S" if config.layer_window(i) is not None else "G" for i in range(config.num_layers)
+    )
+    period = next(
+        (
+            p
+            for p in range(1, len(letters) + 1)
+            if all(letters[i] == letters[i % p] for i in range(len(letters)))
+        ),
+        len(letters),
+    )
     width = period if 1 < period <= len(letters) // 2 else 8  # a pattern seen at least twice
     return " ".join(letters[i : i + width] for i in range(0, len(letters), width))
 
@@ -31,8 +39,10 @@ def family_lines(config: ModelConfig) -> list[str]:
     elif len(sliding) == config.num_layers:
         layers = f"all {config.num_layers} attend over a sliding window of {config.sliding_window} tokens"
     else:
-        layers = (f"{len(sliding)} sliding (window {config.sliding_window}), "
-                  f"{config.num_layers - len(sliding)} global: {layer_pattern(config)}")
+        layers = (
+            f"{len(sliding)} sliding (window {config.sliding_window}), "
+            f"{config.num_layers - len(sliding)} global: {layer_pattern(config)}"
+        )
     rope = f"base {_number(config.rope_theta)}"
     if config.rope_local_theta is not None and sliding:
         rope += f" (global layers), {_number(config.rope_local_theta)} (sliding layers)"
@@ -43,7 +53,9 @@ def family_lines(config: ModelConfig) -> list[str]:
         norms += ", and on their outputs"
     if config.qk_norm:
         norms += "; per-head RMSNorm on queries and keys"
-    scale = f"{config.softmax_scale:g}" + ("" if config.attention_scale is None else " (set by the family)")
+    scale = f"{config.softmax_scale:g}" + (
+        "" if config.attention_scale is None else " (set by the family)"
+    )
     lines = [
         f"layers: {layers}",
         f"attention: {config.num_heads} query heads, {config.num_kv_heads} key/value heads of {config.head_dim}, "

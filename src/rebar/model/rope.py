@@ -9,12 +9,15 @@ import torch
 from rebar.model.config import ModelConfig, RopeScaling
 
 
-def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
-                        local: bool = False) -> torch.Tensor:
+def inverse_frequencies(
+    config: ModelConfig, freq_factors: torch.Tensor | None = None, local: bool = False
+) -> torch.Tensor:
     """[head_dim // 2] float32 rotation speeds, after rope scaling and per-frequency factors; `local`:
     those of the sliding-window layers (`rope_local_theta`, unscaled, as Gemma 3's local layers)."""
     # An explicit device keeps this real even when the model is built under `torch.device("meta")`.
-    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64, device="cpu") / config.head_dim
+    exponents = (
+        torch.arange(0, config.head_dim, 2, dtype=torch.float64, device="cpu") / config.head_dim
+    )
     if local:
         return (1.0 / (config.rope_local_theta**exponents)).float()
     inv_freq = 1.0 / (config.rope_theta**exponents)
@@ -41,7 +44,9 @@ def _scale(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, each [num_tokens, head_dim], computed in float32 and cast to `dtype`."""
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)

@@ -103,8 +103,14 @@ class Tokenizer:
         self._kind = kind
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
-        self._special_ids = frozenset(token_id for token_id, token in added.items() if token.special)
-        texts = sorted({token.content for token in added.values() if token.special and token.content}, key=len, reverse=True)
+        self._special_ids = frozenset(
+            token_id for token_id, token in added.items() if token.special
+        )
+        texts = sorted(
+            {token.content for token in added.values() if token.special and token.content},
+            key=len,
+            reverse=True,
+        )
         self._special_pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
         self._text_backend: BackendTokenizer | None = None
 
@@ -125,7 +131,9 @@ class Tokenizer:
         """True when `text` contains the written form of a special token."""
         return self._special_pattern is not None and self._special_pattern.search(text) is not None
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = False
+    ) -> list[list[int]]:
         encodings = self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encodings]
 
@@ -157,7 +165,9 @@ class Tokenizer:
         }
         if chat_template is not None:
             config["chat_template"] = chat_template
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8"
+        )
 
     @property
     def kind(self) -> str:
@@ -179,7 +189,7 @@ class Tokenizer:
         unknown_token_id: int | None = None,
         add_space_prefix: bool = True,
         end_of_turn_ids: Sequence[int] = (),
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """Assemble a byte-level BPE (`gpt2`) or SentencePiece (`llama`, with `scores`) tokenizer the
         way llama.cpp reads the same metadata. Generation ends at the end-of-sequence token, at
         `end_of_turn_ids` (the file's end-of-turn / end-of-message ids) and, as in llama.cpp, at any
@@ -193,7 +203,9 @@ class Tokenizer:
             kind = f"byte-level BPE (GGUF 'gpt2', pre-tokenizer {pre!r})"
         elif model == "llama":
             if scores is None or len(scores) != len(tokens):
-                raise ModelFormatError("a SentencePiece ('llama') GGUF vocabulary needs one score per token")
+                raise ModelFormatError(
+                    "a SentencePiece ('llama') GGUF vocabulary needs one score per token"
+                )
             backend = _sentencepiece_bpe(vocab, tokens, scores, unknown_token_id, add_space_prefix)
             kind = "SentencePiece (GGUF 'llama'), byte fallback"
         else:
@@ -226,11 +238,13 @@ class Tokenizer:
         return cls(backend, special, kind)
 
     @classmethod
-    def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
+    def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
         """Load `tokenizer.json`; special-token strings and BOS policy come from `tokenizer_config.json`."""
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise UnsupportedModelError(f"{folder} has no tokenizer.json (only fast tokenizers are supported)")
+            raise UnsupportedModelError(
+                f"{folder} has no tokenizer.json (only fast tokenizers are supported)"
+            )
         try:
             backend = BackendTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on malformed JSON
@@ -258,8 +272,18 @@ class Tokenizer:
 
 
 # Tokens that end a turn in common chat formats; llama.cpp ends generation at each (its EOG set).
-END_OF_TURN_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                     "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>")
+END_OF_TURN_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<｜end▁of▁sentence｜>",
+)
 
 
 # Past this many characters a text goes through `encode_batch`: the backend's single `encode` holds
@@ -274,8 +298,9 @@ def _encode_one(backend: BackendTokenizer, text: str, add_special_tokens: bool) 
     return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
-def _end_of_generation_ids(vocab: dict[str, int], eos_token_id: int | None,
-                           end_of_turn_ids: Sequence[int]) -> tuple[int, ...]:
+def _end_of_generation_ids(
+    vocab: dict[str, int], eos_token_id: int | None, end_of_turn_ids: Sequence[int]
+) -> tuple[int, ...]:
     ids = [] if eos_token_id is None else [eos_token_id]
     ids += [i for i in end_of_turn_ids if i not in ids]
     ids += [vocab[text] for text in END_OF_TURN_TEXTS if text in vocab and vocab[text] not in ids]
@@ -285,7 +310,9 @@ def _end_of_generation_ids(vocab: dict[str, int], eos_token_id: int | None,
 def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> BackendTokenizer:
     make_pre = _GGUF_PRE_TOKENIZERS.get(pre)
     if make_pre is None:
-        raise UnsupportedModelError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(_GGUF_PRE_TOKENIZERS)}")
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(_GGUF_PRE_TOKENIZERS)}"
+        )
     merge_pairs = []
     for line in merges:
         left, sep, right = line.partition(" ")
@@ -294,7 +321,9 @@ def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> B
         merge_pairs.append((left, right))
     try:
         model = BPE(vocab, merge_pairs, fuse_unk=False, byte_fallback=False)
-    except Exception as exc:  # the library raises a bare Exception for a merge of tokens not in the vocabulary
+    except (
+        Exception
+    ) as exc:  # the library raises a bare Exception for a merge of tokens not in the vocabulary
         raise ModelFormatError(f"GGUF merges do not fit the vocabulary: {exc}") from exc
     backend = BackendTokenizer(model)
     backend.pre_tokenizer = make_pre()
@@ -305,8 +334,13 @@ def _byte_level_bpe(vocab: dict[str, int], merges: Sequence[str], pre: str) -> B
 SPACE = "\u2581"  # SentencePiece's visible space
 
 
-def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: Sequence[float],
-                       unknown_token_id: int | None, add_space_prefix: bool) -> BackendTokenizer:
+def _sentencepiece_bpe(
+    vocab: dict[str, int],
+    tokens: Sequence[str],
+    scores: Sequence[float],
+    unknown_token_id: int | None,
+    add_space_prefix: bool,
+) -> BackendTokenizer:
     """llama.cpp's SentencePiece tokenization as a BPE: see the module docstring."""
     candidates = []
     for token, score in zip(tokens, scores):
@@ -318,7 +352,9 @@ def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: Seq
     candidates.sort()
     merge_pairs = [(tokens[left], tokens[right]) for _, left, right in candidates]
     unk = tokens[unknown_token_id] if unknown_token_id is not None else None
-    backend = BackendTokenizer(BPE(vocab, merge_pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    backend = BackendTokenizer(
+        BPE(vocab, merge_pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
     steps = [normalizers.Replace(" ", SPACE)]
     if add_space_prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
@@ -336,7 +372,10 @@ def read_tokenizer_config(folder: Path) -> dict:
         return {}
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
+    except (
+        UnicodeDecodeError,
+        ValueError,
+    ) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise ModelFormatError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise ModelFormatError(f"{path} holds a JSON {type(config).__name__}, not an object")

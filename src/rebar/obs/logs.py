@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from contextvars import ContextVar, Token
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rebar.obs.tracing import current_trace_id
 
@@ -19,7 +19,11 @@ _request_id: ContextVar[str | None] = ContextVar("rebar_request_id", default=Non
 
 # Attributes every LogRecord has; anything else set through `extra=` is a field of ours.
 # uvicorn's `color_message` is its terminal rendering of the message: noise in a JSON line.
-_STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "color_message"}
+_STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 
 def bind_request_id(request_id: str) -> Token:
@@ -54,7 +58,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -97,5 +101,7 @@ def configure_logging(level: str = "info", fmt: str = "json", stream=None) -> lo
         uvicorn_logger.handlers.clear()
         uvicorn_logger.propagate = True
         uvicorn_logger.setLevel(level.upper())
-    logging.getLogger("uvicorn.access").disabled = True  # `rebar.access` logs each request with more fields
+    logging.getLogger(
+        "uvicorn.access"
+    ).disabled = True  # `rebar.access` logs each request with more fields
     return handler

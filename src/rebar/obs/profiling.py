@@ -30,8 +30,13 @@ class LayerRanges:
         self._open: list[record_function] = []
 
     def named_layers(self) -> list[tuple[str, nn.Module]]:
-        return [(name, module) for name, module in self.model.named_modules()
-                if name and name.count(".") <= MAX_NAME_DEPTH and not isinstance(module, (nn.ModuleList, nn.ModuleDict))]
+        return [
+            (name, module)
+            for name, module in self.model.named_modules()
+            if name
+            and name.count(".") <= MAX_NAME_DEPTH
+            and not isinstance(module, (nn.ModuleList, nn.ModuleDict))
+        ]
 
     def install(self) -> None:
         for name, module in self.named_layers():
@@ -52,6 +57,7 @@ class LayerRanges:
             self._open.append(scope)
             if self.nvtx:
                 torch.cuda.nvtx.range_push(name)
+
         return hook
 
     def _exit(self, module, args, output) -> None:
@@ -71,7 +77,12 @@ class OperatorStat:
     total_ms: float
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "calls": self.calls, "self_ms": round(self.self_ms, 3), "total_ms": round(self.total_ms, 3)}
+        return {
+            "name": self.name,
+            "calls": self.calls,
+            "self_ms": round(self.self_ms, 3),
+            "total_ms": round(self.total_ms, 3),
+        }
 
 
 @dataclass
@@ -83,8 +94,11 @@ class ProfileResult:
     table: str = ""  # the profiler's own text table of the same operators
 
     def summary(self) -> dict:
-        return {"steps_profiled": self.num_steps, "seconds": round(self.seconds, 3),
-                "top_operators": [op.as_dict() for op in self.top_operators]}
+        return {
+            "steps_profiled": self.num_steps,
+            "seconds": round(self.seconds, 3),
+            "top_operators": [op.as_dict() for op in self.top_operators],
+        }
 
 
 class ProfileSession:
@@ -99,7 +113,7 @@ class ProfileSession:
         self.num_steps = 0
         self._started_at = 0.0
 
-    def start(self) -> "ProfileSession":
+    def start(self) -> ProfileSession:
         self.ranges.install()
         self.profiler.__enter__()
         self._started_at = time.perf_counter()
@@ -133,15 +147,26 @@ class ProfileSession:
         sort_key = "self_device_time_total" if on_device else "self_cpu_time_total"
         rows = sorted(averages, key=lambda e: getattr(e, sort_key), reverse=True)[: self.top]
         stats = [
-            OperatorStat(e.key, e.count, getattr(e, sort_key) / 1e3,
-                         (e.device_time_total if on_device else e.cpu_time_total) / 1e3)
+            OperatorStat(
+                e.key,
+                e.count,
+                getattr(e, sort_key) / 1e3,
+                (e.device_time_total if on_device else e.cpu_time_total) / 1e3,
+            )
             for e in rows
         ]
         return stats, averages.table(sort_by=sort_key, row_limit=self.top)
 
 
-def profile_engine(core, num_steps: int, batch: int, input_len: int, warmup_steps: int = 2, top: int = 20,
-                   seed: int = 0) -> ProfileResult:
+def profile_engine(
+    core,
+    num_steps: int,
+    batch: int,
+    input_len: int,
+    warmup_steps: int = 2,
+    top: int = 20,
+    seed: int = 0,
+) -> ProfileResult:
     """Profile `num_steps` steps of `core` (an `EngineCore`) running `batch` requests of `input_len` random tokens.
 
     The first steps are prefill; with `max_num_batched_tokens` >= batch x input_len the rest are
@@ -152,7 +177,9 @@ def profile_engine(core, num_steps: int, batch: int, input_len: int, warmup_step
 
     generator = torch.Generator().manual_seed(seed)
     vocab = core.tokenizer.vocab_size
-    params = SamplingParams(max_tokens=warmup_steps + num_steps + 1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=warmup_steps + num_steps + 1, temperature=0.0, ignore_eos=True
+    )
     ids = [f"profile-{seed}-{i}" for i in range(batch)]
     for request_id in ids:
         prompt = torch.randint(0, vocab, (input_len,), generator=generator).tolist()

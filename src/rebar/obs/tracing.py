@@ -29,7 +29,12 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -48,25 +53,41 @@ class Tracing:
     synchronously).
     """
 
-    def __init__(self, exporter: str = "none", otlp_endpoint: str = "", service_name: str = "rebar",
-                 sample_ratio: float = 1.0, span_exporter: SpanExporter | None = None) -> None:
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
-                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+    def __init__(
+        self,
+        exporter: str = "none",
+        otlp_endpoint: str = "",
+        service_name: str = "rebar",
+        sample_ratio: float = 1.0,
+        span_exporter: SpanExporter | None = None,
+    ) -> None:
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": service_name}),
+            sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
+        )
         if span_exporter is not None:
             self.provider.add_span_processor(SimpleSpanProcessor(span_exporter))
         elif exporter == "console":
-            self.provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+            self.provider.add_span_processor(
+                SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout))
+            )
         elif exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+            self.provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint))
+            )
         elif exporter != "none":
-            raise ValueError(f"unknown trace exporter {exporter!r}: use 'none', 'console' or 'otlp'")
+            raise ValueError(
+                f"unknown trace exporter {exporter!r}: use 'none', 'console' or 'otlp'"
+            )
         self.tracer: Tracer = self.provider.get_tracer("rebar")
 
     @classmethod
-    def from_settings(cls, settings) -> "Tracing":
-        return cls(settings.exporter, settings.otlp_endpoint, settings.service_name, settings.sample_ratio)
+    def from_settings(cls, settings) -> Tracing:
+        return cls(
+            settings.exporter, settings.otlp_endpoint, settings.service_name, settings.sample_ratio
+        )
 
     def shutdown(self) -> None:
         self.provider.shutdown()
@@ -95,14 +116,25 @@ def _epoch_ns(monotonic_s: float) -> int:
     return int(monotonic_s * 1e9) + _EPOCH_OFFSET_NS
 
 
-def record_engine_phases(tracer: Tracer, parent: Span, timing: RequestTiming, num_prompt_tokens: int,
-                         num_cached_tokens: int, num_output_tokens: int) -> None:
+def record_engine_phases(
+    tracer: Tracer,
+    parent: Span,
+    timing: RequestTiming,
+    num_prompt_tokens: int,
+    num_cached_tokens: int,
+    num_output_tokens: int,
+) -> None:
     """Queue, prefill and decode as children of `parent`, stamped with the engine's own instants."""
     context = trace.set_span_in_context(parent)
 
     def phase(name: str, start: float, end: float, attributes: dict) -> None:
-        span = tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, start_time=_epoch_ns(start),
-                                 attributes=attributes)
+        span = tracer.start_span(
+            name,
+            context=context,
+            kind=SpanKind.INTERNAL,
+            start_time=_epoch_ns(start),
+            attributes=attributes,
+        )
         span.end(end_time=_epoch_ns(end))
 
     scheduled = timing.scheduled if timing.scheduled is not None else timing.finished
@@ -110,10 +142,19 @@ def record_engine_phases(tracer: Tracer, parent: Span, timing: RequestTiming, nu
     if timing.scheduled is None:
         return
     first_token = timing.first_token if timing.first_token is not None else timing.finished
-    phase("prefill", timing.scheduled, first_token,
-          {"rebar.prompt_tokens": num_prompt_tokens, "rebar.cached_prompt_tokens": num_cached_tokens})
+    phase(
+        "prefill",
+        timing.scheduled,
+        first_token,
+        {"rebar.prompt_tokens": num_prompt_tokens, "rebar.cached_prompt_tokens": num_cached_tokens},
+    )
     if timing.first_token is not None:
-        phase("decode", timing.first_token, timing.finished, {"rebar.output_tokens": num_output_tokens})
+        phase(
+            "decode",
+            timing.first_token,
+            timing.finished,
+            {"rebar.output_tokens": num_output_tokens},
+        )
 
 
 def end_generate_span(tracer: Tracer, span: Span, timer) -> None:
@@ -127,7 +168,14 @@ def end_generate_span(tracer: Tracer, span: Span, timer) -> None:
     reasons = [timer.finish_reasons.get(i, "abort") for i in range(timer.n)]
     span.set_attribute("rebar.finish_reasons", reasons)
     if timer.timing is not None:
-        record_engine_phases(tracer, span, timer.timing, timer.num_prompt_tokens, timer.num_cached_tokens, timer.num_generated)
+        record_engine_phases(
+            tracer,
+            span,
+            timer.timing,
+            timer.num_prompt_tokens,
+            timer.num_cached_tokens,
+            timer.num_generated,
+        )
     if any(reason == "error" for reason in reasons):
         span.set_status(Status(StatusCode.ERROR, "generation failed"))
     span.end()

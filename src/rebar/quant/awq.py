@@ -46,7 +46,9 @@ from rebar.quant.int_formats import (
 
 NUM_ALPHAS = 20  # alpha in {0, 0.05, ..., 0.95}
 FED_BACK_ALPHAS = 10  # alpha in {0, 0.1, ..., 0.9} when judged after error-feedback rounding
-RANGE_CUTS = tuple(i / 40 for i in range(8))  # fraction of a group's range cut at either end: 0 to 0.175
+RANGE_CUTS = tuple(
+    i / 40 for i in range(8)
+)  # fraction of a group's range cut at either end: 0 to 0.175
 REFITS = 3  # least-squares refits of each group's scale and offset after the range search
 
 
@@ -56,7 +58,9 @@ class ScaleGroup:
 
     linears: tuple[str, ...]  # module paths; the first one's input is recorded
     previous: str  # RMSNorm (weight /= s) or Linear (output rows /= s)
-    kv_repeat: int = 1  # o_proj under grouped-query attention: one scale per v channel, shared by heads
+    kv_repeat: int = (
+        1  # o_proj under grouped-query attention: one scale per v channel, shared by heads
+    )
 
 
 def scale_groups(model: LlamaModel) -> list[ScaleGroup]:
@@ -66,7 +70,9 @@ def scale_groups(model: LlamaModel) -> list[ScaleGroup]:
         p = f"layers.{i}."
         groups += [
             ScaleGroup((p + "attn.q_proj", p + "attn.k_proj", p + "attn.v_proj"), p + "input_norm"),
-            ScaleGroup((p + "attn.o_proj",), p + "attn.v_proj", config.num_heads // config.num_kv_heads),
+            ScaleGroup(
+                (p + "attn.o_proj",), p + "attn.v_proj", config.num_heads // config.num_kv_heads
+            ),
             ScaleGroup((p + "mlp.gate_proj", p + "mlp.up_proj"), p + "post_attn_norm"),
             ScaleGroup((p + "mlp.down_proj",), p + "mlp.up_proj"),
         ]
@@ -104,7 +110,10 @@ class ActivationRecorder:
         return record
 
     def __enter__(self) -> ActivationRecorder:
-        self._handles = [module.register_forward_pre_hook(self._hook(name)) for name, module in self.modules.items()]
+        self._handles = [
+            module.register_forward_pre_hook(self._hook(name))
+            for name, module in self.modules.items()
+        ]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -124,23 +133,31 @@ class SequencePass:
     """What running one sequence of `num_tokens` needs: RoPE tables, attention metadata and a
     private KV cache (one layer's worth when `num_layers` is 1, reused layer after layer)."""
 
-    def __init__(self, model: LlamaModel, num_tokens: int, num_layers: int, block_size: int = 16) -> None:
+    def __init__(
+        self, model: LlamaModel, num_tokens: int, num_layers: int, block_size: int = 16
+    ) -> None:
         config = model.config
         device = model.embed_tokens.weight.device
         num_blocks = -(-num_tokens // block_size)
         dtype = model.norm.weight.dtype
         self.positions = torch.arange(num_tokens, device=device)
-        self.cache = KVCache(num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device)
+        self.cache = KVCache(
+            num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device
+        )
         self.meta = AttentionMetadata(
             query_lens=(num_tokens,),
             context_lens=(num_tokens,),
-            slot_mapping=torch.arange(num_tokens, device=device),  # blocks 0..n-1 in order: slot == position
+            slot_mapping=torch.arange(
+                num_tokens, device=device
+            ),  # blocks 0..n-1 in order: slot == position
             block_tables=pad_block_tables([list(range(num_blocks))], device),
         )
         self.cos, self.sin = rope_cos_sin(model.inv_freq, self.positions, dtype)
 
     def run_layer(self, layer: DecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
-        return layer(hidden, self.cos, self.sin, self.meta, self.cache.keys[0], self.cache.values[0])
+        return layer(
+            hidden, self.cos, self.sin, self.meta, self.cache.keys[0], self.cache.values[0]
+        )
 
 
 @torch.inference_mode()
@@ -178,11 +195,15 @@ def output_error(delta: torch.Tensor, moments: torch.Tensor) -> float:
 class ScaleSearch:
     alpha: float
     scales: torch.Tensor  # the searched variable: [in] (or [kv channels] for o_proj under GQA)
-    unscaled_error: float  # mean squared output error at alpha = 0 (no scaling), under the same rounding
+    unscaled_error: (
+        float  # mean squared output error at alpha = 0 (no scaling), under the same rounding
+    )
     error: float  # at the chosen alpha
 
 
-Rounding = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (weight, moments, group size) -> on a grid
+Rounding = Callable[
+    [torch.Tensor, torch.Tensor, int], torch.Tensor
+]  # (weight, moments, group size) -> on a grid
 
 
 def round_to_nearest(weight: torch.Tensor, _moments: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -264,12 +285,16 @@ def search_grid(weight: torch.Tensor, moments: torch.Tensor, group_size: int) ->
             best, best_error = _keep_better(best, best_error, Grid(scales, offsets), error)
     for _ in range(REFITS):
         candidate = _refit(groups, blocks, best)
-        error = group_errors(onto_int4_grid(groups, candidate.scales, candidate.offsets) - groups, blocks)
+        error = group_errors(
+            onto_int4_grid(groups, candidate.scales, candidate.offsets) - groups, blocks
+        )
         best, best_error = _keep_better(best, best_error, candidate, error)
     return best
 
 
-def _keep_better(best: Grid, best_error: torch.Tensor, candidate: Grid, error: torch.Tensor) -> tuple[Grid, torch.Tensor]:
+def _keep_better(
+    best: Grid, best_error: torch.Tensor, candidate: Grid, error: torch.Tensor
+) -> tuple[Grid, torch.Tensor]:
     better = error < best_error
     scales = torch.where(better, candidate.scales, best.scales)
     offsets = torch.where(better, candidate.offsets, best.offsets)
@@ -293,7 +318,10 @@ def _refit(groups: torch.Tensor, blocks: torch.Tensor, grid: Grid) -> Grid:
     scales = torch.where(ok, (a22 * b1 - a12 * b2) / safe, grid.scales.float())
     offsets = torch.where(ok, (a11 * b2 - a12 * b1) / safe, grid.offsets.float())
     ok &= scales > 0
-    return Grid(torch.where(ok, scales, grid.scales.float()).to(SCALE_DTYPE), torch.where(ok, offsets, grid.offsets.float()).to(SCALE_DTYPE))
+    return Grid(
+        torch.where(ok, scales, grid.scales.float()).to(SCALE_DTYPE),
+        torch.where(ok, offsets, grid.offsets.float()).to(SCALE_DTYPE),
+    )
 
 
 # ----- applying ---------------------------------------------------------------------------------
@@ -313,12 +341,18 @@ def _fold(model: nn.Module, group: ScaleGroup, scales: torch.Tensor, full: torch
 
 @dataclass(frozen=True)
 class AwqResult:
-    grids: dict[str, Grid]  # weight name -> its searched grid (others: round to nearest on the full range)
+    grids: dict[
+        str, Grid
+    ]  # weight name -> its searched grid (others: round to nearest on the full range)
     searches: dict[str, ScaleSearch]  # first linear of each group -> its search
 
 
 def _search_layer(
-    model: LlamaModel, groups: Sequence[ScaleGroup], recorder: ActivationRecorder, group_size: int, error_feedback: bool
+    model: LlamaModel,
+    groups: Sequence[ScaleGroup],
+    recorder: ActivationRecorder,
+    group_size: int,
+    error_feedback: bool,
 ) -> AwqResult:
     """Search and fold each group's scales (in place), then search every linear's grid and, with
     `error_feedback`, move its weights onto that grid (in place).
@@ -335,8 +369,12 @@ def _search_layer(
         weight = torch.cat([model.get_submodule(p).weight for p in group.linears])
         moments = recorder.second_moments(first)
         mean_abs = _reduce_kv(recorder.mean_abs(first), group.kv_repeat, head_dim)
-        if error_feedback:  # judged as they will be rounded, on a coarser grid of alphas (each costs more)
-            search = search_scales(weight, moments, mean_abs, group_size, expand, round_fed_back, FED_BACK_ALPHAS)
+        if (
+            error_feedback
+        ):  # judged as they will be rounded, on a coarser grid of alphas (each costs more)
+            search = search_scales(
+                weight, moments, mean_abs, group_size, expand, round_fed_back, FED_BACK_ALPHAS
+            )
         else:
             search = search_scales(weight, moments, mean_abs, group_size, expand)
         full = expand(search.scales)
@@ -350,7 +388,9 @@ def _search_layer(
         grid = search_grid(weight, moments, group_size)
         grids[f"{path}.weight"] = grid
         if error_feedback:
-            weight.copy_(round_with_error_feedback(weight, moments, grid.scales, grid.offsets, group_size))
+            weight.copy_(
+                round_with_error_feedback(weight, moments, grid.scales, grid.offsets, group_size)
+            )
     return AwqResult(grids, searches)
 
 
@@ -375,13 +415,18 @@ def apply_awq(
     """
     device = model.embed_tokens.weight.device
     runs = [SequencePass(model, len(ids), num_layers=1) for ids in sequences]
-    hidden = [model.embed_tokens(torch.tensor(list(ids), dtype=torch.long, device=device)) for ids in sequences]
+    hidden = [
+        model.embed_tokens(torch.tensor(list(ids), dtype=torch.long, device=device))
+        for ids in sequences
+    ]
     all_groups = scale_groups(model)
     tick = progress("calibrating layers", len(model.layers)) if progress else lambda: None
     result = AwqResult({}, {})
     for index, layer in enumerate(model.layers):
         groups = [g for g in all_groups if g.linears[0].startswith(f"layers.{index}.")]
-        recorder = ActivationRecorder({g.linears[0]: model.get_submodule(g.linears[0]) for g in groups})
+        recorder = ActivationRecorder(
+            {g.linears[0]: model.get_submodule(g.linears[0]) for g in groups}
+        )
         with recorder:
             for run, h in zip(runs, hidden):
                 run.run_layer(layer, h)

@@ -30,9 +30,16 @@ BLOCK = 32
 SUPER_BLOCK = 256
 
 # type name -> (bytes per block, values per block)
-BLOCK_LAYOUTS = {"Q4_0": (18, BLOCK), "Q4_1": (20, BLOCK), "Q5_0": (22, BLOCK), "Q5_1": (24, BLOCK),
-                 "Q8_0": (34, BLOCK), "Q4_K": (144, SUPER_BLOCK), "Q5_K": (176, SUPER_BLOCK),
-                 "Q6_K": (210, SUPER_BLOCK)}
+BLOCK_LAYOUTS = {
+    "Q4_0": (18, BLOCK),
+    "Q4_1": (20, BLOCK),
+    "Q5_0": (22, BLOCK),
+    "Q5_1": (24, BLOCK),
+    "Q8_0": (34, BLOCK),
+    "Q4_K": (144, SUPER_BLOCK),
+    "Q5_K": (176, SUPER_BLOCK),
+    "Q6_K": (210, SUPER_BLOCK),
+}
 Q6_K_ZERO_POINT = 32
 
 
@@ -136,7 +143,7 @@ def _decode_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def decode_blocks(type_name: str, raw: torch.Tensor) -> DecodedBlocks:
     """`raw` uint8 `[rows, row_bytes]` of type `type_name` -> its codes and scales."""
-    block_bytes, per_block = BLOCK_LAYOUTS[type_name]
+    block_bytes, _per_block = BLOCK_LAYOUTS[type_name]
     rows = raw.shape[0]
     blocks = raw.reshape(-1, block_bytes)
 
@@ -145,22 +152,38 @@ def decode_blocks(type_name: str, raw: torch.Tensor) -> DecodedBlocks:
 
     d = _fp16(blocks, 0)
     if type_name == "Q8_0":
-        codes = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        codes = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(
+            torch.uint8
+        )
         return DecodedBlocks("sym", 8, per_row(codes), per_row(d), zero_point=128)
     if type_name in ("Q4_0", "Q5_0"):  # w = d (q - 2^(bits - 1))
         bits = int(type_name[1])
-        return DecodedBlocks("sym", bits, per_row(_legacy_codes(blocks, bits, 2)), per_row(d), zero_point=1 << (bits - 1))
+        return DecodedBlocks(
+            "sym",
+            bits,
+            per_row(_legacy_codes(blocks, bits, 2)),
+            per_row(d),
+            zero_point=1 << (bits - 1),
+        )
     if type_name in ("Q4_1", "Q5_1"):
         bits = int(type_name[1])
         codes = _legacy_codes(blocks, bits, 4)
         return DecodedBlocks("affine", bits, per_row(codes), per_row(d), per_row(_fp16(blocks, 2)))
     if type_name == "Q6_K":
         codes, d, scales = _decode_q6_k(blocks)
-        return DecodedBlocks("super_sym", 6, per_row(codes), per_row(d), sub_scales=per_row(scales),
-                             zero_point=Q6_K_ZERO_POINT)
+        return DecodedBlocks(
+            "super_sym",
+            6,
+            per_row(codes),
+            per_row(d),
+            sub_scales=per_row(scales),
+            zero_point=Q6_K_ZERO_POINT,
+        )
     codes, d, dmin, sc, m = (_decode_q4_k if type_name == "Q4_K" else _decode_q5_k)(blocks)
     bits = 4 if type_name == "Q4_K" else 5
-    return DecodedBlocks("super_affine", bits, per_row(codes), per_row(d), per_row(dmin), per_row(sc), per_row(m))
+    return DecodedBlocks(
+        "super_affine", bits, per_row(codes), per_row(d), per_row(dmin), per_row(sc), per_row(m)
+    )
 
 
 @dataclass(frozen=True)
@@ -178,15 +201,24 @@ class BlockWeight:
     raw: torch.Tensor
     in_features: int
     row_order: torch.Tensor | None = None  # int64 [out_features]
-    release_pages: Callable[[torch.Tensor], None] | None = field(default=None, compare=False, repr=False)
+    release_pages: Callable[[torch.Tensor], None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.type_name not in BLOCK_LAYOUTS:
-            raise ValueError(f"{self.type_name} is not a block format rebar keeps ({sorted(BLOCK_LAYOUTS)})")
+            raise ValueError(
+                f"{self.type_name} is not a block format rebar keeps ({sorted(BLOCK_LAYOUTS)})"
+            )
         block_bytes, per_block = BLOCK_LAYOUTS[self.type_name]
-        if self.in_features % per_block or self.raw.shape[-1] != self.in_features // per_block * block_bytes:
-            raise ValueError(f"{self.type_name} rows of {self.in_features} values take "
-                             f"{self.in_features // per_block * block_bytes} bytes, got {self.raw.shape[-1]}")
+        if (
+            self.in_features % per_block
+            or self.raw.shape[-1] != self.in_features // per_block * block_bytes
+        ):
+            raise ValueError(
+                f"{self.type_name} rows of {self.in_features} values take "
+                f"{self.in_features // per_block * block_bytes} bytes, got {self.raw.shape[-1]}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -217,7 +249,9 @@ class BlockWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.dequantize_rows(None, dtype)
 
-    def dequantize_rows(self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize_rows(
+        self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding lookup."""
         decoded = decode_blocks(self.type_name, self._rows(rows).cpu())
         return decoded.dequantize().to(device=self.raw.device, dtype=dtype)
@@ -229,8 +263,16 @@ class BlockWeight:
 
     def row_slice(self, start: int, end: int) -> BlockWeight:
         if self.row_order is None:
-            return BlockWeight(self.type_name, self.raw[start:end], self.in_features, None, self.release_pages)
-        return BlockWeight(self.type_name, self.raw, self.in_features, self.row_order[start:end], self.release_pages)
+            return BlockWeight(
+                self.type_name, self.raw[start:end], self.in_features, None, self.release_pages
+            )
+        return BlockWeight(
+            self.type_name,
+            self.raw,
+            self.in_features,
+            self.row_order[start:end],
+            self.release_pages,
+        )
 
     def drop_resident(self) -> None:
         """Let this weight's file pages leave resident memory once its bytes are copied elsewhere (a later

@@ -48,7 +48,9 @@ class JsonlDataset:
     context manager, or call `close()`, to release the mappings.
     """
 
-    def __init__(self, path: str | Path, text_field: str = "text", scan_chunk_bytes: int = _SCAN_CHUNK_BYTES) -> None:
+    def __init__(
+        self, path: str | Path, text_field: str = "text", scan_chunk_bytes: int = _SCAN_CHUNK_BYTES
+    ) -> None:
         self.path = Path(path)
         self.text_field = text_field
         if not self.path.is_file():
@@ -57,9 +59,11 @@ class JsonlDataset:
         self.bad_lines: list[BadLine] = []
         stat = self.path.stat()
         self._size = stat.st_size
-        self._file = open(self.path, "rb")
+        self._file = open(self.path, "rb")  # noqa: SIM115 - held open for the mmap until close()
         # mmap cannot map an empty file; an empty dataset simply has no lines.
-        self._data = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self._size else b""
+        self._data = (
+            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self._size else b""
+        )
         self._starts = self._open_index(stat.st_mtime_ns, scan_chunk_bytes)
 
     # ----- the index ----------------------------------------------------------------------
@@ -67,9 +71,17 @@ class JsonlDataset:
         header = np.array([self._size, mtime_ns, 0], dtype=np.int64)
         if not self._index_is_current(header):
             self._write_index(header, scan_chunk_bytes)
-        count = int(np.fromfile(self.index_path, dtype=np.int64, count=_HEADER_WORDS, offset=len(_INDEX_MAGIC))[2])
+        count = int(
+            np.fromfile(
+                self.index_path, dtype=np.int64, count=_HEADER_WORDS, offset=len(_INDEX_MAGIC)
+            )[2]
+        )
         offset = len(_INDEX_MAGIC) + 8 * _HEADER_WORDS
-        return np.memmap(self.index_path, dtype=np.int64, mode="r", offset=offset, shape=(count,)) if count else np.zeros(0, np.int64)
+        return (
+            np.memmap(self.index_path, dtype=np.int64, mode="r", offset=offset, shape=(count,))
+            if count
+            else np.zeros(0, np.int64)
+        )
 
     def _index_is_current(self, header: np.ndarray) -> bool:
         try:
@@ -79,9 +91,15 @@ class JsonlDataset:
             index_bytes = self.index_path.stat().st_size
         except OSError:
             return False
-        if magic != _INDEX_MAGIC or len(stored) != _HEADER_WORDS or not (stored[:2] == header[:2]).all():
+        if (
+            magic != _INDEX_MAGIC
+            or len(stored) != _HEADER_WORDS
+            or not (stored[:2] == header[:2]).all()
+        ):
             return False
-        return index_bytes == len(_INDEX_MAGIC) + 8 * (_HEADER_WORDS + int(stored[2]))  # not truncated
+        return index_bytes == len(_INDEX_MAGIC) + 8 * (
+            _HEADER_WORDS + int(stored[2])
+        )  # not truncated
 
     def _write_index(self, header: np.ndarray, scan_chunk_bytes: int) -> None:
         """Stream the file once, writing the offset where each line starts (plus the end of the file)."""
@@ -99,7 +117,9 @@ class JsonlDataset:
             os.replace(temporary, self.index_path)  # readers never see a half-written index
         except OSError as exc:
             temporary.unlink(missing_ok=True)
-            raise InvalidRequestError(f"cannot write the line index {self.index_path}: {exc}", "data") from exc
+            raise InvalidRequestError(
+                f"cannot write the line index {self.index_path}: {exc}", "data"
+            ) from exc
 
     def _line_starts(self, scan_chunk_bytes: int) -> Iterator[np.ndarray]:
         if self._size == 0:
@@ -137,7 +157,10 @@ class JsonlDataset:
         if value is None:
             raise BadRecordError(line_number, f"no {self.text_field!r} field")
         if not isinstance(value, str):
-            raise BadRecordError(line_number, f"the {self.text_field!r} field is {type(value).__name__}, not a string")
+            raise BadRecordError(
+                line_number,
+                f"the {self.text_field!r} field is {type(value).__name__}, not a string",
+            )
         return value
 
     def _is_blank(self, index: int) -> bool:
@@ -149,9 +172,13 @@ class JsonlDataset:
         try:
             return self.text(index)
         except BadRecordError as exc:
-            if exc.bad_line not in self.bad_lines:  # report each line once, however often it is drawn
+            if (
+                exc.bad_line not in self.bad_lines
+            ):  # report each line once, however often it is drawn
                 self.bad_lines.append(exc.bad_line)
-                logger.warning("%s:%d: skipped: %s", self.path, exc.bad_line.line_number, exc.bad_line.reason)
+                logger.warning(
+                    "%s:%d: skipped: %s", self.path, exc.bad_line.line_number, exc.bad_line.reason
+                )
             return None
 
     def texts(self) -> Iterator[str]:
@@ -206,7 +233,9 @@ def _random_order(count: int, seed: int) -> Iterator[int]:
         if index not in seen:
             seen.add(index)
             yield index
-    rest = np.setdiff1d(np.arange(count, dtype=np.int64), np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    rest = np.setdiff1d(
+        np.arange(count, dtype=np.int64), np.fromiter(seen, dtype=np.int64, count=len(seen))
+    )
     rng.shuffle(rest)
     for index in rest:
         yield int(index)

@@ -39,7 +39,13 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_SHARD_BYTES = 2 * 2**30
 
 # safetensors dtype names <-> torch dtypes, for the types this format stores
-_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8"}
+_DTYPE_NAMES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+}
 _DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 
@@ -65,7 +71,10 @@ def expected_parts(name: str, entry: dict[str, Any]) -> list[StoredPart]:
     grouped = (out_features, in_features // entry["group_size"])
     scale = _DTYPE_NAMES[SCALE_DTYPE]
     if entry["kind"] == "int8":
-        return [StoredPart(f"{name}.qweight", "I8", shape), StoredPart(f"{name}.scales", scale, grouped)]
+        return [
+            StoredPart(f"{name}.qweight", "I8", shape),
+            StoredPart(f"{name}.scales", scale, grouped),
+        ]
     return [
         StoredPart(f"{name}.qweight", "U8", (out_features, in_features // 2)),
         StoredPart(f"{name}.scales", scale, grouped),
@@ -85,8 +94,16 @@ def _float_dtype(name: str) -> torch.dtype:
 
 def manifest_entry(value: torch.Tensor | QuantizedWeight) -> dict[str, Any]:
     if isinstance(value, QuantizedWeight):
-        return {"kind": f"int{value.bits}", "group_size": value.group_size, "shape": [value.out_features, value.in_features]}
-    return {"kind": "float", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        return {
+            "kind": f"int{value.bits}",
+            "group_size": value.group_size,
+            "shape": [value.out_features, value.in_features],
+        }
+    return {
+        "kind": "float",
+        "dtype": str(value.dtype).removeprefix("torch."),
+        "shape": list(value.shape),
+    }
 
 
 def _stored_tensors(name: str, value: torch.Tensor | QuantizedWeight) -> dict[str, torch.Tensor]:
@@ -120,7 +137,11 @@ def write_checkpoint(
             shard_bytes = 0
         shards[-1].update(parts)
         shard_bytes += size
-    files = ["model.safetensors"] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     for file, shard in zip(files, shards):
         save_file(shard, str(folder / file), metadata={"format": "pt"})
     tokenizer.save_hf_files(folder, chat_template)
@@ -149,7 +170,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != QUANT_CHECKPOINT_FORMAT:
         raise ModelFormatError(f"{path} is not a {QUANT_CHECKPOINT_FORMAT} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ModelFormatError(f"{path}: format_version {manifest.get('format_version')!r} is not supported (rebar reads {FORMAT_VERSION})")
+        raise ModelFormatError(
+            f"{path}: format_version {manifest.get('format_version')!r} is not supported (rebar reads {FORMAT_VERSION})"
+        )
     for key in ("method", "config", "files", "tensors", "source", "tool"):
         if key not in manifest:
             raise ModelFormatError(f"{path} is missing the key {key!r}")
@@ -158,7 +181,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def _config(raw: dict[str, Any], folder: Path) -> ModelConfig:
     if not isinstance(raw, dict) or not isinstance(raw.get("rope_scaling") or {}, dict):
-        raise ModelFormatError(f"{folder / MANIFEST_NAME}: 'config' (and its rope_scaling) must be JSON objects")
+        raise ModelFormatError(
+            f"{folder / MANIFEST_NAME}: 'config' (and its rope_scaling) must be JSON objects"
+        )
     try:
         scaling = raw.get("rope_scaling")
         return ModelConfig(**{**raw, "rope_scaling": RopeScaling(**scaling) if scaling else None})
@@ -175,36 +200,61 @@ def _index_files(folder: Path, files: list[str]) -> dict[str, tuple[Path, str, t
             raise ModelFormatError(f"{folder}: the manifest names {file_name}, which is missing")
         try:
             with safe_open(path, framework="pt") as handle:
-                for key in handle.keys():
+                for key in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                     view = handle.get_slice(key)
                     index[key] = (path, view.get_dtype(), tuple(int(d) for d in view.get_shape()))
         except SafetensorError as exc:
-            raise ModelFormatError(f"{path} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
+            raise ModelFormatError(
+                f"{path} is not a readable safetensors file (truncated or corrupt?): {exc}"
+            ) from exc
     return index
 
 
 def _check_entry(name: str, entry: Any) -> None:
-    if not isinstance(entry, dict) or entry.get("kind") not in ("float", "int8", "int4") or not isinstance(entry.get("shape"), list):
-        raise ModelFormatError(f"{MANIFEST_NAME}: entry for tensor {name!r} is malformed: {entry!r}")
+    if (
+        not isinstance(entry, dict)
+        or entry.get("kind") not in ("float", "int8", "int4")
+        or not isinstance(entry.get("shape"), list)
+    ):
+        raise ModelFormatError(
+            f"{MANIFEST_NAME}: entry for tensor {name!r} is malformed: {entry!r}"
+        )
     if entry["kind"] == "float":
         return
     group_size = entry.get("group_size")
-    if len(entry["shape"]) != 2 or not isinstance(group_size, int) or group_size <= 0 or entry["shape"][1] % group_size:
-        raise ModelFormatError(f"{MANIFEST_NAME}: tensor {name!r} has group size {group_size!r}, which does not tile its shape {entry['shape']}")
+    if (
+        len(entry["shape"]) != 2
+        or not isinstance(group_size, int)
+        or group_size <= 0
+        or entry["shape"][1] % group_size
+    ):
+        raise ModelFormatError(
+            f"{MANIFEST_NAME}: tensor {name!r} has group size {group_size!r}, which does not tile its shape {entry['shape']}"
+        )
     if entry["kind"] == "int4" and group_size % 2:
-        raise ModelFormatError(f"{MANIFEST_NAME}: int4 tensor {name!r} has an odd group size {group_size}")
+        raise ModelFormatError(
+            f"{MANIFEST_NAME}: int4 tensor {name!r} has an odd group size {group_size}"
+        )
 
 
-def validate_tensors(folder: Path, manifest: dict[str, Any], index: dict[str, tuple[Path, str, tuple[int, ...]]]) -> None:
+def validate_tensors(
+    folder: Path, manifest: dict[str, Any], index: dict[str, tuple[Path, str, tuple[int, ...]]]
+) -> None:
     """Raise ModelFormatError naming the first tensor that disagrees with the manifest."""
     required: set[str] = set()
     for name, entry in manifest["tensors"].items():
         _check_entry(name, entry)
-        description = entry["kind"] if entry["kind"] == "float" else f"{entry['kind']} with group size {entry['group_size']}"
+        description = (
+            entry["kind"]
+            if entry["kind"] == "float"
+            else f"{entry['kind']} with group size {entry['group_size']}"
+        )
         for part in expected_parts(name, entry):
             required.add(part.name)
             if part.name not in index:
-                raise ModelFormatError(f"{folder}: tensor {part.name!r} is missing (the manifest says {name!r} is {description})")
+                raise ModelFormatError(
+                    f"{folder}: tensor {part.name!r} is missing (the manifest says {name!r} is {description})"
+                )
             _, dtype, shape = index[part.name]
             if (dtype, shape) != (part.dtype, part.shape):
                 raise ModelFormatError(
@@ -234,7 +284,13 @@ def load_quantized_checkpoint(folder: Path) -> Checkpoint:
         if entry["kind"] == "float":
             return None
         offsets = read(f"{name}.offsets") if entry["kind"] == "int4" else None
-        return QuantizedWeight(int(entry["kind"][3:]), entry["group_size"], read(f"{name}.qweight"), read(f"{name}.scales"), offsets)
+        return QuantizedWeight(
+            int(entry["kind"][3:]),
+            entry["group_size"],
+            read(f"{name}.qweight"),
+            read(f"{name}.scales"),
+            offsets,
+        )
 
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
         weight = load_quantized(name)

@@ -46,7 +46,11 @@ def round_with_error_feedback(
     float32 (float64 for a float64 weight)."""
     in_features = weight.shape[1]
     dtype = torch.promote_types(weight.dtype, torch.float32)
-    order = torch.argsort(moments.diagonal(), descending=True) if ACT_ORDER else torch.arange(in_features)
+    order = (
+        torch.argsort(moments.diagonal(), descending=True)
+        if ACT_ORDER
+        else torch.arange(in_features)
+    )
     factor = _inverse_cholesky(moments[order][:, order]).to(dtype)
     # Transposed, [in, out]: a column of the weight is a contiguous row here.
     remaining = weight.to(dtype).T[order].contiguous()

@@ -31,7 +31,9 @@ def keep_quantized(weight: AnyQuantWeight, device: torch.device, checkpoint_form
     return has_packed_kernel(weight, device)
 
 
-def swap_in_quantized(model: nn.Module, weights: Mapping[str, AnyQuantWeight], dtype: torch.dtype) -> None:
+def swap_in_quantized(
+    model: nn.Module, weights: Mapping[str, AnyQuantWeight], dtype: torch.dtype
+) -> None:
     """Replace the owner of every `<module>.weight` in `weights` with its quantized counterpart.
 
     Biases stay the float tensors already loaded into the replaced module. Raises ModelFormatError
@@ -43,7 +45,9 @@ def swap_in_quantized(model: nn.Module, weights: Mapping[str, AnyQuantWeight], d
         expected = _weight_shape(module, name)
         found = (weight.out_features, weight.in_features)
         if found != expected:
-            raise ModelFormatError(f"quantized tensor {name!r} has shape {list(found)}, expected {list(expected)}")
+            raise ModelFormatError(
+                f"quantized tensor {name!r} has shape {list(found)}, expected {list(expected)}"
+            )
         if isinstance(module, nn.Embedding):
             replacement: nn.Module = QuantEmbedding(weight, dtype)
             if module_path == TIED_EMBEDDING and getattr(model, "lm_head", False) is None:
@@ -59,4 +63,6 @@ def _weight_shape(module: nn.Module, name: str) -> tuple[int, int]:
         return module.out_features, module.in_features
     if isinstance(module, nn.Embedding):
         return module.num_embeddings, module.embedding_dim
-    raise ModelFormatError(f"tensor {name!r} is stored quantized but belongs to a {type(module).__name__}")
+    raise ModelFormatError(
+        f"tensor {name!r} is stored quantized but belongs to a {type(module).__name__}"
+    )

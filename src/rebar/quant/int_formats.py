@@ -67,7 +67,9 @@ class QuantizedWeight:
         """The float weight `[out, in]` in `dtype` (computed in float32, then cast)."""
         return self.dequantize_rows(None, dtype)
 
-    def dequantize_rows(self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize_rows(
+        self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding lookup."""
         pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
         codes = pick(self.qweight)
@@ -83,24 +85,34 @@ class QuantizedWeight:
     def row_slice(self, start: int, end: int) -> QuantizedWeight:
         """Output channels [start, end) as views (no copy)."""
         offsets = None if self.offsets is None else self.offsets[start:end]
-        return QuantizedWeight(self.bits, self.group_size, self.qweight[start:end], self.scales[start:end], offsets)
+        return QuantizedWeight(
+            self.bits, self.group_size, self.qweight[start:end], self.scales[start:end], offsets
+        )
 
     def to(self, device: torch.device) -> QuantizedWeight:
         offsets = None if self.offsets is None else self.offsets.to(device)
-        return QuantizedWeight(self.bits, self.group_size, self.qweight.to(device), self.scales.to(device), offsets)
+        return QuantizedWeight(
+            self.bits, self.group_size, self.qweight.to(device), self.scales.to(device), offsets
+        )
 
     def select_rows(self, rows: torch.Tensor) -> QuantizedWeight:
         """The same weight with output channels reordered (rows are independent in both formats)."""
         offsets = None if self.offsets is None else self.offsets.index_select(0, rows)
         return QuantizedWeight(
-            self.bits, self.group_size, self.qweight.index_select(0, rows), self.scales.index_select(0, rows), offsets
+            self.bits,
+            self.group_size,
+            self.qweight.index_select(0, rows),
+            self.scales.index_select(0, rows),
+            offsets,
         )
 
 
 def check_group_size(in_features: int, group_size: int, bits: int, name: str) -> None:
     """Raise ValueError unless `group_size` tiles `in_features` (and int4 codes pair up)."""
     if group_size <= 0 or in_features % group_size != 0:
-        raise ValueError(f"group size {group_size} does not divide {name}'s {in_features} input channels")
+        raise ValueError(
+            f"group size {group_size} does not divide {name}'s {in_features} input channels"
+        )
     if bits == 4 and group_size % 2 != 0:
         raise ValueError(f"int4 needs an even group size, got {group_size}")
 
@@ -142,11 +154,15 @@ def int4_range_grid(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor
     return ((high - low) / INT4_MAX).to(SCALE_DTYPE), low.to(SCALE_DTYPE)
 
 
-def _nearest_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _nearest_codes(
+    groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
     """Nearest codes 0..15 in `groups`' float dtype; scales/offsets `[...]` cover `groups` `[..., g]`."""
     scale = scales.to(groups.dtype).unsqueeze(-1)
     divisor = torch.where(scale > 0, scale, 1.0)  # a constant group: every weight is its offset
-    return ((groups - offsets.to(groups.dtype).unsqueeze(-1)) / divisor).round_().clamp_(0, INT4_MAX)
+    return (
+        ((groups - offsets.to(groups.dtype).unsqueeze(-1)) / divisor).round_().clamp_(0, INT4_MAX)
+    )
 
 
 def int4_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -154,21 +170,29 @@ def int4_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
     return _nearest_codes(groups, scales, offsets).to(torch.uint8)
 
 
-def onto_int4_grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def onto_int4_grid(
+    groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
     """Each value of `groups` `[..., g]` moved to its nearest point of its grid `scales * q + offsets`
     (`[...]`, q in 0..15), in `groups`' dtype: the dequantized value of the code it would get."""
     codes = _nearest_codes(groups, scales, offsets)
-    return codes.mul_(scales.to(groups.dtype).unsqueeze(-1)).add_(offsets.to(groups.dtype).unsqueeze(-1))
+    return codes.mul_(scales.to(groups.dtype).unsqueeze(-1)).add_(
+        offsets.to(groups.dtype).unsqueeze(-1)
+    )
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0) -> QuantizedWeight:
+def quantize_int4(
+    weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0
+) -> QuantizedWeight:
     """Grouped asymmetric int4 (round to nearest), optionally with a clipped range per group."""
     check_group_size(weight.shape[1], group_size, 4, "the weight")
     scales, offsets = int4_scales_offsets(_grouped(weight, group_size), clip_ratio)
     return quantize_int4_on_grid(weight, group_size, scales, offsets)
 
 
-def quantize_int4_on_grid(weight: torch.Tensor, group_size: int, scales: torch.Tensor, offsets: torch.Tensor) -> QuantizedWeight:
+def quantize_int4_on_grid(
+    weight: torch.Tensor, group_size: int, scales: torch.Tensor, offsets: torch.Tensor
+) -> QuantizedWeight:
     """Grouped int4 with given (scales, offsets) `[out, num_groups]`: each weight gets its nearest code."""
     check_group_size(weight.shape[1], group_size, 4, "the weight")
     scales, offsets = scales.to(SCALE_DTYPE), offsets.to(SCALE_DTYPE)
@@ -176,7 +200,9 @@ def quantize_int4_on_grid(weight: torch.Tensor, group_size: int, scales: torch.T
     return QuantizedWeight(4, group_size, pack_int4(codes), scales, offsets)
 
 
-def fake_quantize_int4(weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0) -> torch.Tensor:
+def fake_quantize_int4(
+    weight: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float = 1.0
+) -> torch.Tensor:
     """What `quantize_int4(...).dequantize()` returns, without packing (used by searches)."""
     groups = _grouped(weight, group_size)
     return onto_int4_grid(groups, *int4_scales_offsets(groups, clip_ratio)).reshape(weight.shape)

@@ -93,7 +93,9 @@ class Int8PackedMatmul:
         self.scales = weight.scales[:, 0].to(torch.bfloat16).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(
+            x.dtype
+        )
 
 
 class Int4PackedMatmul:
@@ -112,10 +114,14 @@ class Int4PackedMatmul:
         scales = weight.scales.float()
         zeros = weight.offsets.float() + 8 * scales
         # [num_groups, out, 2]
-        self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.scales_and_zeros = (
+            torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+        out = torch._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
+        )
         return out.to(x.dtype)
 
 
@@ -140,8 +146,9 @@ def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
     from rebar.kernels import cpu_quant
 
     rows = max(8, PACK_CHUNK_WEIGHTS // weight.in_features // 8 * 8)
-    return cpu_quant.pack_in_row_chunks(weight.out_features, rows,
-                                        lambda start, end: _pack_rows(weight.row_slice(start, end)))
+    return cpu_quant.pack_in_row_chunks(
+        weight.out_features, rows, lambda start, end: _pack_rows(weight.row_slice(start, end))
+    )
 
 
 def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
@@ -153,7 +160,9 @@ def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
         return packed
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
-            return cpu_quant.pack_int4(weight.qweight, weight.scales, weight.offsets, weight.group_size)
+            return cpu_quant.pack_int4(
+                weight.qweight, weight.scales, weight.offsets, weight.group_size
+            )
         return cpu_quant.pack_int8(weight.qweight, weight.scales, weight.group_size)
     raise TypeError(f"no CPU packing for {type(weight).__name__}")
 
@@ -166,9 +175,17 @@ def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:
     if blocks.kind == "affine":
         return cpu_quant.pack_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets, 32)
     if blocks.kind == "super_affine":
-        return cpu_quant.pack_super_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets,
-                                           blocks.sub_scales, blocks.sub_mins)
-    return cpu_quant.pack_super_sym(blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point)
+        return cpu_quant.pack_super_affine(
+            blocks.codes,
+            blocks.bits,
+            blocks.scales,
+            blocks.offsets,
+            blocks.sub_scales,
+            blocks.sub_mins,
+        )
+    return cpu_quant.pack_super_sym(
+        blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point
+    )
 
 
 def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
@@ -201,7 +218,10 @@ def has_packed_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
         return False  # torch's packed kernels take only rebar's own layouts
     if weight.bits == 8:
         return weight.group_size == weight.in_features
-    return weight.group_size in _INT4_CPU_GROUP_SIZES and weight.out_features % _INT4_CPU_OUT_MULTIPLE == 0
+    return (
+        weight.group_size in _INT4_CPU_GROUP_SIZES
+        and weight.out_features % _INT4_CPU_OUT_MULTIPLE == 0
+    )
 
 
 def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice | None:

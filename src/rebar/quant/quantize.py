@@ -30,12 +30,20 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.quant.awq import AwqResult, Grid, apply_awq
 from rebar.quant.calib_data import JsonlDataset
 from rebar.quant.checkpoint import write_checkpoint
-from rebar.quant.int_formats import QuantizedWeight, check_group_size, quantize_int4, quantize_int4_on_grid, quantize_int8
+from rebar.quant.int_formats import (
+    QuantizedWeight,
+    check_group_size,
+    quantize_int4,
+    quantize_int4_on_grid,
+    quantize_int8,
+)
 
 logger = logging.getLogger("rebar.quant")
 
 METHODS = ("int8", "int4-rtn", "int4-awq")
-DEFAULT_INT4_GROUP_SIZE = 64  # divides the widths of common small models (576, 1536) where 128 does not
+DEFAULT_INT4_GROUP_SIZE = (
+    64  # divides the widths of common small models (576, 1536) where 128 does not
+)
 _INT8_EVERYWHERE = ("embed_tokens.weight", "lm_head.weight")
 
 
@@ -56,15 +64,29 @@ class QuantizeSpec:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise InvalidRequestError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}", "method")
-        if self.group_size is not None and (self.group_size <= 0 or (self.bits == 4 and self.group_size % 2)):
-            raise InvalidRequestError(f"group size must be a positive (for int4, even) number, got {self.group_size}", "group_size")
+            raise InvalidRequestError(
+                f"method must be one of {', '.join(METHODS)}, got {self.method!r}", "method"
+            )
+        if self.group_size is not None and (
+            self.group_size <= 0 or (self.bits == 4 and self.group_size % 2)
+        ):
+            raise InvalidRequestError(
+                f"group size must be a positive (for int4, even) number, got {self.group_size}",
+                "group_size",
+            )
         if self.method == "int4-awq" and self.calib_path is None:
-            raise InvalidRequestError("int4-awq needs calibration text: pass --calib FILE.jsonl (e.g. data/corpus/calib.jsonl)", "calib")
+            raise InvalidRequestError(
+                "int4-awq needs calibration text: pass --calib FILE.jsonl (e.g. data/corpus/calib.jsonl)",
+                "calib",
+            )
         if self.method != "int4-awq" and self.calib_path is not None:
-            raise InvalidRequestError(f"--calib only applies to int4-awq; {self.method} uses no calibration data", "calib")
+            raise InvalidRequestError(
+                f"--calib only applies to int4-awq; {self.method} uses no calibration data", "calib"
+            )
         if self.calib_sequences < 1 or self.calib_seq_len < 2:
-            raise InvalidRequestError("calibration needs at least 1 sequence of at least 2 tokens", "calib")
+            raise InvalidRequestError(
+                "calibration needs at least 1 sequence of at least 2 tokens", "calib"
+            )
 
     @property
     def bits(self) -> int:
@@ -90,7 +112,9 @@ def source_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def calibration_sequences(dataset: JsonlDataset, tokenizer: Tokenizer, num_sequences: int, seq_len: int, seed: int) -> list[list[int]]:
+def calibration_sequences(
+    dataset: JsonlDataset, tokenizer: Tokenizer, num_sequences: int, seq_len: int, seed: int
+) -> list[list[int]]:
     """`num_sequences` windows of `seq_len` tokens cut from seeded-random records joined end to end."""
     buffer: list[int] = []
     sequences: list[list[int]] = []
@@ -109,7 +133,11 @@ def calibration_sequences(dataset: JsonlDataset, tokenizer: Tokenizer, num_seque
 
 
 def _linear_weight_names(model: nn.Module) -> list[str]:
-    return [f"{path}.weight" for path, module in model.named_modules() if isinstance(module, nn.Linear) and path.startswith("layers.")]
+    return [
+        f"{path}.weight"
+        for path, module in model.named_modules()
+        if isinstance(module, nn.Linear) and path.startswith("layers.")
+    ]
 
 
 def _check_group_size(model: nn.Module, spec: QuantizeSpec) -> None:
@@ -121,11 +149,17 @@ def _check_group_size(model: nn.Module, spec: QuantizeSpec) -> None:
         try:
             check_group_size(weight.shape[1], group_size, spec.bits, name.removesuffix(".weight"))
         except ValueError as exc:
-            raise InvalidRequestError(f"{exc}; choose a group size that divides it (32 or 64 for most small models)", "group_size") from exc
+            raise InvalidRequestError(
+                f"{exc}; choose a group size that divides it (32 or 64 for most small models)",
+                "group_size",
+            ) from exc
 
 
 def _quantize_tensors(
-    model: nn.Module, spec: QuantizeSpec, grids: dict[str, Grid], bar: Callable[[str, int], Callable[[], None]]
+    model: nn.Module,
+    spec: QuantizeSpec,
+    grids: dict[str, Grid],
+    bar: Callable[[str, int], Callable[[], None]],
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     linears = set(_linear_weight_names(model))
     state = model.state_dict()
@@ -137,7 +171,9 @@ def _quantize_tensors(
         elif name in linears and spec.bits == 8:
             tensors[name] = quantize_int8(value, spec.effective_group_size)
         elif name in grids:
-            tensors[name] = quantize_int4_on_grid(value, spec.effective_group_size, grids[name].scales, grids[name].offsets)
+            tensors[name] = quantize_int4_on_grid(
+                value, spec.effective_group_size, grids[name].scales, grids[name].offsets
+            )
         elif name in linears:
             tensors[name] = quantize_int4(value, spec.effective_group_size)
         else:
@@ -167,14 +203,19 @@ class QuantizeResult:
     awq: AwqResult | None
 
 
-def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = True) -> QuantizeResult:
+def quantize(
+    model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = True
+) -> QuantizeResult:
     """Quantize `model` (alias, GGUF file, HF folder) as `spec` says and write the checkpoint to `out`."""
     started = time.perf_counter()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidRequestError(f"output folder {out} already exists and is not empty", "out")
     checkpoint = open_checkpoint(model)
     if not checkpoint.config.is_decoder:
-        raise InvalidRequestError(f"{checkpoint.config.source_architecture} is an embedding model; rebar quantizes decoders", "model")
+        raise InvalidRequestError(
+            f"{checkpoint.config.source_architecture} is an embedding model; rebar quantizes decoders",
+            "model",
+        )
     float_model = build_model(checkpoint, torch.float32, "cpu", dequantize=True)
     assert isinstance(float_model, LlamaModel)
     _check_group_size(float_model, spec)
@@ -185,11 +226,18 @@ def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = 
     if spec.method == "int4-awq":
         assert spec.calib_path is not None
         with JsonlDataset(spec.calib_path, spec.text_field) as dataset:
-            sequences = calibration_sequences(dataset, checkpoint.tokenizer, spec.calib_sequences, spec.calib_seq_len, spec.seed)
+            sequences = calibration_sequences(
+                dataset, checkpoint.tokenizer, spec.calib_sequences, spec.calib_seq_len, spec.seed
+            )
             calibration = {
-                "file": str(spec.calib_path), "sha256": source_digest(spec.calib_path), "text_field": spec.text_field,
-                "sequences": spec.calib_sequences, "seq_len": spec.calib_seq_len, "seed": spec.seed,
-                "bad_lines_skipped": len(dataset.bad_lines), "rounding": "error feedback",
+                "file": str(spec.calib_path),
+                "sha256": source_digest(spec.calib_path),
+                "text_field": spec.text_field,
+                "sequences": spec.calib_sequences,
+                "seq_len": spec.calib_seq_len,
+                "seed": spec.seed,
+                "bad_lines_skipped": len(dataset.bad_lines),
+                "rounding": "error feedback",
             }
         awq_result = apply_awq(float_model, sequences, spec.effective_group_size, progress=bar)
 
@@ -204,11 +252,18 @@ def quantize(model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = 
         "source": _source(checkpoint, model),
         "calibration": calibration,
     }
-    write_checkpoint(out, tensors, checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, header)
+    write_checkpoint(
+        out, tensors, checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, header
+    )
     seconds = time.perf_counter() - started
     logger.info("wrote %s (%s) in %.1fs", out, spec.method, seconds)
     return QuantizeResult(out, seconds, awq_result)
 
 
 def _source(checkpoint: Checkpoint, model: str | Path) -> dict[str, str]:
-    return {"model": str(model), "path": str(checkpoint.path), "format": checkpoint.format, "sha256": source_digest(checkpoint.path)}
+    return {
+        "model": str(model),
+        "path": str(checkpoint.path),
+        "format": checkpoint.format,
+        "sha256": source_digest(checkpoint.path),
+    }

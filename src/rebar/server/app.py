@@ -22,13 +22,19 @@ from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import RebarError
+from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.embedding_queue import EmbeddingQueue
 from rebar.server.errors import install_error_handlers
+from rebar.server.middleware import (
+    AdminKeyMiddleware,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    HTTPMetricsMiddleware,
+    RequestIdMiddleware,
+    api_key_id,
+)
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
-from rebar.obs.tracing import Tracing
-from rebar.server.middleware import (AdminKeyMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, HTTPMetricsMiddleware,
-                                     RequestIdMiddleware, api_key_id)
 from rebar.server.routes import admin, chat, completions, misc, web
 from rebar.server.state import Admission, ServedModels, ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
@@ -38,7 +44,11 @@ logger = logging.getLogger("rebar.server")
 
 def served_name(model: str) -> str:
     """The id clients use: the alias, or the file/folder name of a path."""
-    return Path(model).name.removesuffix(".gguf") if ("/" in model or model.endswith(".gguf")) else model
+    return (
+        Path(model).name.removesuffix(".gguf")
+        if ("/" in model or model.endswith(".gguf"))
+        else model
+    )
 
 
 def load_models(settings: Settings) -> ServedModels:
@@ -47,39 +57,58 @@ def load_models(settings: Settings) -> ServedModels:
     served = ServedModels(created=int(time.time()))
     m = settings.models
     if m.chat:
-        served.chat = LLM(m.chat, dtype=m.dtype, device=m.device, engine_config=settings.engine.to_engine_config(),
-                          dequantize=m.dequantize)
+        served.chat = LLM(
+            m.chat,
+            dtype=m.dtype,
+            device=m.device,
+            engine_config=settings.engine.to_engine_config(),
+            dequantize=m.dequantize,
+        )
         served.chat_name = served_name(m.chat)
         served.engine = AsyncEngine(served.chat.engine)
         logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
     if m.embedding:
         served.embedding = LLM(m.embedding, dtype=m.dtype, device=m.device)
         served.embedding_name = served_name(m.embedding)
-        logger.info("loaded embedding model %s in %.1fs", served.embedding_name, served.embedding.load_seconds)
+        logger.info(
+            "loaded embedding model %s in %.1fs",
+            served.embedding_name,
+            served.embedding.load_seconds,
+        )
     return served
 
 
 async def warm_up(models: ServedModels) -> None:
     if models.engine is not None:
-        async for _ in models.engine.generate("Hello", SamplingParams(max_tokens=2, temperature=0), "warm-up"):
+        async for _ in models.engine.generate(
+            "Hello", SamplingParams(max_tokens=2, temperature=0), "warm-up"
+        ):
             pass
     if models.embedding is not None:
         await asyncio.to_thread(models.embedding.embed, ["warm-up"])
 
 
-def create_app(settings: Settings, models: ServedModels | None = None, tracing: Tracing | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, models: ServedModels | None = None, tracing: Tracing | None = None
+) -> FastAPI:
     """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load in the background.
 
     `tracing` replaces the one built from `settings.tracing` (tests pass an in-memory exporter).
     """
     limits = settings.limits
-    state = ServerState(Admission(limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s),
-                        request_timeout_s=limits.request_timeout_s,
-                        tracing=tracing or Tracing.from_settings(settings.tracing),
-                        log_prompts=settings.logging.log_prompts)
+    state = ServerState(
+        Admission(
+            limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
+        ),
+        request_timeout_s=limits.request_timeout_s,
+        tracing=tracing or Tracing.from_settings(settings.tracing),
+        log_prompts=settings.logging.log_prompts,
+    )
 
     tenants = settings.cache.tenant_isolation
-    state.isolate_tenants = tenants == "on" or (tenants == "auto" and bool(settings.api_key_hashes()))
+    state.isolate_tenants = tenants == "on" or (
+        tenants == "auto" and bool(settings.api_key_hashes())
+    )
     install_store(state, settings)
     state.metrics.attach(state)
 
@@ -103,15 +132,22 @@ def create_app(settings: Settings, models: ServedModels | None = None, tracing: 
         app.include_router(router)
     web.install(app)
     server = settings.server
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s
+    )
     app.add_middleware(AdminKeyMiddleware, checker=ApiKeyChecker(settings.admin_key_hashes()))
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, checker=checker)
     # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be readable.
     if server.cors_allow_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_allow_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(server.cors_allow_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"],
+        )
     # Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body > routes.
     app.add_middleware(AccessLogMiddleware, routes=lambda: app.routes, clock=state.metrics.clock)
     app.add_middleware(TracingMiddleware, tracer=state.tracing.tracer, routes=lambda: app.routes)
@@ -125,29 +161,51 @@ def install_store(state: ServerState, settings: Settings) -> None:
     from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
     s = settings.store
-    backend = open_store("memory://", max_entries=s.memory_max_entries, max_bytes=s.memory_max_bytes) \
-        if s.backend == "memory" else open_store(s.url)
-    state.store = ResilientStore(backend, call_timeout_s=s.call_timeout_s, failure_threshold=s.failure_threshold,
-                                 open_for_s=s.open_for_s, on_error=s.on_store_error, tracer=state.tracing.tracer)
+    backend = (
+        open_store("memory://", max_entries=s.memory_max_entries, max_bytes=s.memory_max_bytes)
+        if s.backend == "memory"
+        else open_store(s.url)
+    )
+    state.store = ResilientStore(
+        backend,
+        call_timeout_s=s.call_timeout_s,
+        failure_threshold=s.failure_threshold,
+        open_for_s=s.open_for_s,
+        on_error=s.on_store_error,
+        tracer=state.tracing.tracer,
+    )
     c = settings.cache
     if c.enabled:
-        state.response_cache = ResponseCache(state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s,
-                                             c.max_entry_bytes)
+        state.response_cache = ResponseCache(
+            state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s, c.max_entry_bytes
+        )
         state.embedding_cache = EmbeddingCache(state.store, s.key_prefix, c.embedding_ttl_s)
     r = settings.rate_limits
-    per_key = {api_key_id(digest): RateLimits(e.requests_per_minute, e.tokens_per_minute) for digest, e in r.per_key.items()}
+    per_key = {
+        api_key_id(digest): RateLimits(e.requests_per_minute, e.tokens_per_minute)
+        for digest, e in r.per_key.items()
+    }
     if r.requests_per_minute or r.tokens_per_minute or per_key:
-        state.rate_limiter = RateLimiter(state.store, s.key_prefix, RateLimits(r.requests_per_minute, r.tokens_per_minute), per_key)
+        state.rate_limiter = RateLimiter(
+            state.store,
+            s.key_prefix,
+            RateLimits(r.requests_per_minute, r.tokens_per_minute),
+            per_key,
+        )
 
 
-async def _load_and_warm(state: ServerState, settings: Settings, models: ServedModels | None) -> None:
+async def _load_and_warm(
+    state: ServerState, settings: Settings, models: ServedModels | None
+) -> None:
     try:
         state.models = models if models is not None else await _in_thread(load_models, settings)
         if state.models.embedding is not None:
             embedder = state.models.embedding
-            state.embedding_queue = EmbeddingQueue(lambda texts: [v.numpy() for v in embedder.embed(texts)],
-                                                   settings.limits.max_waiting_embedding_inputs,
-                                                   settings.limits.retry_after_s)
+            state.embedding_queue = EmbeddingQueue(
+                lambda texts: [v.numpy() for v in embedder.embed(texts)],
+                settings.limits.max_waiting_embedding_inputs,
+                settings.limits.retry_after_s,
+            )
         await warm_up(state.models)
         state.ready = True
         logger.info("ready: %s", ", ".join(state.models.names()))
@@ -170,7 +228,7 @@ async def _in_thread(function, *args):
         try:
             result = function(*args)
             loop.call_soon_threadsafe(future.set_result, result)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        except BaseException as exc:
             loop.call_soon_threadsafe(future.set_exception, exc)
 
     threading.Thread(target=run, name="rebar-model-load", daemon=True).start()

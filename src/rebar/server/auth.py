@@ -45,7 +45,9 @@ class ApiKeyChecker:
         if not all(_DIGEST.fullmatch(digest) for digest in digests):
             # Guards against passing keys where digests belong; the message does not echo them.
             raise ValueError("ApiKeyChecker takes SHA-256 hex digests (see hash_key), not keys")
-        self._digests: tuple[bytes, ...] = tuple(sorted(digest.encode("ascii") for digest in digests))
+        self._digests: tuple[bytes, ...] = tuple(
+            sorted(digest.encode("ascii") for digest in digests)
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeyChecker:

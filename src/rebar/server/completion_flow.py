@@ -37,9 +37,12 @@ class Completion:
     timing: RequestTiming | None = None  # the engine's; None for a cache hit (never stored)
 
     @classmethod
-    def from_states(cls, choices: dict[int, ChoiceState], num_prompt_tokens: int) -> "Completion":
+    def from_states(cls, choices: dict[int, ChoiceState], num_prompt_tokens: int) -> Completion:
         return cls(
-            tuple(ChoiceResult(i, c.text, c.finish_reason or "stop", tuple(c.logprobs)) for i, c in sorted(choices.items())),
+            tuple(
+                ChoiceResult(i, c.text, c.finish_reason or "stop", tuple(c.logprobs))
+                for i, c in sorted(choices.items())
+            ),
             num_prompt_tokens,
             sum(len(c.token_ids) for c in choices.values()),
             choices[0].num_cached_tokens if choices else 0,
@@ -53,18 +56,31 @@ class Completion:
     def to_json(self) -> dict:
         return {
             "choices": [
-                {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                 "logprobs": [[e.token_id, e.logprob, [list(t) for t in e.top]] for e in c.logprobs]}
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "logprobs": [
+                        [e.token_id, e.logprob, [list(t) for t in e.top]] for e in c.logprobs
+                    ],
+                }
                 for c in self.choices
             ],
             "usage": [self.num_prompt_tokens, self.num_completion_tokens],
         }
 
     @classmethod
-    def from_json(cls, data: dict, num_prompt_tokens: int) -> "Completion":
+    def from_json(cls, data: dict, num_prompt_tokens: int) -> Completion:
         choices = tuple(
-            ChoiceResult(c["index"], c["text"], c["finish_reason"],
-                         tuple(TokenLogprobs(t, lp, tuple((a, b) for a, b in top)) for t, lp, top in c["logprobs"]))
+            ChoiceResult(
+                c["index"],
+                c["text"],
+                c["finish_reason"],
+                tuple(
+                    TokenLogprobs(t, lp, tuple((a, b) for a, b in top))
+                    for t, lp, top in c["logprobs"]
+                ),
+            )
             for c in data["choices"]
         )
         # A hit computes nothing: every prompt token counts as cached.
@@ -89,15 +105,21 @@ async def check_rate_limit(state: ServerState, request: Request, num_tokens: int
     """OpenAI-style x-ratelimit-* headers; raises 429 with Retry-After when over a limit."""
     if state.rate_limiter is None:
         return {}
-    with state.tracing.tracer.start_as_current_span("rate limit", attributes={"rebar.cost_tokens": num_tokens}) as span:
+    with state.tracing.tracer.start_as_current_span(
+        "rate limit", attributes={"rebar.cost_tokens": num_tokens}
+    ) as span:
         result = await state.rate_limiter.check(client_id(request), num_tokens)
         span.set_attribute("rebar.rate_limit.allowed", result.allowed)
         if result.limited_by:
             span.set_attribute("rebar.rate_limit.limited_by", result.limited_by)
     if not result.allowed:
         state.num_rate_limited += 1
-        raise APIError(429, f"rate limit reached for {result.limited_by}; retry after {result.retry_after_s}s",
-                       code="rate_limit_exceeded", headers=result.headers)
+        raise APIError(
+            429,
+            f"rate limit reached for {result.limited_by}; retry after {result.retry_after_s}s",
+            code="rate_limit_exceeded",
+            headers=result.headers,
+        )
     return result.headers
 
 
@@ -109,7 +131,9 @@ def token_spender(state: ServerState, request: Request) -> Callable[[int], Await
     return lambda num_tokens: limiter.spend_tokens(identity, num_tokens)
 
 
-def canonical_request(endpoint: str, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> dict:
+def canonical_request(
+    endpoint: str, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None
+) -> dict:
     """The fields that change the output (not `stream`, not usage options), in a stable form."""
     fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     fields["logit_bias"] = sorted((params.logit_bias or {}).items())
@@ -121,7 +145,9 @@ def is_deterministic(params: SamplingParams) -> bool:
     return params.temperature == 0 or params.seed is not None
 
 
-async def cache_lookup(state: ServerState, request: Request, model: str, canonical: dict, params: SamplingParams) -> tuple[dict | None, Lead | None, str | None]:
+async def cache_lookup(
+    state: ServerState, request: Request, model: str, canonical: dict, params: SamplingParams
+) -> tuple[dict | None, Lead | None, str | None]:
     """(cached value, lead, X-Cache header). No cache, a random request or `Cache-Control: no-cache`
     skip the read; a no-cache request still refreshes the entry."""
     cache = state.response_cache

@@ -12,7 +12,9 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 
-def sampling_params(body: _SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: _SamplingFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     """Raises InvalidRequestError naming the parameter for any out-of-range value."""
     return SamplingParams(
         n=body.n,
@@ -36,17 +38,23 @@ def sampling_params(body: _SamplingFields, max_tokens: int | None, logprobs: int
 
 def chat_params(body: ChatCompletionRequest) -> SamplingParams:
     if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_tokens")
+        raise InvalidRequestError(
+            "give max_tokens or max_completion_tokens, not both", "max_tokens"
+        )
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
     return sampling_params(body, max_tokens, logprobs)
 
 
 def completion_params(body: CompletionRequest) -> SamplingParams:
     if body.echo and body.logprobs is not None:
-        raise InvalidRequestError("echo together with logprobs (prompt logprobs) is not supported", "echo")
+        raise InvalidRequestError(
+            "echo together with logprobs (prompt logprobs) is not supported", "echo"
+        )
     return sampling_params(body, body.max_tokens, body.logprobs)
 
 
@@ -71,7 +79,9 @@ def openai_finish_reason(reason: str | None) -> str | None:
     return reason if reason in (None, "stop", "length") else "stop"
 
 
-OUT_OF_TOKENS = "rate_limited"  # the finish reason of a choice cut by the client's tokens-per-minute limit
+OUT_OF_TOKENS = (
+    "rate_limited"  # the finish reason of a choice cut by the client's tokens-per-minute limit
+)
 
 
 def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict:
@@ -97,7 +107,8 @@ def chat_logprobs(tokenizer: Tokenizer, entries: list) -> dict | None:
 
     return {
         "content": [
-            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+            for e in entries
         ]
     }
 
@@ -138,9 +149,18 @@ def accumulate(choices: dict[int, ChoiceState], output: RequestOutput) -> None:
 def timing_fields(timing: RequestTiming | None, num_cached: int) -> dict:
     """The engine's time split of one answer, in milliseconds, and the prompt tokens the prefix cache served."""
     if timing is None:
-        return {"queue_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0, "cached_prompt_tokens": num_cached}
-    return {"queue_ms": round(timing.queue_s * 1e3, 2), "prefill_ms": round(timing.prefill_s * 1e3, 2),
-            "decode_ms": round(timing.decode_s * 1e3, 2), "cached_prompt_tokens": num_cached}
+        return {
+            "queue_ms": 0.0,
+            "prefill_ms": 0.0,
+            "decode_ms": 0.0,
+            "cached_prompt_tokens": num_cached,
+        }
+    return {
+        "queue_ms": round(timing.queue_s * 1e3, 2),
+        "prefill_ms": round(timing.prefill_s * 1e3, 2),
+        "decode_ms": round(timing.decode_s * 1e3, 2),
+        "cached_prompt_tokens": num_cached,
+    }
 
 
 def timing_header(fields: dict) -> str:

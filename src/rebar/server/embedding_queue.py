@@ -45,7 +45,13 @@ class EmbeddingQueue:
     costing at most the batch in progress; `num_waiting_inputs` returning to 0 when idle.
     """
 
-    def __init__(self, embed_batch: EmbedBatch, max_waiting_inputs: int, retry_after_s: int, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        embed_batch: EmbedBatch,
+        max_waiting_inputs: int,
+        retry_after_s: int,
+        batch_size: int = 32,
+    ) -> None:
         self.embed_batch, self.batch_size = embed_batch, batch_size
         self.max_waiting_inputs, self.retry_after_s = max_waiting_inputs, retry_after_s
         self.num_waiting_inputs = 0
@@ -56,8 +62,12 @@ class EmbeddingQueue:
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
         if self.num_waiting_inputs + len(texts) > self.max_waiting_inputs:
             self.num_rejected += 1
-            raise APIError(503, "the server is at capacity for embeddings; retry later", code="overloaded",
-                           headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                503,
+                "the server is at capacity for embeddings; retry later",
+                code="overloaded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         self._start()
         loop = asyncio.get_running_loop()
         job = _Job(list(texts), loop, loop.create_future())
@@ -100,7 +110,7 @@ class EmbeddingQueue:
             done = len(job.vectors)
             try:
                 job.vectors.extend(self.embed_batch(job.texts[done : done + self.batch_size]))
-            except Exception as exc:  # noqa: BLE001 - one request's failure is reported to it alone
+            except Exception as exc:
                 logger.exception("embedding batch failed")
                 _settle(job, exc)
                 continue

@@ -12,24 +12,61 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
 from rebar.server.schemas import INVALID_UNICODE
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
 
 
 class APIError(Exception):
     """Raise from a route to answer with an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
+        self.status, self.message, self.param, self.code, self.headers = (
+            status,
+            message,
+            param,
+            code,
+            headers or {},
+        )
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(status, message, param, code), status_code=status, headers=headers
+    )
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -37,7 +74,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
     if first.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+        return (
+            f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}",
+            None,
+        )
     if first.get("type") == INVALID_UNICODE:  # the message names the field inside the body
         param = first["ctx"]["param"]
         return first["msg"], None if param == "body" else param

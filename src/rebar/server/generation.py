@@ -31,9 +31,16 @@ def sse(data: dict | str) -> str:
 Spend = Callable[[int], Awaitable[bool]]  # charge generated tokens; False once they no longer fit
 
 
-async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                arrived_at: float | None = None, spend: Spend | None = None,
-                cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+async def start(
+    state: ServerState,
+    engine: AsyncEngine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request_id: str,
+    arrived_at: float | None = None,
+    spend: Spend | None = None,
+    cache_salt: str | None = None,
+) -> AsyncIterator[RequestOutput]:
     """Validate (400 before any byte is sent), pass the admission gate, and stream engine outputs.
 
     `arrived_at` (the HTTP arrival on the metrics clock) starts the request's TTFT and e2e timers.
@@ -46,15 +53,26 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
     ticket = state.admission.admit(len(prompt_ids))
     timer = state.metrics.request_timer(arrived_at, params.n)
     tracer = state.tracing.tracer
-    span = tracer.start_span("generate", attributes={"rebar.n": params.n, "rebar.max_tokens": params.max_tokens or 0})
+    span = tracer.start_span(
+        "generate", attributes={"rebar.n": params.n, "rebar.max_tokens": params.max_tokens or 0}
+    )
 
     async def outputs() -> AsyncIterator[RequestOutput]:
         unfinished = set(range(params.n))
         try:
-            async for output in engine.generate(prompt_ids, params, request_id, timeout=state.request_timeout_s,
-                                                cache_salt=cache_salt):
+            async for output in engine.generate(
+                prompt_ids,
+                params,
+                request_id,
+                timeout=state.request_timeout_s,
+                cache_salt=cache_salt,
+            ):
                 ticket.release()
-                if spend is not None and output.new_token_ids and not await spend(len(output.new_token_ids)):
+                if (
+                    spend is not None
+                    and output.new_token_ids
+                    and not await spend(len(output.new_token_ids))
+                ):
                     for index in sorted(unfinished):  # leaving the loop aborts the engine request
                         cut = _out_of_tokens(output, index)
                         timer.on_output(cut)
@@ -74,8 +92,16 @@ async def start(state: ServerState, engine: AsyncEngine, prompt_ids: list[int], 
 
 def _out_of_tokens(last: RequestOutput, index: int) -> RequestOutput:
     """The end of choice `index` when the client's tokens-per-minute budget ran out mid-generation."""
-    return RequestOutput(last.request_id, index, (), "", finished=True, finish_reason=OUT_OF_TOKENS,
-                         num_prompt_tokens=last.num_prompt_tokens, num_cached_tokens=last.num_cached_tokens)
+    return RequestOutput(
+        last.request_id,
+        index,
+        (),
+        "",
+        finished=True,
+        finish_reason=OUT_OF_TOKENS,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_cached_tokens=last.num_cached_tokens,
+    )
 
 
 async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> dict[int, ChoiceState]:
@@ -93,7 +119,9 @@ async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> dic
         await stream.aclose()
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T], timeout_s: float | None = None) -> T:
+async def unless_disconnected(
+    request: Request, work: Awaitable[T], timeout_s: float | None = None
+) -> T:
     """The result of `work`, cancelled (499) if the client disconnects first or (504) when `timeout_s` passes."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
@@ -121,7 +149,9 @@ def raise_for_failure(choices: dict[int, ChoiceState]) -> None:
             raise APIError(500, choice.error or "generation failed", code="internal_error")
 
 
-async def with_pings(stream: AsyncIterator[RequestOutput], interval_s: float) -> AsyncIterator[RequestOutput | None]:
+async def with_pings(
+    stream: AsyncIterator[RequestOutput], interval_s: float
+) -> AsyncIterator[RequestOutput | None]:
     """Yield the stream's items, and None whenever `interval_s` passes without one (time for a ping)."""
     pending: asyncio.Task | None = None
     try:
@@ -147,8 +177,25 @@ async def with_pings(stream: AsyncIterator[RequestOutput], interval_s: float) ->
 def stream_error(output: RequestOutput) -> str | None:
     """An SSE error event for a choice that ended by timeout or failure."""
     if output.finish_reason == "timeout":
-        return sse({"error": {"message": "the request exceeded its time limit", "type": "timeout_error", "param": None, "code": "timeout"}})
+        return sse(
+            {
+                "error": {
+                    "message": "the request exceeded its time limit",
+                    "type": "timeout_error",
+                    "param": None,
+                    "code": "timeout",
+                }
+            }
+        )
     if output.finish_reason == "error":
-        return sse({"error": {"message": output.error or "generation failed", "type": "server_error", "param": None,
-                              "code": "internal_error"}})
+        return sse(
+            {
+                "error": {
+                    "message": output.error or "generation failed",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "internal_error",
+                }
+            }
+        )
     return None

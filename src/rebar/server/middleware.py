@@ -22,10 +22,25 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
-async def send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None, code: str | None = None) -> None:
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    code: str | None = None,
+) -> None:
     body = json.dumps(error_body(status, message, None, code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -57,7 +72,10 @@ class RequestIdMiddleware:
 
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode()),
+                ]
             await send(message)
 
         token = bind_request_id(request_id)
@@ -92,8 +110,13 @@ class BodyLimitMiddleware:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
             except TimeoutError:
-                return await send_error(send, 408, f"the request body did not arrive within {self.timeout_s:g}s",
-                                        [(b"connection", b"close")], code="request_timeout")
+                return await send_error(
+                    send,
+                    408,
+                    f"the request body did not arrive within {self.timeout_s:g}s",
+                    [(b"connection", b"close")],
+                    code="request_timeout",
+                )
             if message["type"] == "http.disconnect":
                 return  # the client left before its body arrived: nothing to answer
             chunk = message.get("body", b"")
@@ -107,8 +130,13 @@ class BodyLimitMiddleware:
 
     async def _too_large(self, send: Send) -> None:
         # Connection: close, since the rest of the body is never read.
-        await send_error(send, 413, f"request body exceeds {self.max_bytes} bytes", [(b"connection", b"close")],
-                         code="body_too_large")
+        await send_error(
+            send,
+            413,
+            f"request body exceeds {self.max_bytes} bytes",
+            [(b"connection", b"close")],
+            code="body_too_large",
+        )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -138,14 +166,26 @@ class AdminKeyMiddleware:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/admin/"):
             return await self.app(scope, receive, send)
         if not self.checker.enabled:
-            return await send_error(send, 403, "admin endpoints are disabled; set server.admin_api_keys to enable them",
-                                    code="admin_disabled")
+            return await send_error(
+                send,
+                403,
+                "admin endpoints are disabled; set server.admin_api_keys to enable them",
+                code="admin_disabled",
+            )
         if self.checker.matching_digest(_header(scope, b"authorization")) is None:
             return await _refuse_key(send, "admin key (Authorization: Bearer <admin key>)")
         await self.app(scope, receive, send)
 
 
-OPEN_PATHS = ("/health", "/ready", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+OPEN_PATHS = (
+    "/health",
+    "/ready",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+    "/docs/oauth2-redirect",
+    "/redoc",
+)
 
 
 class ApiKeyMiddleware:
@@ -155,13 +195,20 @@ class ApiKeyMiddleware:
     limits and cache isolation.
     """
 
-    def __init__(self, app: ASGIApp, checker: ApiKeyChecker, open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
+    def __init__(
+        self, app: ASGIApp, checker: ApiKeyChecker, open_paths: tuple[str, ...] = OPEN_PATHS
+    ) -> None:
         self.app, self.checker, self.open_paths = app, checker, open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         # /admin/* checks its own, separate keys.
-        if scope["type"] != "http" or path in self.open_paths or path == "/" or path.startswith(("/static", "/admin/")):
+        if (
+            scope["type"] != "http"
+            or path in self.open_paths
+            or path == "/"
+            or path.startswith(("/static", "/admin/"))
+        ):
             return await self.app(scope, receive, send)
         digest = self.checker.matching_digest(_header(scope, b"authorization"))
         if digest is None:
@@ -176,7 +223,13 @@ def api_key_id(digest: str) -> str:
 
 
 async def _refuse_key(send: Send, what: str) -> None:
-    await send_error(send, 401, f"invalid or missing {what}", [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+    await send_error(
+        send,
+        401,
+        f"invalid or missing {what}",
+        [(b"www-authenticate", b"Bearer")],
+        code="invalid_api_key",
+    )
 
 
 def _flat_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
@@ -232,7 +285,9 @@ class HTTPMetricsMiddleware:
             # After the call, so the router's own match is used; requests answered before routing
             # (401, 413) are matched here.
             route = route_template(self.routes(), scope)
-            self.metrics.observe_http(route, method_label(scope["method"]), status, self.metrics.clock() - started)
+            self.metrics.observe_http(
+                route, method_label(scope["method"]), status, self.metrics.clock() - started
+            )
 
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})

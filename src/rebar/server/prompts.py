@@ -28,19 +28,28 @@ def _chars(messages: Sequence[Mapping[str, Any]]) -> int:
     return sum(len(m.get("content") or "") for m in messages)
 
 
-async def chat_prompt(llm: LLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                      bos: bool = True) -> list[int]:
+async def chat_prompt(
+    llm: LLM,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    bos: bool = True,
+) -> list[int]:
     """`LLM.chat_prompt_ids`, off the loop for long conversations (/tokenize passes bos=False: bare ids)."""
-    return await off_loop(_chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos)
+    return await off_loop(
+        _chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos
+    )
 
 
 async def text_prompt(llm: LLM, prompt: Prompt) -> list[int]:
     """Ids of a completions prompt (text or ids); control tokens written in the text are honoured."""
-    return await off_loop(len(prompt) if isinstance(prompt, str) else 0, prompt_token_ids, llm.tokenizer, prompt)
+    return await off_loop(
+        len(prompt) if isinstance(prompt, str) else 0, prompt_token_ids, llm.tokenizer, prompt
+    )
 
 
 async def count_tokens(llm: LLM, texts: list[str]) -> int:
     """Tokens the embedding model sees for `texts` (its [CLS]/[SEP] included)."""
+
     def count() -> int:
         return sum(len(ids) for ids in llm.tokenizer.encode_batch(texts, add_special_tokens=True))
 

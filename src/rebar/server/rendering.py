@@ -46,13 +46,29 @@ class Renderer:
         raise NotImplementedError
 
     def chunk(self, choices: list[dict], **extra) -> str:
-        return generation.sse({"id": self.response_id, "object": self.object_name, "created": self.created,
-                               "model": self.model, "choices": choices, **extra})
+        return generation.sse(
+            {
+                "id": self.response_id,
+                "object": self.object_name,
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                **extra,
+            }
+        )
 
     def _usage_chunk(self, completion: Completion, num_cached: int) -> str:
         # A stream's headers leave before its timing is known: the usage chunk carries it instead.
-        extra = {} if completion.timing is None else {"timing": timing_fields(completion.timing, num_cached)}
-        return self.chunk([], usage=usage(completion.num_prompt_tokens, completion.num_completion_tokens, num_cached), **extra)
+        extra = (
+            {}
+            if completion.timing is None
+            else {"timing": timing_fields(completion.timing, num_cached)}
+        )
+        return self.chunk(
+            [],
+            usage=usage(completion.num_prompt_tokens, completion.num_completion_tokens, num_cached),
+            **extra,
+        )
 
     async def replay(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         """A cached answer as the same SSE sequence a fresh one produces."""
@@ -65,8 +81,15 @@ class Renderer:
             yield self._usage_chunk(completion, completion.num_cached_tokens)
         yield generation.sse("[DONE]")
 
-    async def stream(self, outputs: AsyncIterator[RequestOutput], n: int, include_usage: bool, ping_interval_s: float,
-                     lead: Lead | None, on_done: Callable[[Completion], Awaitable[None]]) -> AsyncIterator[str]:
+    async def stream(
+        self,
+        outputs: AsyncIterator[RequestOutput],
+        n: int,
+        include_usage: bool,
+        ping_interval_s: float,
+        lead: Lead | None,
+        on_done: Callable[[Completion], Awaitable[None]],
+    ) -> AsyncIterator[str]:
         choices: dict[int, ChoiceState] = {}
         completion, last = None, None
         try:
@@ -90,28 +113,51 @@ class Renderer:
                 await on_done(completion)
 
 
-async def respond(state: ServerState, request: Request, engine: AsyncEngine, render: Renderer, endpoint: str,
-                  prompt_ids: list[int], params: SamplingParams, stream: bool, include_usage: bool):
+async def respond(
+    state: ServerState,
+    request: Request,
+    engine: AsyncEngine,
+    render: Renderer,
+    endpoint: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    stream: bool,
+    include_usage: bool,
+):
     """Validate, rate-limit, serve from the cache or generate, and write the answer through."""
     engine.core.check_request(prompt_ids, params)
     headers = await flow.check_rate_limit(state, request, len(prompt_ids))
     tenant = flow.tenant(state, request)
-    canonical = flow.canonical_request(endpoint, prompt_ids, params, {"tenant": tenant} if tenant else None)
-    cached, lead, cache_header = await flow.cache_lookup(state, request, render.model, canonical, params)
+    canonical = flow.canonical_request(
+        endpoint, prompt_ids, params, {"tenant": tenant} if tenant else None
+    )
+    cached, lead, cache_header = await flow.cache_lookup(
+        state, request, render.model, canonical, params
+    )
     if cache_header:
         headers["X-Cache"] = cache_header
     if cached is not None:
         completion = Completion.from_json(cached, len(prompt_ids))
         note_for_access_log(state, request, engine, prompt_ids, completion)
         if stream:
-            return StreamingResponse(render.replay(completion, include_usage), media_type="text/event-stream",
-                                     headers={**generation.SSE_HEADERS, **headers})
+            return StreamingResponse(
+                render.replay(completion, include_usage),
+                media_type="text/event-stream",
+                headers={**generation.SSE_HEADERS, **headers},
+            )
         return JSONResponse(render.json(completion), headers=headers)
 
     try:
-        outputs = await generation.start(state, engine, prompt_ids, params, request.scope["state"]["internal_id"],
-                                         request.scope["state"].get("arrived_at"), flow.token_spender(state, request),
-                                         cache_salt=tenant)
+        outputs = await generation.start(
+            state,
+            engine,
+            prompt_ids,
+            params,
+            request.scope["state"]["internal_id"],
+            request.scope["state"].get("arrived_at"),
+            flow.token_spender(state, request),
+            cache_salt=tenant,
+        )
     except BaseException:
         await flow.finish_lead(lead, None)
         raise
@@ -120,8 +166,12 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
         note_for_access_log(state, request, engine, prompt_ids, completion)
 
     if stream:
-        events = render.stream(outputs, params.n, include_usage, state.ping_interval_s, lead, on_done)
-        return StreamingResponse(events, media_type="text/event-stream", headers={**generation.SSE_HEADERS, **headers})
+        events = render.stream(
+            outputs, params.n, include_usage, state.ping_interval_s, lead, on_done
+        )
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**generation.SSE_HEADERS, **headers}
+        )
     completion = None
     try:
         choices = await generation.collect(request, outputs)
@@ -130,15 +180,25 @@ async def respond(state: ServerState, request: Request, engine: AsyncEngine, ren
     finally:
         await flow.finish_lead(lead, completion)
     await on_done(completion)
-    headers["x-rebar-timing"] = timing_header(timing_fields(completion.timing, completion.num_cached_tokens))
+    headers["x-rebar-timing"] = timing_header(
+        timing_fields(completion.timing, completion.num_cached_tokens)
+    )
     return JSONResponse(render.json(completion), headers=headers)
 
 
-def note_for_access_log(state: ServerState, request: Request, engine: AsyncEngine, prompt_ids: list[int],
-                        completion: Completion) -> None:
+def note_for_access_log(
+    state: ServerState,
+    request: Request,
+    engine: AsyncEngine,
+    prompt_ids: list[int],
+    completion: Completion,
+) -> None:
     """Token counts (and, only when `log_prompts` is on, the texts) for this request's access-log line."""
-    fields = {"prompt_tokens": completion.num_prompt_tokens, "completion_tokens": completion.num_completion_tokens,
-              **timing_fields(completion.timing, completion.num_cached_tokens)}
+    fields = {
+        "prompt_tokens": completion.num_prompt_tokens,
+        "completion_tokens": completion.num_completion_tokens,
+        **timing_fields(completion.timing, completion.num_cached_tokens),
+    }
     if state.log_prompts:
         fields["prompt"] = engine.core.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         fields["completions"] = [choice.text for choice in completion.choices]

@@ -30,7 +30,7 @@ def digest(data: Any) -> str:
 class Lead:
     """Held by the one request that generates a missing entry; it must call `fill` or `abandon`."""
 
-    cache: "ResponseCache"
+    cache: ResponseCache
     key: str
     locked: bool
     future: asyncio.Future | None
@@ -102,15 +102,21 @@ class ResponseCache:
             self.stats.stale_hits += 1
             return value, None
         local = self._local.get(key)
-        if local is not None:  # an identical request of this process is generating it: wait for its result
+        if (
+            local is not None
+        ):  # an identical request of this process is generating it: wait for its result
             self.stats.waits += 1
             try:
                 waited = await asyncio.wait_for(asyncio.shield(local), self.lock_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.stats.misses += 1
-                return None, Lead(self, key, locked=False, future=None)  # too slow: generate without leading
+                return None, Lead(
+                    self, key, locked=False, future=None
+                )  # too slow: generate without leading
             if waited is None:
-                return await self.lookup(key)  # the leader gave up: look again, one of the waiters leads next
+                return await self.lookup(
+                    key
+                )  # the leader gave up: look again, one of the waiters leads next
             self.stats.hits += 1
             return waited, None
         # No await between the check above and this registration: identical requests arriving from now
@@ -134,7 +140,9 @@ class ResponseCache:
         return None, Lead(self, key, locked=locked, future=future)
 
     async def _take_lock(self, key: str) -> bool:
-        return await self.store.set_if_absent(self.lock_key(key), b"1", int(self.lock_timeout_s * 1000))
+        return await self.store.set_if_absent(
+            self.lock_key(key), b"1", int(self.lock_timeout_s * 1000)
+        )
 
     async def _wait_for_other_process(self, key: str) -> dict | None:
         """Another process holds the lock: poll (bounded) for its result; None if it gave up or took too long."""
@@ -160,7 +168,9 @@ class ResponseCache:
             return None, False  # unreadable entry: treat as a miss and overwrite it
 
     async def _write(self, key: str, value: dict) -> None:
-        entry = json.dumps({"fresh_until": self.clock() + self.ttl_s, "value": value}, ensure_ascii=False).encode()
+        entry = json.dumps(
+            {"fresh_until": self.clock() + self.ttl_s, "value": value}, ensure_ascii=False
+        ).encode()
         if len(entry) > self.max_entry_bytes:
             self.stats.too_large += 1
             return
@@ -189,4 +199,6 @@ class EmbeddingCache:
 
     async def put_many(self, model: str, texts: list[str], vectors: list[np.ndarray]) -> None:
         for text, vector in zip(texts, vectors):
-            await self.store.set(self.key(model, text), vector.astype(np.float32).tobytes(), int(self.ttl_s * 1000))
+            await self.store.set(
+                self.key(model, text), vector.astype(np.float32).tobytes(), int(self.ttl_s * 1000)
+            )

@@ -10,7 +10,9 @@ from pydantic_core import PydanticCustomError
 INVALID_UNICODE = "invalid_unicode"
 
 
-def lone_surrogate_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], str] | None:
+def lone_surrogate_path(
+    value: Any, path: tuple[str | int, ...] = ()
+) -> tuple[tuple[str | int, ...], str] | None:
     """(where, the character) of the first lone surrogate in a decoded JSON value, or None.
 
     JSON may spell a lone surrogate ("\\ud800"); Python decodes it to a str that no UTF-8 encoder,
@@ -22,7 +24,13 @@ def lone_surrogate_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[t
         except UnicodeEncodeError as exc:
             return path, value[exc.start]
         return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for key, item in items:
         if isinstance(key, str) and (found := lone_surrogate_path(key, path)) is not None:
             return found
@@ -42,8 +50,11 @@ class _Strict(BaseModel):
         if found is not None:
             where, char = found
             param = ".".join(str(part) for part in where) or "body"
-            raise PydanticCustomError(INVALID_UNICODE, "{param}: text holds a lone surrogate (U+{code}); send valid Unicode",
-                                      {"param": param, "code": f"{ord(char):04X}"})
+            raise PydanticCustomError(
+                INVALID_UNICODE,
+                "{param}: text holds a lone surrogate (U+{code}); send valid Unicode",
+                {"param": param, "code": f"{ord(char):04X}"},
+            )
         return data
 
 

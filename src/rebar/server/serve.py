@@ -58,7 +58,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def _arm_header_deadline(self) -> None:
         if self._header_deadline is None:  # never re-armed per byte: a trickle must not extend it
-            self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+            self._header_deadline = self.loop.call_later(
+                self.header_timeout_s, self._headers_timed_out
+            )
 
     def _disarm_header_deadline(self) -> None:
         if self._header_deadline is not None:
@@ -71,8 +73,10 @@ class GuardedH11Protocol(H11Protocol):
             return
         message = f"the request headers did not arrive within {self.header_timeout_s:g}s"
         body = json.dumps(error_body(408, message, None, "request_timeout")).encode()
-        head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-                "connection: close\r\n\r\n").encode()
+        head = (
+            f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode()
         self.transport.write(head + body)
         self.transport.close()
 
@@ -89,7 +93,9 @@ class _Server(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        originals = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
         try:
             yield
         finally:
@@ -97,16 +103,25 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def uvicorn_config(app: FastAPI, settings: ServerSettings, log_level: str = "info", port: int | None = None) -> uvicorn.Config:
+def uvicorn_config(
+    app: FastAPI, settings: ServerSettings, log_level: str = "info", port: int | None = None
+) -> uvicorn.Config:
     """uvicorn's settings for `settings`: connection limit and header deadline, forwarded headers
     believed only from `trusted_proxies`, and the drain timeout."""
     trusted = list(settings.trusted_proxies)
     # log_config=None: logging is configured by `rebar.obs.logs` (JSON lines); rebar.access replaces uvicorn's access log.
     return uvicorn.Config(
-        app, host=settings.host, port=settings.port if port is None else port, log_level=log_level, log_config=None,
-        access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        app,
+        host=settings.host,
+        port=settings.port if port is None else port,
+        log_level=log_level,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
         http=functools.partial(GuardedH11Protocol, header_timeout_s=settings.header_timeout_s),  # type: ignore[arg-type]
-        limit_concurrency=settings.max_connections, proxy_headers=bool(trusted), forwarded_allow_ips=trusted or None,
+        limit_concurrency=settings.max_connections,
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
     )
 
 
@@ -121,8 +136,11 @@ def raise_file_limit(max_connections: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        logger.warning("the open-file limit (%d) is below max_connections + %d; new connections may fail first",
-                       soft, _SPARE_FILES)
+        logger.warning(
+            "the open-file limit (%d) is below max_connections + %d; new connections may fail first",
+            soft,
+            _SPARE_FILES,
+        )
     return soft
 
 

@@ -19,16 +19,27 @@ class Admission:
     """
 
     def __init__(self, max_requests: int, max_prompt_tokens: int, retry_after_s: int) -> None:
-        self.max_requests, self.max_prompt_tokens, self.retry_after_s = max_requests, max_prompt_tokens, retry_after_s
+        self.max_requests, self.max_prompt_tokens, self.retry_after_s = (
+            max_requests,
+            max_prompt_tokens,
+            retry_after_s,
+        )
         self.waiting_requests = 0
         self.waiting_prompt_tokens = 0
         self.num_rejected = 0
 
-    def admit(self, num_prompt_tokens: int) -> "Ticket":
-        if self.waiting_requests + 1 > self.max_requests or self.waiting_prompt_tokens + num_prompt_tokens > self.max_prompt_tokens:
+    def admit(self, num_prompt_tokens: int) -> Ticket:
+        if (
+            self.waiting_requests + 1 > self.max_requests
+            or self.waiting_prompt_tokens + num_prompt_tokens > self.max_prompt_tokens
+        ):
             self.num_rejected += 1
-            raise APIError(503, "the server is at capacity; retry later", code="overloaded",
-                           headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                503,
+                "the server is at capacity; retry later",
+                code="overloaded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         self.waiting_requests += 1
         self.waiting_prompt_tokens += num_prompt_tokens
         return Ticket(self, num_prompt_tokens)
@@ -78,23 +89,37 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
     tracing: Tracing = field(default_factory=Tracing)  # this app's own tracer provider
     log_prompts: bool = False  # prompt and completion text in the access log
-    isolate_tenants: bool = False  # response, embedding and prefix caches shared only within one client
+    isolate_tenants: bool = (
+        False  # response, embedding and prefix caches shared only within one client
+    )
 
     def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
         self._require_ready()
         if self.models.chat is None or name != self.models.chat_name:
-            raise APIError(400, f"model {name!r} is not served for generation; available: {self.models.chat_name!r}",
-                           "model", "model_not_found")
+            raise APIError(
+                400,
+                f"model {name!r} is not served for generation; available: {self.models.chat_name!r}",
+                "model",
+                "model_not_found",
+            )
         return self.models.chat, self.models.engine
 
     def embedding_model(self, name: str) -> LLM:
         self._require_ready()
         if self.models.embedding is None or name != self.models.embedding_name:
-            raise APIError(400, f"model {name!r} is not served for embeddings; available: {self.models.embedding_name!r}",
-                           "model", "model_not_found")
+            raise APIError(
+                400,
+                f"model {name!r} is not served for embeddings; available: {self.models.embedding_name!r}",
+                "model",
+                "model_not_found",
+            )
         return self.models.embedding
 
     def _require_ready(self) -> None:
         if not self.ready:
-            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            message = (
+                f"model failed to load: {self.load_error}"
+                if self.load_error
+                else "the model is still loading"
+            )
             raise APIError(503, message, code="not_ready", headers={"Retry-After": "5"})

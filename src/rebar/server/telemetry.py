@@ -21,7 +21,9 @@ access_logger = logging.getLogger("rebar.access")
 
 
 def _headers(scope: Scope) -> dict[str, str]:
-    return {key.decode("latin-1"): value.decode("latin-1") for key, value in scope.get("headers", [])}
+    return {
+        key.decode("latin-1"): value.decode("latin-1") for key, value in scope.get("headers", [])
+    }
 
 
 class TracingMiddleware:
@@ -31,7 +33,9 @@ class TracingMiddleware:
     generate, store calls) become its children.
     """
 
-    def __init__(self, app: ASGIApp, tracer: Tracer, routes: Callable[[], Sequence[BaseRoute]]) -> None:
+    def __init__(
+        self, app: ASGIApp, tracer: Tracer, routes: Callable[[], Sequence[BaseRoute]]
+    ) -> None:
         self.app, self.tracer, self.routes = app, tracer, routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,7 +43,9 @@ class TracingMiddleware:
             return await self.app(scope, receive, send)
         method = scope["method"]
         span = self.tracer.start_span(
-            f"HTTP {method}", context=extract_context(_headers(scope)), kind=SpanKind.SERVER,
+            f"HTTP {method}",
+            context=extract_context(_headers(scope)),
+            kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": scope["path"]},
         )
         trace_id = trace_id_of(span)
@@ -50,7 +56,10 @@ class TracingMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if trace_id:
-                    message["headers"] = [*message.get("headers", []), (b"x-trace-id", trace_id.encode())]
+                    message["headers"] = [
+                        *message.get("headers", []),
+                        (b"x-trace-id", trace_id.encode()),
+                    ]
             await send(message)
 
         token = otel_context.attach(trace.set_span_in_context(span))
@@ -80,7 +89,9 @@ class AccessLogMiddleware:
     text only when `log_prompts` is on, and they check that themselves).
     """
 
-    def __init__(self, app: ASGIApp, routes: Callable[[], Sequence[BaseRoute]], clock: Callable[[], float]) -> None:
+    def __init__(
+        self, app: ASGIApp, routes: Callable[[], Sequence[BaseRoute]], clock: Callable[[], float]
+    ) -> None:
         self.app, self.routes, self.clock = app, routes, clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -93,7 +104,10 @@ class AccessLogMiddleware:
             nonlocal status, cache
             if message["type"] == "http.response.start":
                 status = message["status"]
-                cache = next((v.decode() for k, v in message.get("headers", []) if k.lower() == b"x-cache"), None)
+                cache = next(
+                    (v.decode() for k, v in message.get("headers", []) if k.lower() == b"x-cache"),
+                    None,
+                )
             await send(message)
 
         try:
@@ -109,5 +123,18 @@ class AccessLogMiddleware:
                 fields["cache"] = cache
             fields.update(scope.get("state", {}).get("log", {}))
             # 500: a fault of ours. 503/504 (loading, overloaded, timed out) are expected under load.
-            level = logging.ERROR if status == 500 else logging.WARNING if status >= 500 else logging.INFO
-            access_logger.log(level, "%s %s %d", scope["method"], fields["route"], status, extra={"fields": fields})
+            level = (
+                logging.ERROR
+                if status == 500
+                else logging.WARNING
+                if status >= 500
+                else logging.INFO
+            )
+            access_logger.log(
+                level,
+                "%s %s %d",
+                scope["method"],
+                fields["route"],
+                status,
+                extra={"fields": fields},
+            )

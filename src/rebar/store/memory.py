@@ -35,10 +35,16 @@ class MemoryStore:
     - not thread-safe: use it from one event loop.
     """
 
-    def __init__(self, max_entries: int = 100_000, max_bytes: int = 256 * 2**20,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_entries: int = 100_000,
+        max_bytes: int = 256 * 2**20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_entries < 1 or max_bytes < 1:
-            raise ValueError(f"max_entries and max_bytes must be >= 1, got {max_entries} and {max_bytes}")
+            raise ValueError(
+                f"max_entries and max_bytes must be >= 1, got {max_entries} and {max_bytes}"
+            )
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._clock = clock
         # key -> (value, expires_at on self._clock or None); order = oldest write first.
@@ -71,7 +77,9 @@ class MemoryStore:
 
     def _write(self, key: str, value: bytes, expires_at: float | None) -> None:
         if self._size(key, value) > self.max_bytes:
-            raise StoreError(f"a value of {len(value)} bytes exceeds the store's budget of {self.max_bytes} bytes")
+            raise StoreError(
+                f"a value of {len(value)} bytes exceeds the store's budget of {self.max_bytes} bytes"
+            )
         self._drop(key)
         self._entries[key] = (value, expires_at)
         self.num_bytes += self._size(key, value)

@@ -109,14 +109,18 @@ class RateLimiter:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         limits = self.limits_for(client_id)
         headers: dict[str, str] = {}
-        checks: list[tuple[Literal["requests", "tokens"], Literal["req", "tok"], int | None, int]] = [
+        checks: list[
+            tuple[Literal["requests", "tokens"], Literal["req", "tok"], int | None, int]
+        ] = [
             ("requests", "req", limits.requests_per_minute, 1),
             ("tokens", "tok", limits.tokens_per_minute, num_tokens),
         ]
         for kind, suffix, limit, cost in checks:
             if limit is None:
                 continue
-            decision = await self.store.rate_limit(self._key(client_id, suffix), cost, limit, WINDOW_MS)
+            decision = await self.store.rate_limit(
+                self._key(client_id, suffix), cost, limit, WINDOW_MS
+            )
             headers.update(_headers(kind, limit, decision))
             if not decision.allowed:
                 retry_after_s = max(1, math.ceil(decision.reset_ms / 1000))
@@ -136,5 +140,7 @@ class RateLimiter:
         limit = self.limits_for(client_id).tokens_per_minute
         if limit is None or num_tokens <= 0:
             return True
-        decision = await self.store.rate_limit(self._key(client_id, "tok"), num_tokens, limit, WINDOW_MS, clamp=True)
+        decision = await self.store.rate_limit(
+            self._key(client_id, "tok"), num_tokens, limit, WINDOW_MS, clamp=True
+        )
         return decision.allowed

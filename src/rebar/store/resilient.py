@@ -104,10 +104,16 @@ class ResilientStore:
             self._open_until = now + self.open_for_s
         if self._last_logged_at is None or now - self._last_logged_at >= self.open_for_s:
             self._last_logged_at = now
-            reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            reason = (
+                "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            )
             logger.warning(
                 "store %s failed (%s); serving fallbacks (on_error=%s, %d errors so far, circuit %s)",
-                op, reason, self.on_error, self.num_errors, self.state,
+                op,
+                reason,
+                self.on_error,
+                self.num_errors,
+                self.state,
             )
 
     def _on_success(self) -> None:
@@ -117,10 +123,13 @@ class ResilientStore:
             self._last_logged_at = None
             logger.info("store backend recovered after %d errors; circuit closed", self.num_errors)
 
-    async def _guarded(self, op: str, call: Callable[[], Awaitable[T]], fallback: Callable[[], T]) -> T:
+    async def _guarded(
+        self, op: str, call: Callable[[], Awaitable[T]], fallback: Callable[[], T]
+    ) -> T:
         # One client span per call: its outcome says whether the backend answered or a fallback did.
-        with self._tracer.start_as_current_span(f"store {op}", kind=SpanKind.CLIENT,
-                                                attributes={"db.system.name": self._backend}) as span:
+        with self._tracer.start_as_current_span(
+            f"store {op}", kind=SpanKind.CLIENT, attributes={"db.system.name": self._backend}
+        ) as span:
             admitted, is_trial = self._admit()
             if not admitted:
                 self.num_short_circuited += 1
@@ -133,7 +142,9 @@ class ResilientStore:
                 raise
             except Exception as exc:  # any backend failure, StoreError and timeouts included
                 self._on_failure(op, exc)
-                span.set_attribute("rebar.store.outcome", "timeout" if isinstance(exc, TimeoutError) else "error")
+                span.set_attribute(
+                    "rebar.store.outcome", "timeout" if isinstance(exc, TimeoutError) else "error"
+                )
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 return fallback()
             finally:
@@ -180,7 +191,9 @@ class ResilientStore:
             return RateDecision(allowed=False, remaining=0, reset_ms=self._deny_reset_ms())
 
         return await self._guarded(
-            "rate_limit", lambda: self.inner.rate_limit(key, cost, limit, window_ms, clamp=clamp), fallback
+            "rate_limit",
+            lambda: self.inner.rate_limit(key, cost, limit, window_ms, clamp=clamp),
+            fallback,
         )
 
     async def ping(self) -> bool:

@@ -70,7 +70,7 @@ def available() -> bool:
     """True when the extension is built (building it now if needed) and loaded. Never raises."""
     try:
         return load_extension().module is not None
-    except Exception:  # noqa: BLE001 - availability must never take the caller down
+    except Exception:
         return False
 
 
@@ -95,7 +95,11 @@ def linear_packed(x: torch.Tensor, packed: PackedQuant) -> torch.Tensor:
 
 
 def int4_linear(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    group_size: int,
 ) -> torch.Tensor:
     """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g] (layout: `pack_int4`).
 
@@ -105,7 +109,9 @@ def int4_linear(
     return linear_packed(x, pack_int4(qweight, scales, offsets, group_size))
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] (layout: `pack_int8`).
 
     Packs the weights on every call; pack once and use `linear_packed` on a hot path.

@@ -32,8 +32,15 @@ logger = logging.getLogger(__name__)
 DISABLE_ENV = "REBAR_DISABLE_CPU_KERNELS"
 ISA_ENV = "REBAR_CPU_ISA"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("bindings.cpp", "activation_quant.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decoder.cpp",
-           "elementwise.cpp", "worker_pool.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "activation_quant.cpp",
+    "quant_linear.cpp",
+    "quant_gemm.cpp",
+    "decoder.cpp",
+    "elementwise.cpp",
+    "worker_pool.cpp",
+)
 HEADERS = ("kernels.h", "simd.h", "block_dots.h", "decoder.h", "elementwise.h", "worker_pool.h")
 # OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
 # thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
@@ -41,8 +48,11 @@ BASE_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp")
 # Integer dot-product instruction sets, widest first: (name, /proc/cpuinfo flags needed, extra compiler flags).
 # AVX-512 is used on 256-bit vectors (VL), which keeps the AVX2 kernels' layout and clock speed.
 ISAS = (
-    ("avx512-vnni", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
-     ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256")),
+    (
+        "avx512-vnni",
+        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"),
+    ),
     ("avx-vnni", {"avx_vnni"}, ("-mavxvnni",)),
     ("avx2", set(), ()),
 )
@@ -76,7 +86,9 @@ def missing_requirement() -> str:
     flags = cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
         return "the CPU lacks AVX2/FMA/F16C (or /proc/cpuinfo is unreadable)"
-    compiler = (os.environ.get("CXX") or "c++").split()[0]  # torch's choice; CXX may carry a wrapper's args
+    compiler = (os.environ.get("CXX") or "c++").split()[
+        0
+    ]  # torch's choice; CXX may carry a wrapper's args
     if shutil.which(compiler) is None:
         return "no C++ compiler on PATH (install g++)"
     if shutil.which("ninja") is None:
@@ -94,7 +106,11 @@ def chosen_isa(flags: set[str] | None = None) -> str:
     if wanted in available:
         return wanted
     known = [name for name, _, _ in ISAS]
-    why = "is not one of " + ", ".join(known) if wanted not in known else "is not supported by this CPU"
+    why = (
+        "is not one of " + ", ".join(known)
+        if wanted not in known
+        else "is not supported by this CPU"
+    )
     logger.warning("%s=%s %s; building for %s", ISA_ENV, wanted, why, available[0])
     return available[0]
 
@@ -133,7 +149,10 @@ def _build_locked() -> BuildResult:
     from torch.utils import cpp_extension
 
     isa = chosen_isa()
-    logger.info("loading rebar CPU quantized kernels for %s (the first build on a machine takes a minute or more)", isa)
+    logger.info(
+        "loading rebar CPU quantized kernels for %s (the first build on a machine takes a minute or more)",
+        isa,
+    )
     try:
         module = cpp_extension.load(
             name=extension_name(isa),
@@ -146,7 +165,12 @@ def _build_locked() -> BuildResult:
         reason = f"building the extension failed: {type(exc).__name__}: {str(exc)[-2000:]}"
         logger.warning("rebar CPU quantized kernels unavailable: %s", reason)
         return BuildResult(None, reason)
-    logger.info("rebar CPU quantized kernels loaded (%s, %s, torch %s)", module.__name__, module.isa(), torch.__version__)
+    logger.info(
+        "rebar CPU quantized kernels loaded (%s, %s, torch %s)",
+        module.__name__,
+        module.isa(),
+        torch.__version__,
+    )
     return BuildResult(module, "")
 
 

@@ -56,8 +56,17 @@ class PackedQuant:
 
     def kernel_args(self) -> tuple:
         """The weight as the compiled kernels take it (bindings.cpp's WeightArgs)."""
-        return (int(self.kind), self.code_bits, self.codes, self.scales, self.offsets, self.sub_scales,
-                self.zero_point, self.out_features, self.in_features)
+        return (
+            int(self.kind),
+            self.code_bits,
+            self.codes,
+            self.scales,
+            self.offsets,
+            self.sub_scales,
+            self.zero_point,
+            self.out_features,
+            self.in_features,
+        )
 
     @property
     def num_bytes(self) -> int:
@@ -76,7 +85,9 @@ def _num_tiles(out_features: int) -> int:
 def _scale_dtype(*tensors: torch.Tensor) -> torch.dtype:
     dtypes = {t.dtype for t in tensors}
     if not dtypes <= {torch.float16, torch.float32}:
-        raise ValueError(f"scales and offsets must be float16 or float32, got {sorted(map(str, dtypes))}")
+        raise ValueError(
+            f"scales and offsets must be float16 or float32, got {sorted(map(str, dtypes))}"
+        )
     return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
@@ -96,7 +107,11 @@ def _tile_sub_scales(values: torch.Tensor, num_groups: int) -> torch.Tensor:
     """[out, groups * subs] 8-bit -> [tiles, groups, subs, 8], zero rows past `out`."""
     out_features = values.shape[0]
     padded = _pad_rows(values, out_features)
-    return padded.reshape(-1, TILE_ROWS, num_groups, values.shape[1] // num_groups).permute(0, 2, 3, 1).contiguous()
+    return (
+        padded.reshape(-1, TILE_ROWS, num_groups, values.shape[1] // num_groups)
+        .permute(0, 2, 3, 1)
+        .contiguous()
+    )
 
 
 def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -142,7 +157,9 @@ def untile_codes(codes: torch.Tensor, bits: int, out_features: int) -> torch.Ten
         for k in range(CODE_VECTORS):
             plane = codes[:, :, 4 + k // per_vector]
             vectors[:, :, k] |= ((plane >> (extra * (k % per_vector))) & ((1 << extra) - 1)) << 4
-    values = vectors.reshape(num_tiles, num_blocks, CODE_VECTORS, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    values = vectors.reshape(num_tiles, num_blocks, CODE_VECTORS, TILE_ROWS, 4).permute(
+        0, 3, 1, 2, 4
+    )
     return values.reshape(num_tiles * TILE_ROWS, num_blocks * BLOCK)[:out_features]
 
 
@@ -158,34 +175,57 @@ def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
 
 
-def pack_affine(codes: torch.Tensor, bits: int, scales: torch.Tensor, offsets: torch.Tensor,
-                group_size: int) -> PackedQuant:
+def pack_affine(
+    codes: torch.Tensor, bits: int, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> PackedQuant:
     """Unsigned `codes` uint8 `[out, in]` (4 or 5 bits) with `scales`, `offsets` `[out, in // group_size]`:
     w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g]. Scales keep their dtype (float16 or
     float32; mixed dtypes become float32)."""
     if codes.dim() != 2 or bits not in (4, 5):
-        raise ValueError(f"affine codes must be 2-D with 4 or 5 bits, got {list(codes.shape)}, {bits} bits")
+        raise ValueError(
+            f"affine codes must be 2-D with 4 or 5 bits, got {list(codes.shape)}, {bits} bits"
+        )
     out_features, in_features = codes.shape
     _check_group_size(in_features, group_size)
     num_groups = in_features // group_size
     _check_shape("scales", scales, (out_features, num_groups))
     _check_shape("offsets", offsets, (out_features, num_groups))
     dtype = _scale_dtype(scales, offsets)
-    return PackedQuant(WeightKind.AFFINE, bits, tile_codes(codes, bits), _tile_scales(scales, dtype),
-                       _tile_scales(offsets, dtype), None, 0, out_features, in_features, group_size)
+    return PackedQuant(
+        WeightKind.AFFINE,
+        bits,
+        tile_codes(codes, bits),
+        _tile_scales(scales, dtype),
+        _tile_scales(offsets, dtype),
+        None,
+        0,
+        out_features,
+        in_features,
+        group_size,
+    )
 
 
-def pack_int4(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int) -> PackedQuant:
+def pack_int4(
+    qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> PackedQuant:
     """rebar's int4 layout: `qweight` uint8 [out, in // 2] (column 2j in the low nibble, 2j+1 in the high
     one) with `scales` and `offsets` [out, in // group_size]."""
     if qweight.dim() != 2 or qweight.dtype != torch.uint8:
-        raise ValueError(f"qweight must be uint8 [out, in // 2], got {qweight.dtype} {list(qweight.shape)}")
+        raise ValueError(
+            f"qweight must be uint8 [out, in // 2], got {qweight.dtype} {list(qweight.shape)}"
+        )
     codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).reshape(qweight.shape[0], -1)
     return pack_affine(codes, 4, scales, offsets, group_size)
 
 
-def pack_super_affine(codes: torch.Tensor, bits: int, d: torch.Tensor, dmin: torch.Tensor, sub_scales: torch.Tensor,
-                      sub_mins: torch.Tensor) -> PackedQuant:
+def pack_super_affine(
+    codes: torch.Tensor,
+    bits: int,
+    d: torch.Tensor,
+    dmin: torch.Tensor,
+    sub_scales: torch.Tensor,
+    sub_mins: torch.Tensor,
+) -> PackedQuant:
     """Q4_K / Q5_K: w = d[o, s] * sc[o, b] * q - dmin[o, s] * m[o, b], with `d`, `dmin` float16
     `[out, in // 256]` per super-block s and `sub_scales`, `sub_mins` uint8 `[out, in // 32]` per block b."""
     out_features, in_features = codes.shape
@@ -197,10 +237,22 @@ def pack_super_affine(codes: torch.Tensor, bits: int, d: torch.Tensor, dmin: tor
         _check_shape(name, t, (out_features, in_features // BLOCK))
     if int(sub_scales.max()) >= 64 or int(sub_mins.max()) >= 64:
         raise ValueError("sub_scales and sub_mins are 6-bit values (0..63)")
-    pairs = _pack_k_scales(_tile_sub_scales(sub_scales.to(torch.uint8), num_groups),
-                           _tile_sub_scales(sub_mins.to(torch.uint8), num_groups))
-    return PackedQuant(WeightKind.SUPER_AFFINE, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16),
-                       _tile_scales(dmin, torch.float16), pairs, 0, out_features, in_features, SUPER_BLOCK)
+    pairs = _pack_k_scales(
+        _tile_sub_scales(sub_scales.to(torch.uint8), num_groups),
+        _tile_sub_scales(sub_mins.to(torch.uint8), num_groups),
+    )
+    return PackedQuant(
+        WeightKind.SUPER_AFFINE,
+        bits,
+        tile_codes(codes, bits),
+        _tile_scales(d, torch.float16),
+        _tile_scales(dmin, torch.float16),
+        pairs,
+        0,
+        out_features,
+        in_features,
+        SUPER_BLOCK,
+    )
 
 
 def _pack_k_scales(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -209,23 +261,30 @@ def _pack_k_scales(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     of the four values' top 2 bits (csrc/block_dots.h, k_block_scales)."""
     tiles, groups = scales.shape[:2]
     low = lambda t: ((t[:, :, :4] & 0x0F) | ((t[:, :, 4:] & 0x0F) << 4)).reshape(tiles, groups, 32)  # noqa: E731
-    high = ((scales[:, :, :4] >> 4) | ((scales[:, :, 4:] >> 4) << 2) | ((mins[:, :, :4] >> 4) << 4)
-            | ((mins[:, :, 4:] >> 4) << 6)).reshape(tiles, groups, 32)
+    high = (
+        (scales[:, :, :4] >> 4)
+        | ((scales[:, :, 4:] >> 4) << 2)
+        | ((mins[:, :, :4] >> 4) << 4)
+        | ((mins[:, :, 4:] >> 4) << 6)
+    ).reshape(tiles, groups, 32)
     return torch.cat([low(scales), low(mins), high], dim=-1).contiguous()
 
 
 def _unpack_k_scales(pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `_pack_k_scales`."""
     tiles, groups = pairs.shape[:2]
-    low_scales, low_mins, high = (pairs[..., 32 * i : 32 * (i + 1)].reshape(tiles, groups, 4, 8) for i in range(3))
+    low_scales, low_mins, high = (
+        pairs[..., 32 * i : 32 * (i + 1)].reshape(tiles, groups, 4, 8) for i in range(3)
+    )
     top = lambda shift: ((high >> shift) & 3) << 4  # noqa: E731
     scales = torch.cat([(low_scales & 0x0F) | top(0), (low_scales >> 4) | top(2)], dim=2)
     mins = torch.cat([(low_mins & 0x0F) | top(4), (low_mins >> 4) | top(6)], dim=2)
     return scales, mins
 
 
-def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: torch.Tensor,
-                   zero_point: int) -> PackedQuant:
+def pack_super_sym(
+    codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: torch.Tensor, zero_point: int
+) -> PackedQuant:
     """Q6_K: w = d[o, s] * sc[o, h] * (q - zero_point), `d` float16 `[out, in // 256]`, `sub_scales`
     int8 `[out, in // 16]` per half-block h of 16 columns."""
     out_features, in_features = codes.shape
@@ -233,26 +292,49 @@ def pack_super_sym(codes: torch.Tensor, bits: int, d: torch.Tensor, sub_scales: 
     num_groups = in_features // SUPER_BLOCK
     _check_shape("d", d, (out_features, num_groups))
     _check_shape("sub_scales", sub_scales, (out_features, in_features // (BLOCK // 2)))
-    return PackedQuant(WeightKind.SUPER_SYM, bits, tile_codes(codes, bits), _tile_scales(d, torch.float16), None,
-                       _tile_sub_scales(sub_scales.to(torch.int8), num_groups), zero_point, out_features,
-                       in_features, SUPER_BLOCK)
+    return PackedQuant(
+        WeightKind.SUPER_SYM,
+        bits,
+        tile_codes(codes, bits),
+        _tile_scales(d, torch.float16),
+        None,
+        _tile_sub_scales(sub_scales.to(torch.int8), num_groups),
+        zero_point,
+        out_features,
+        in_features,
+        SUPER_BLOCK,
+    )
 
 
-def pack_sym(codes: torch.Tensor, bits: int, scales: torch.Tensor, group_size: int, zero_point: int) -> PackedQuant:
+def pack_sym(
+    codes: torch.Tensor, bits: int, scales: torch.Tensor, group_size: int, zero_point: int
+) -> PackedQuant:
     """Unsigned `codes` uint8 `[out, in]` (4, 5 or 8 bits) with `scales` `[out, in // group_size]`:
     w[o, c] = scales[o, c // g] * (q[o, c] - zero_point). `group_size` is a multiple of 32 dividing
     `in`, or `in` itself (one scale per row; then any `in`: the last block is padded)."""
     if codes.dim() != 2 or bits not in (4, 5, 8) or not 0 <= zero_point < 2**bits:
-        raise ValueError(f"symmetric codes must be 2-D with 4, 5 or 8 bits and a zero point below 2^bits, got "
-                         f"{list(codes.shape)}, {bits} bits, zero point {zero_point}")
+        raise ValueError(
+            f"symmetric codes must be 2-D with 4, 5 or 8 bits and a zero point below 2^bits, got "
+            f"{list(codes.shape)}, {bits} bits, zero point {zero_point}"
+        )
     out_features, in_features = codes.shape
     if group_size != in_features:
         _check_group_size(in_features, group_size)
     num_groups = in_features // group_size
     _check_shape("scales", scales, (out_features, num_groups))
     padded = F.pad(codes, (0, -in_features % BLOCK), value=zero_point)
-    return PackedQuant(WeightKind.SYM, bits, tile_codes(padded, bits), _tile_scales(scales, _scale_dtype(scales)),
-                       None, None, zero_point, out_features, in_features, group_size)
+    return PackedQuant(
+        WeightKind.SYM,
+        bits,
+        tile_codes(padded, bits),
+        _tile_scales(scales, _scale_dtype(scales)),
+        None,
+        None,
+        zero_point,
+        out_features,
+        in_features,
+        group_size,
+    )
 
 
 def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
@@ -260,7 +342,9 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
     stored as q + 128 with zero point 128. `group_size` is `in` (per output channel; any `in`) or a
     multiple of 32 dividing `in`."""
     if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.shape[1] == 0:
-        raise ValueError(f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}")
+        raise ValueError(
+            f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}"
+        )
     codes = (qweight.to(torch.int16) + 128).to(torch.uint8)
     return pack_sym(codes, 8, scales, group_size, 128)
 
@@ -268,7 +352,9 @@ def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> P
 _TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales")  # [tiles, ...] each
 
 
-def pack_in_row_chunks(out_features: int, chunk_rows: int, pack_rows: Callable[[int, int], PackedQuant]) -> PackedQuant:
+def pack_in_row_chunks(
+    out_features: int, chunk_rows: int, pack_rows: Callable[[int, int], PackedQuant]
+) -> PackedQuant:
     """The weight `pack_rows(0, out_features)` would give, packed `chunk_rows` output rows at a time (a
     multiple of 8) into tensors allocated once, in huge pages (weight_memory.py): decoding and tiling
     then hold one chunk's temporaries, not the whole weight's (a vocabulary-sized embedding's would be
@@ -280,7 +366,9 @@ def pack_in_row_chunks(out_features: int, chunk_rows: int, pack_rows: Callable[[
     whole = {}
     for name in _TILED_FIELDS:
         part = getattr(first, name)
-        whole[name] = None if part is None else ARENA.empty((num_tiles, *part.shape[1:]), part.dtype)
+        whole[name] = (
+            None if part is None else ARENA.empty((num_tiles, *part.shape[1:]), part.dtype)
+        )
     for start in range(0, out_features, chunk_rows):
         part = first if start == 0 else pack_rows(start, min(out_features, start + chunk_rows))
         tile = start // TILE_ROWS
@@ -311,6 +399,8 @@ def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
     d = per_column(p.scales, SUPER_BLOCK)
     if p.kind == WeightKind.SUPER_AFFINE:
         scales, mins = _unpack_k_scales(p.sub_scales)
-        return (d * per_column(scales, BLOCK)) * codes - per_column(p.offsets, SUPER_BLOCK) * per_column(mins, BLOCK)
+        return (d * per_column(scales, BLOCK)) * codes - per_column(
+            p.offsets, SUPER_BLOCK
+        ) * per_column(mins, BLOCK)
     sc = _untile(p.sub_scales.view(torch.int8), out).float().repeat_interleave(BLOCK // 2, dim=1)
     return (d * sc) * (codes - p.zero_point)

@@ -48,7 +48,9 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     _load: Callable[[str, torch.dtype], torch.Tensor] = field(repr=False)
     metadata: dict[str, str] = field(default_factory=dict)
-    _load_quantized: Callable[[str], QuantizedWeight | BlockWeight | None] | None = field(default=None, repr=False)
+    _load_quantized: Callable[[str], QuantizedWeight | BlockWeight | None] | None = field(
+        default=None, repr=False
+    )
     _release: Callable[[str], None] | None = field(default=None, repr=False)
 
     def load_tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:

@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rebar.errors import ModelFormatError
-from rebar.model.config import DIMENSION_LIMITS, InvalidModelConfig, ModelConfig, dimension_problem, number_problem
+from rebar.model.config import (
+    DIMENSION_LIMITS,
+    InvalidModelConfig,
+    ModelConfig,
+    dimension_problem,
+    number_problem,
+)
 
 _MISSING: Any = object()
 TOKEN_ID_LIMIT = DIMENSION_LIMITS["vocab_size"]
@@ -140,10 +146,15 @@ class ConfigValues:
         """The head size `key` gives, or hidden / heads when the file gives none (which must then divide)."""
         if self.has(key):
             return self.dimension(key, "head_dim")
-        hidden_key, heads_key = self.keys.get("hidden_size", "hidden size"), self.keys.get("num_heads", "heads")
+        hidden_key, heads_key = (
+            self.keys.get("hidden_size", "hidden size"),
+            self.keys.get("num_heads", "heads"),
+        )
         if hidden % num_heads:
-            raise ModelFormatError(f"{self.source} gives no {key!r}, and {hidden_key!r} = {hidden} is not a multiple "
-                                   f"of {heads_key!r} = {num_heads}, so the heads have no size")
+            raise ModelFormatError(
+                f"{self.source} gives no {key!r}, and {hidden_key!r} = {hidden} is not a multiple "
+                f"of {heads_key!r} = {num_heads}, so the heads have no size"
+            )
         self.keys["head_dim"] = f"{hidden_key} / {heads_key}"
         return hidden // num_heads
 
@@ -152,12 +163,18 @@ class ConfigValues:
         try:
             return ModelConfig(**fields)
         except InvalidModelConfig as exc:
-            culprits = ", ".join(f"{name} from {self.keys[name]!r}" for name in exc.fields if name in self.keys)
+            culprits = ", ".join(
+                f"{name} from {self.keys[name]!r}" for name in exc.fields if name in self.keys
+            )
             raise ModelFormatError(
-                f"{self.source} describes an impossible model: {exc}" + (f" ({culprits})" if culprits else "")
+                f"{self.source} describes an impossible model: {exc}"
+                + (f" ({culprits})" if culprits else "")
             ) from exc
 
 
 _ITEM_CHECKS: dict[str, Callable[[object], bool]] = {
-    "strings": _is_str, "integers": _is_int, "numbers": _is_number, "flags": _is_flag,
+    "strings": _is_str,
+    "integers": _is_int,
+    "numbers": _is_number,
+    "flags": _is_flag,
 }

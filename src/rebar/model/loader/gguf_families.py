@@ -95,7 +95,9 @@ def tensor_parts(file_name: str, arch: str, config: ModelConfig) -> dict[str, Pa
         return None
     prefix, rest = f"layers.{match.group(1)}.", match.group(2)
     if arch == "phi3" and rest in ("attn_qkv.weight", "ffn_up.weight"):
-        return {prefix + name: Part(file_name, rows) for name, rows in _phi3_rows(rest, config).items()}
+        return {
+            prefix + name: Part(file_name, rows) for name, rows in _phi3_rows(rest, config).items()
+        }
     name = _LAYER_NAMES.get(rest)
     return None if name is None else {prefix + name: Part(file_name)}
 
@@ -105,7 +107,11 @@ def _phi3_rows(fused: str, config: ModelConfig) -> dict[str, tuple[int, int]]:
         inner = config.intermediate_size
         return {"mlp.gate_proj.weight": (0, inner), "mlp.up_proj.weight": (inner, 2 * inner)}
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    return {"attn.q_proj.weight": (0, q), "attn.k_proj.weight": (q, q + kv), "attn.v_proj.weight": (q + kv, q + 2 * kv)}
+    return {
+        "attn.q_proj.weight": (0, q),
+        "attn.k_proj.weight": (q, q + kv),
+        "attn.v_proj.weight": (q + kv, q + 2 * kv),
+    }
 
 
 def _rope_scaling(values: ConfigValues, arch: str) -> RopeScaling | None:
@@ -118,7 +124,9 @@ def _rope_scaling(values: ConfigValues, arch: str) -> RopeScaling | None:
     return RopeScaling(kind="linear", factor=factor)
 
 
-def _gemma3(values: ConfigValues, num_layers: int, hidden: int, num_heads: int, head_dim: int) -> dict[str, Any]:
+def _gemma3(
+    values: ConfigValues, num_layers: int, hidden: int, num_heads: int, head_dim: int
+) -> dict[str, Any]:
     """Gemma 3's specifics, with llama.cpp's defaults where the metadata is silent."""
     if values.raw("gemma3.final_logit_softcapping", None):
         raise UnsupportedModelError("Gemma 3 with final_logit_softcapping is not supported")
@@ -127,7 +135,10 @@ def _gemma3(values: ConfigValues, num_layers: int, hidden: int, num_heads: int, 
         # llama.cpp (after gemma_pytorch): 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 27B model
         "attention_scale": (hidden / num_heads if num_layers == 62 else head_dim) ** -0.5,
     }
-    window_key, pattern_key = "gemma3.attention.sliding_window", "gemma3.attention.sliding_window_pattern"
+    window_key, pattern_key = (
+        "gemma3.attention.sliding_window",
+        "gemma3.attention.sliding_window_pattern",
+    )
     if values.integer(window_key, 0, high=DIMENSION_LIMITS["sliding_window"]):
         if isinstance(values.raw(pattern_key, None), list):  # one flag per layer
             sliding = tuple(bool(p) for p in values.list_of(pattern_key, "flags"))
@@ -135,27 +146,42 @@ def _gemma3(values: ConfigValues, num_layers: int, hidden: int, num_heads: int, 
             period = values.integer(pattern_key, 6, high=DIMENSION_LIMITS["num_layers"])
             sliding = tuple(period == 0 or i % period < period - 1 for i in range(num_layers))
         values.keys["sliding_layers"] = pattern_key
-        specifics.update(sliding_window=values.dimension(window_key, "sliding_window"), sliding_layers=sliding,
-                         rope_local_theta=values.number("gemma3.rope.freq_base_swa", 10000.0))
+        specifics.update(
+            sliding_window=values.dimension(window_key, "sliding_window"),
+            sliding_layers=sliding,
+            rope_local_theta=values.number("gemma3.rope.freq_base_swa", 10000.0),
+        )
     return specifics
 
 
-def _refuse_variants(values: ConfigValues, arch: str, head_dim: int, tensor_names: set[str]) -> None:
+def _refuse_variants(
+    values: ConfigValues, arch: str, head_dim: int, tensor_names: set[str]
+) -> None:
     """Refuse by name the variants of a family rebar would otherwise run wrongly."""
-    rope_dim = values.integer(f"{arch}.rope.dimension_count", head_dim, low=1, high=DIMENSION_LIMITS["head_dim"])
+    rope_dim = values.integer(
+        f"{arch}.rope.dimension_count", head_dim, low=1, high=DIMENSION_LIMITS["head_dim"]
+    )
     if rope_dim != head_dim:
-        raise UnsupportedModelError(f"partial rotary embeddings ({rope_dim} of {head_dim} dims) are not supported")
-    long_rope = "rope_factors_long.weight" in tensor_names or values.raw("phi3.rope.scaling.attn_factor", None)
+        raise UnsupportedModelError(
+            f"partial rotary embeddings ({rope_dim} of {head_dim} dims) are not supported"
+        )
+    long_rope = "rope_factors_long.weight" in tensor_names or values.raw(
+        "phi3.rope.scaling.attn_factor", None
+    )
     if arch == "phi3" and long_rope:
-        raise UnsupportedModelError("Phi-3 with LongRoPE (the 128k-context variants) is not supported; "
-                                    "the 4k-context ones run")
+        raise UnsupportedModelError(
+            "Phi-3 with LongRoPE (the 128k-context variants) is not supported; "
+            "the 4k-context ones run"
+        )
 
 
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
     values = ConfigValues(meta, "GGUF metadata")
     arch = values.string("general.architecture")
     if arch not in FAMILIES:
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported; rebar runs {sorted(FAMILIES)}")
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; rebar runs {sorted(FAMILIES)}"
+        )
     family = FAMILIES[arch]
     hidden = values.dimension(f"{arch}.embedding_length", "hidden_size")
     num_heads = values.dimension(f"{arch}.attention.head_count", "num_heads")
@@ -178,7 +204,9 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelC
         num_kv_heads=values.dimension(f"{arch}.attention.head_count_kv", "num_kv_heads", num_heads),
         head_dim=head_dim,
         intermediate_size=values.dimension(f"{arch}.feed_forward_length", "intermediate_size"),
-        max_position_embeddings=values.dimension(f"{arch}.context_length", "max_position_embeddings"),
+        max_position_embeddings=values.dimension(
+            f"{arch}.context_length", "max_position_embeddings"
+        ),
         norm_eps=values.number(f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_theta=values.number(f"{arch}.rope.freq_base", 10000.0),
         rope_scaling=_rope_scaling(values, arch),

@@ -33,13 +33,16 @@ from rebar.model.loader.gguf_reader import GGUFFile, GGUFTensor
 from rebar.model.tokenizer import Tokenizer
 from rebar.quant.block_weight import BlockWeight
 
+
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
     values = ConfigValues(meta, "GGUF metadata")
     tokens = values.list_of("tokenizer.ggml.tokens", "strings")
     token_types = values.list_of("tokenizer.ggml.token_type", "integers", None)
     if token_types is not None and len(token_types) != len(tokens):
-        raise ModelFormatError(f"GGUF metadata 'tokenizer.ggml.token_type' has {len(token_types)} entries for "
-                               f"{len(tokens)} tokens")
+        raise ModelFormatError(
+            f"GGUF metadata 'tokenizer.ggml.token_type' has {len(token_types)} entries for "
+            f"{len(tokens)} tokens"
+        )
 
     def token_id(key: str) -> int | None:
         return values.token_id(f"tokenizer.ggml.{key}", len(tokens))
@@ -56,7 +59,9 @@ def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
         scores=values.list_of("tokenizer.ggml.scores", "numbers", None),
         unknown_token_id=token_id("unknown_token_id"),
         add_space_prefix=values.flag("tokenizer.ggml.add_space_prefix", True),
-        end_of_turn_ids=[i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None],
+        end_of_turn_ids=[
+            i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None
+        ],
     )
 
 
@@ -88,14 +93,18 @@ def load_gguf(path: Path) -> Checkpoint:
     for file_name, tensor in gguf.tensors.items():
         held = tensor_parts(file_name, arch, config)
         if held is None:
-            raise UnsupportedModelError(f"GGUF tensor {file_name!r} has no place in a {config.source_architecture} model")
+            raise UnsupportedModelError(
+                f"GGUF tensor {file_name!r} has no place in a {config.source_architecture} model"
+            )
         _check_storage(file_name, tensor)
         for name, part in held.items():
             shape = tensor.shape
             if part.rows is not None:
                 if part.rows[1] > shape[0]:
-                    raise ModelFormatError(f"GGUF tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
-                                           f"{part.rows[0]}..{part.rows[1]} from the model's metadata")
+                    raise ModelFormatError(
+                        f"GGUF tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
+                        f"{part.rows[0]}..{part.rows[1]} from the model's metadata"
+                    )
                 shape = (part.rows[1] - part.rows[0], *shape[1:])
             infos[name] = TensorInfo(name, file_name, shape, tensor.qtype.name, tensor.num_bytes)
             parts[name] = part
@@ -117,7 +126,12 @@ def load_gguf(path: Path) -> Checkpoint:
         tensor = gguf.tensors[part.file_name]
         if tensor.qtype not in BLOCK_TYPES or len(tensor.shape) != 2:
             return None
-        weight = BlockWeight(tensor.qtype.name, gguf.raw_rows(tensor), tensor.shape[1], release_pages=gguf.release_view)
+        weight = BlockWeight(
+            tensor.qtype.name,
+            gguf.raw_rows(tensor),
+            tensor.shape[1],
+            release_pages=gguf.release_view,
+        )
         if part.rows is not None:
             weight = weight.row_slice(*part.rows)
         heads = heads_permuted(name)
@@ -128,7 +142,9 @@ def load_gguf(path: Path) -> Checkpoint:
     def release(name: str) -> None:
         gguf.release(gguf.tensors[parts[name].file_name])
 
-    template = ConfigValues(meta, "GGUF metadata").string("tokenizer.chat_template", "") or DEFAULT_TEMPLATES.get(arch)
+    template = ConfigValues(meta, "GGUF metadata").string(
+        "tokenizer.chat_template", ""
+    ) or DEFAULT_TEMPLATES.get(arch)
     tokenizer = tokenizer_from_metadata(meta)
     for key in _VOCABULARY_KEYS:  # the tokenizer holds them now; as Python lists they take ~40 MiB
         meta.pop(key, None)
@@ -147,8 +163,12 @@ def load_gguf(path: Path) -> Checkpoint:
     )
 
 
-_VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
-                   "tokenizer.ggml.merges")
+_VOCABULARY_KEYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+)
 _SUPPORTED_NAMES = ", ".join(sorted(qtype.name for qtype in SUPPORTED_TYPES))
 
 
@@ -171,5 +191,3 @@ def _summary(value: Any) -> str:
     if isinstance(value, (list, np.ndarray)) and len(value) > 8:
         return f"[{len(value)} values]"
     return str(value)
-
-

@@ -19,11 +19,26 @@ from rebar.errors import ModelFormatError
 MAX_ARRAY_DEPTH = 8
 
 # GGUF metadata value types -> struct format (scalars); 8 = string, 9 = array.
-SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+SCALAR_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 STRING, ARRAY = 8, 9
 # The fewest bytes one value of each type takes: scalars their size, a string its 8-byte length, an
 # array its 4-byte item type and 8-byte count. A count is refused when that many could not fit.
-MIN_BYTES = {value_type: struct.calcsize(fmt) for value_type, fmt in SCALAR_FORMATS.items()} | {STRING: 8, ARRAY: 12}
+MIN_BYTES = {value_type: struct.calcsize(fmt) for value_type, fmt in SCALAR_FORMATS.items()} | {
+    STRING: 8,
+    ARRAY: 12,
+}
 _LENGTH = struct.Struct("<Q")
 
 
@@ -39,8 +54,10 @@ class Cursor:
         return len(self.data) - self.pos
 
     def truncated(self, what: str, needed: int) -> ModelFormatError:
-        return ModelFormatError(f"{self.path} is truncated: {what} at byte {self.pos} needs {needed} bytes, "
-                                f"the file has {max(self.remaining, 0)} left")
+        return ModelFormatError(
+            f"{self.path} is truncated: {what} at byte {self.pos} needs {needed} bytes, "
+            f"the file has {max(self.remaining, 0)} left"
+        )
 
     def unpack(self, fmt: str, what: str) -> Any:
         size = struct.calcsize(fmt)
@@ -59,8 +76,10 @@ class Cursor:
 
     def check_fits(self, count: int, item_bytes: int, what: str) -> None:
         if count * item_bytes > self.remaining:
-            raise ModelFormatError(f"{self.path} is truncated or corrupt: {what} claims {count} entries, more than "
-                                   f"the {max(self.remaining, 0)} bytes left after byte {self.pos} can hold")
+            raise ModelFormatError(
+                f"{self.path} is truncated or corrupt: {what} claims {count} entries, more than "
+                f"the {max(self.remaining, 0)} bytes left after byte {self.pos} can hold"
+            )
 
     def string(self, what: str) -> str:
         if self.remaining < 8:
@@ -76,7 +95,9 @@ class Cursor:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ModelFormatError(f"{self.path}: {what} holds a string at byte {start} that is not UTF-8") from exc
+            raise ModelFormatError(
+                f"{self.path}: {what} holds a string at byte {start} that is not UTF-8"
+            ) from exc
 
 
 def read_metadata(cursor: Cursor, num_kv: int) -> dict[str, Any]:
@@ -99,17 +120,23 @@ def _value(cursor: Cursor, value_type: int, key: str) -> Any:
         return cursor.string(what)
     if value_type == ARRAY:
         return _array(cursor, key, depth=1)
-    raise ModelFormatError(f"{cursor.path}: unknown metadata value type {value_type} for {what} at byte {cursor.pos}")
+    raise ModelFormatError(
+        f"{cursor.path}: unknown metadata value type {value_type} for {what} at byte {cursor.pos}"
+    )
 
 
 def _array(cursor: Cursor, key: str, depth: int) -> list[Any]:
     """An array (the `depth`-th nested one) of `key`'s value."""
     what = f"the array in metadata {key!r}"
     if depth > MAX_ARRAY_DEPTH:
-        raise ModelFormatError(f"{cursor.path}: metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+        raise ModelFormatError(
+            f"{cursor.path}: metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep"
+        )
     item_type = cursor.unpack("<I", what)
     if item_type not in MIN_BYTES:
-        raise ModelFormatError(f"{cursor.path}: unknown metadata value type {item_type} for the items of {what}")
+        raise ModelFormatError(
+            f"{cursor.path}: unknown metadata value type {item_type} for the items of {what}"
+        )
     count = cursor.count(MIN_BYTES[item_type], what)
     if item_type in SCALAR_FORMATS:  # numeric arrays in one call
         fmt = SCALAR_FORMATS[item_type]

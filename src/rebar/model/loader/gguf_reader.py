@@ -10,6 +10,7 @@ alignment and the other tensors.
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 import warnings
@@ -73,27 +74,43 @@ class GGUFFile:
         cursor.pos = 4
         version = cursor.unpack("<I", "the GGUF version")
         if version not in (2, 3):
-            raise UnsupportedModelError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+            raise UnsupportedModelError(
+                f"{path}: GGUF version {version} is not supported (2 and 3 are)"
+            )
         num_tensors = cursor.unpack("<Q", "the tensor count")
         num_kv = cursor.count(MIN_METADATA_ENTRY_BYTES, "the metadata count")
         self.metadata: dict[str, Any] = read_metadata(cursor, num_kv)
-        cursor.check_fits(num_tensors, MIN_TENSOR_INFO_BYTES, "the tensor index")  # the index follows the metadata
+        cursor.check_fits(
+            num_tensors, MIN_TENSOR_INFO_BYTES, "the tensor index"
+        )  # the index follows the metadata
         infos = [_tensor_info(cursor, index) for index in range(num_tensors)]
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):  # bool is no alignment
-            raise ModelFormatError(f"{path}: general.alignment must be a power of two, got {alignment!r}")
+        if (
+            type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1)
+        ):  # bool is no alignment
+            raise ModelFormatError(
+                f"{path}: general.alignment must be a power of two, got {alignment!r}"
+            )
         self.tensors = self._place(infos, -(-cursor.pos // alignment) * alignment, alignment)
 
-    def _place(self, infos: list[_TensorInfo], data_start: int, alignment: int) -> dict[str, GGUFTensor]:
+    def _place(
+        self, infos: list[_TensorInfo], data_start: int, alignment: int
+    ) -> dict[str, GGUFTensor]:
         """The index's tensors at their places in the file, each aligned, inside the file and apart."""
         tensors: dict[str, GGUFTensor] = {}
         for name, shape, qtype, relative in infos:
             if name in tensors:
-                raise ModelFormatError(f"{self.path}: tensor {name!r} appears twice in the tensor index")
+                raise ModelFormatError(
+                    f"{self.path}: tensor {name!r} appears twice in the tensor index"
+                )
             if relative % alignment:
-                raise ModelFormatError(f"{self.path}: tensor {name!r} starts at data offset {relative}, which is "
-                                       f"not a multiple of the alignment {alignment}")
-            tensors[name] = GGUFTensor(name, shape, qtype, data_start + relative, _num_bytes(name, shape, qtype))
+                raise ModelFormatError(
+                    f"{self.path}: tensor {name!r} starts at data offset {relative}, which is "
+                    f"not a multiple of the alignment {alignment}"
+                )
+            tensors[name] = GGUFTensor(
+                name, shape, qtype, data_start + relative, _num_bytes(name, shape, qtype)
+            )
         in_order = sorted(tensors.values(), key=lambda t: t.offset)
         for tensor in in_order:  # in file order, so that a cut file names the tensor it cut
             if tensor.offset + tensor.num_bytes > len(self._mapped):
@@ -101,19 +118,25 @@ class GGUFFile:
                     f"{self.path} is truncated: tensor {tensor.name!r} needs bytes up to "
                     f"{tensor.offset + tensor.num_bytes}, the file has {len(self._mapped)}"
                 )
-        for before, after in zip(in_order, in_order[1:]):
+        for before, after in itertools.pairwise(in_order):
             if after.offset < before.offset + before.num_bytes:
-                raise ModelFormatError(f"{self.path}: tensors {before.name!r} and {after.name!r} overlap "
-                                       f"(bytes {after.offset}..{before.offset + before.num_bytes})")
+                raise ModelFormatError(
+                    f"{self.path}: tensors {before.name!r} and {after.name!r} overlap "
+                    f"(bytes {after.offset}..{before.offset + before.num_bytes})"
+                )
         return tensors
 
     def raw_rows(self, tensor: GGUFTensor) -> torch.Tensor:
         """The tensor's bytes as uint8 `[rows, bytes per row]`, a view of the mapping (no copy; read-only
         memory: never write to it)."""
         rows = math.prod(tensor.shape[:-1])
-        with warnings.catch_warnings():  # torch warns that the mapping is not writable; it is never written
+        with (
+            warnings.catch_warnings()
+        ):  # torch warns that the mapping is not writable; it is never written
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(self._mapped, dtype=torch.uint8, count=tensor.num_bytes, offset=tensor.offset)
+            flat = torch.frombuffer(
+                self._mapped, dtype=torch.uint8, count=tensor.num_bytes, offset=tensor.offset
+            )
         return flat.view(rows, -1)
 
     def release(self, tensor: GGUFTensor) -> None:
@@ -149,8 +172,10 @@ def _tensor_info(cursor: Cursor, index: int) -> _TensorInfo:
     what = f"the index entry of tensor {name!r}"
     num_dims = cursor.unpack("<I", what)
     if num_dims > MAX_TENSOR_DIMS:
-        raise ModelFormatError(f"{cursor.path}: tensor {name!r} has {num_dims} dimensions; GGUF tensors have at "
-                               f"most {MAX_TENSOR_DIMS}")
+        raise ModelFormatError(
+            f"{cursor.path}: tensor {name!r} has {num_dims} dimensions; GGUF tensors have at "
+            f"most {MAX_TENSOR_DIMS}"
+        )
     ggml_dims = [cursor.unpack("<Q", what) for _ in range(num_dims)]
     type_id = cursor.unpack("<I", what)
     offset = cursor.unpack("<Q", what)
@@ -165,6 +190,8 @@ def _num_bytes(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     row = shape[-1] if shape else 1
     if row % block_size:
-        raise ModelFormatError(f"tensor {name!r}: row length {row} is not a multiple of {qtype.name}'s block {block_size}")
+        raise ModelFormatError(
+            f"tensor {name!r}: row length {row} is not a multiple of {qtype.name}'s block {block_size}"
+        )
     count = math.prod(shape)  # Python ints: a corrupt shape cannot wrap around to a small size
     return count // block_size * type_size

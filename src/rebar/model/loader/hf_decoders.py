@@ -16,14 +16,33 @@ from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.config import DIMENSION_LIMITS, InvalidModelConfig, ModelConfig, RopeScaling
 from rebar.model.loader.config_values import ConfigValues
 
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                         "Gemma3ForCausalLM", "Phi3ForCausalLM")
+DECODER_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+)
 
-_PROJECTIONS = {f"self_attn.{p}.{k}": f"attn.{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
-                for k in ("weight", "bias")}
-_MLP = {f"mlp.{p}.{k}": f"mlp.{p}.{k}" for p in ("gate_proj", "up_proj", "down_proj") for k in ("weight", "bias")}
-_QK_NORMS = {"self_attn.q_norm.weight": "attn.q_norm.weight", "self_attn.k_norm.weight": "attn.k_norm.weight"}
-_LLAMA_NORMS = {"input_layernorm.weight": "input_norm.weight", "post_attention_layernorm.weight": "post_attn_norm.weight"}
+_PROJECTIONS = {
+    f"self_attn.{p}.{k}": f"attn.{p}.{k}"
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    for k in ("weight", "bias")
+}
+_MLP = {
+    f"mlp.{p}.{k}": f"mlp.{p}.{k}"
+    for p in ("gate_proj", "up_proj", "down_proj")
+    for k in ("weight", "bias")
+}
+_QK_NORMS = {
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
+}
+_LLAMA_NORMS = {
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attn_norm.weight",
+}
 # Gemma 3's four norms: its "post_attention_layernorm" norms the attention's output, and
 # "pre_feedforward_layernorm" is the MLP's input norm (Llama's post_attention_layernorm).
 _GEMMA3_NORMS = {
@@ -39,8 +58,11 @@ _LAYER_NAMES = {
     "Qwen3ForCausalLM": {**_LLAMA_NORMS, **_PROJECTIONS, **_MLP, **_QK_NORMS},
     "Gemma3ForCausalLM": {**_GEMMA3_NORMS, **_PROJECTIONS, **_MLP, **_QK_NORMS},
     # The fused projections are split by `fused_parts`.
-    "Phi3ForCausalLM": {**_LLAMA_NORMS, "self_attn.o_proj.weight": "attn.o_proj.weight",
-                        "mlp.down_proj.weight": "mlp.down_proj.weight"},
+    "Phi3ForCausalLM": {
+        **_LLAMA_NORMS,
+        "self_attn.o_proj.weight": "attn.o_proj.weight",
+        "mlp.down_proj.weight": "mlp.down_proj.weight",
+    },
 }
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -70,7 +92,9 @@ def tensor_parts(file_name: str, arch: str, config: ModelConfig) -> dict[str, Pa
         return None
     prefix, rest = f"layers.{match.group(1)}.", match.group(2)
     if arch == "Phi3ForCausalLM" and rest in _PHI3_FUSED:
-        return {prefix + name: Part(file_name, rows) for name, rows in _phi3_rows(rest, config).items()}
+        return {
+            prefix + name: Part(file_name, rows) for name, rows in _phi3_rows(rest, config).items()
+        }
     name = _LAYER_NAMES[arch].get(rest)
     return None if name is None else {prefix + name: Part(file_name, add_one=add_one)}
 
@@ -83,7 +107,11 @@ def _phi3_rows(fused: str, config: ModelConfig) -> dict[str, tuple[int, int]]:
         inner = config.intermediate_size
         return {"mlp.gate_proj.weight": (0, inner), "mlp.up_proj.weight": (inner, 2 * inner)}
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    return {"attn.q_proj.weight": (0, q), "attn.k_proj.weight": (q, q + kv), "attn.v_proj.weight": (q + kv, q + 2 * kv)}
+    return {
+        "attn.q_proj.weight": (0, q),
+        "attn.k_proj.weight": (q, q + kv),
+        "attn.v_proj.weight": (q + kv, q + 2 * kv),
+    }
 
 
 def _rope(params: ConfigValues, theta: float) -> tuple[float, RopeScaling | None]:
@@ -94,20 +122,27 @@ def _rope(params: ConfigValues, theta: float) -> tuple[float, RopeScaling | None
     if kind == "linear":
         return theta, RopeScaling(kind="linear", factor=params.number("factor"))
     if kind == "llama3":
-        scaling = {"factor": params.number("factor"), "low_freq_factor": params.number("low_freq_factor"),
-                   "high_freq_factor": params.number("high_freq_factor")}
+        scaling = {
+            "factor": params.number("factor"),
+            "low_freq_factor": params.number("low_freq_factor"),
+            "high_freq_factor": params.number("high_freq_factor"),
+        }
         original = params.dimension("original_max_position_embeddings", "original_max_position")
         try:
             return theta, RopeScaling(kind="llama3", original_max_position=original, **scaling)
         except InvalidModelConfig as exc:
             raise ModelFormatError(f"{params.source}: {exc}") from exc
-    raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported (rebar has linear and llama3)")
+    raise UnsupportedModelError(
+        f"rope scaling type {kind!r} is not supported (rebar has linear and llama3)"
+    )
 
 
 def _rope_config(config: ConfigValues) -> tuple[float, RopeScaling | None, float | None]:
     """(global theta, global scaling, local theta or None). transformers 4.x writes rope_theta +
     rope_scaling, 5.x one rope_parameters dict, per layer type for Gemma 3."""
-    params = config.section("rope_parameters" if config.raw("rope_parameters", None) else "rope_scaling")
+    params = config.section(
+        "rope_parameters" if config.raw("rope_parameters", None) else "rope_scaling"
+    )
     base = config.number("rope_theta", 10000.0)
     if params.has("full_attention"):  # one set per layer type
         theta, scaling = _rope(params.section("full_attention"), base)
@@ -119,7 +154,9 @@ def _rope_config(config: ConfigValues) -> tuple[float, RopeScaling | None, float
             raise UnsupportedModelError("scaled RoPE on the sliding-window layers is not supported")
         return theta, scaling, local_theta
     theta, scaling = _rope(params, base)
-    local_theta = config.number("rope_local_base_freq") if config.has("rope_local_base_freq") else None  # 4.x Gemma 3
+    local_theta = (
+        config.number("rope_local_base_freq") if config.has("rope_local_base_freq") else None
+    )  # 4.x Gemma 3
     return theta, scaling, local_theta
 
 
@@ -128,19 +165,31 @@ def _layer_types(config: ConfigValues, arch: str, num_layers: int) -> list[str] 
     if config.has("layer_types"):
         config.keys["sliding_layers"] = "layer_types"
         return config.list_of("layer_types", "strings")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):  # transformers 4.x: layers from max_window_layers on
+    if arch in (
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    ):  # transformers 4.x: layers from max_window_layers on
         first = config.integer("max_window_layers", 0, high=DIMENSION_LIMITS["num_layers"])
         return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     if arch == "Gemma3ForCausalLM":  # transformers 4.x: every sixth layer is global
-        pattern = config.integer("sliding_window_pattern", 6, low=1, high=DIMENSION_LIMITS["num_layers"])
-        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+        pattern = config.integer(
+            "sliding_window_pattern", 6, low=1, high=DIMENSION_LIMITS["num_layers"]
+        )
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(num_layers)
+        ]
     return None
 
 
-def _sliding(config: ConfigValues, arch: str, num_layers: int) -> tuple[int | None, tuple[bool, ...] | None]:
+def _sliding(
+    config: ConfigValues, arch: str, num_layers: int
+) -> tuple[int | None, tuple[bool, ...] | None]:
     """(window, which layers use it; None: all of them)."""
     is_qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-    if not config.raw("sliding_window", 0) or (is_qwen and not config.flag("use_sliding_window", False)):
+    if not config.raw("sliding_window", 0) or (
+        is_qwen and not config.flag("use_sliding_window", False)
+    ):
         return None, None
     window = config.dimension("sliding_window", "sliding_window")
     layer_types = _layer_types(config, arch, num_layers)
@@ -168,7 +217,9 @@ def decoder_config(config: ConfigValues, arch: str) -> ModelConfig:
     _check_supported(config, arch)
     act = config.string("hidden_activation", None) or config.string("hidden_act", "silu")
     if act not in _ACTIVATIONS:
-        raise UnsupportedModelError(f"activation {act!r} is not supported for {arch} (rebar has {sorted(_ACTIVATIONS)})")
+        raise UnsupportedModelError(
+            f"activation {act!r} is not supported for {arch} (rebar has {sorted(_ACTIVATIONS)})"
+        )
     hidden = config.dimension("hidden_size", "hidden_size")
     num_heads = config.dimension("num_attention_heads", "num_heads")
     num_layers = config.dimension("num_hidden_layers", "num_layers")
@@ -177,7 +228,11 @@ def decoder_config(config: ConfigValues, arch: str) -> ModelConfig:
     window, sliding_layers = _sliding(config, arch, num_layers)
     attention_bias = config.flag("attention_bias", False)
     is_gemma = arch == "Gemma3ForCausalLM"
-    scalar = config.number("query_pre_attn_scalar") if config.raw("query_pre_attn_scalar", None) else None
+    scalar = (
+        config.number("query_pre_attn_scalar")
+        if config.raw("query_pre_attn_scalar", None)
+        else None
+    )
     return config.model_config(
         architecture="llama",
         source_architecture=arch,
@@ -189,7 +244,9 @@ def decoder_config(config: ConfigValues, arch: str) -> ModelConfig:
         num_kv_heads=config.dimension("num_key_value_heads", "num_kv_heads", num_heads),
         head_dim=head_dim,
         intermediate_size=config.dimension("intermediate_size", "intermediate_size"),
-        max_position_embeddings=config.dimension("max_position_embeddings", "max_position_embeddings", 2048),
+        max_position_embeddings=config.dimension(
+            "max_position_embeddings", "max_position_embeddings", 2048
+        ),
         norm_eps=config.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,

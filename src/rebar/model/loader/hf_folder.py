@@ -37,16 +37,28 @@ def _read_json(path: Path, kind: type = dict) -> Any:
     """The JSON in `path`, which must be a `kind` (an object unless said otherwise)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
+    except (
+        UnicodeDecodeError,
+        ValueError,
+    ) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise ModelFormatError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(value, kind):
-        raise ModelFormatError(f"{path} holds {_JSON_KINDS.get(type(value), 'a value')} where "
-                               f"{_JSON_KINDS[kind]} belongs")
+        raise ModelFormatError(
+            f"{path} holds {_JSON_KINDS.get(type(value), 'a value')} where "
+            f"{_JSON_KINDS[kind]} belongs"
+        )
     return value
 
 
-_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "a boolean", type(None): "null"}
+_JSON_KINDS = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -60,7 +72,9 @@ def _safetensors_files(folder: Path) -> list[Path]:
         return [folder / s for s in shards]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelFormatError(f"{folder} has no *.safetensors weights (pickled .bin files are never loaded)")
+        raise ModelFormatError(
+            f"{folder} has no *.safetensors weights (pickled .bin files are never loaded)"
+        )
     return files
 
 
@@ -104,12 +118,18 @@ def _sentence_transformers_head(folder: Path) -> tuple[str, bool, int | None]:
     modules_file = folder / "modules.json"
     if modules_file.is_file():
         modules = _read_json(modules_file, list)
-        normalize = any(isinstance(m, dict) and str(m.get("type", "")).endswith("Normalize") for m in modules)
+        normalize = any(
+            isinstance(m, dict) and str(m.get("type", "")).endswith("Normalize") for m in modules
+        )
     bert_file = folder / "sentence_bert_config.json"
     if not bert_file.is_file():
         return pooling, normalize, None
     head = ConfigValues(_read_json(bert_file), str(bert_file))
-    max_seq = head.dimension("max_seq_length", "max_seq_length") if head.raw("max_seq_length", None) else None
+    max_seq = (
+        head.dimension("max_seq_length", "max_seq_length")
+        if head.raw("max_seq_length", None)
+        else None
+    )
     return pooling, normalize, max_seq
 
 
@@ -172,24 +192,36 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     for file in _safetensors_files(folder):
         try:
             with safe_open(file, framework="pt") as handle:
-                for file_name in handle.keys():
+                for file_name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                     if _IGNORED.match(file_name):
                         continue
                     parts = parts_of(file_name)
                     if parts is None:
-                        raise UnsupportedModelError(f"tensor {file_name!r} in {file.name} has no place in a {arch} model")
+                        raise UnsupportedModelError(
+                            f"tensor {file_name!r} in {file.name} has no place in a {arch} model"
+                        )
                     view = handle.get_slice(file_name)
                     shape = tuple(int(d) for d in view.get_shape())
                     storage = view.get_dtype()
                     for name, part in parts.items():
-                        part_shape = shape if part.rows is None else (part.rows[1] - part.rows[0], *shape[1:])
+                        part_shape = (
+                            shape
+                            if part.rows is None
+                            else (part.rows[1] - part.rows[0], *shape[1:])
+                        )
                         if part.rows is not None and part.rows[1] > shape[0]:
-                            raise ModelFormatError(f"tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
-                                                   f"{part.rows[0]}..{part.rows[1]} from the model config")
-                        infos[name] = TensorInfo(name, file_name, part_shape, storage, _num_bytes(part_shape, storage))
+                            raise ModelFormatError(
+                                f"tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
+                                f"{part.rows[0]}..{part.rows[1]} from the model config"
+                            )
+                        infos[name] = TensorInfo(
+                            name, file_name, part_shape, storage, _num_bytes(part_shape, storage)
+                        )
                         locations[name] = (file, part)
         except SafetensorError as exc:
-            raise ModelFormatError(f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
+            raise ModelFormatError(
+                f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}"
+            ) from exc
 
     files = MappedSafetensors()
 
@@ -217,7 +249,18 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     )
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 def _num_bytes(shape: tuple[int, ...], storage: str) -> int:

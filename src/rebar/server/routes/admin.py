@@ -14,7 +14,9 @@ router = APIRouter()
 
 class ProfileRequest(_Strict):
     steps: int = Field(10, ge=1, le=1000)  # engine steps to profile
-    timeout_s: float = Field(30.0, gt=0, le=600)  # stop early if this passes (an idle engine takes no steps)
+    timeout_s: float = Field(
+        30.0, gt=0, le=600
+    )  # stop early if this passes (an idle engine takes no steps)
     top: int = Field(20, ge=1, le=200)  # operators in the summary
 
 

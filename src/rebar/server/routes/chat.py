@@ -22,16 +22,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.rebar
     llm, engine = state.chat_model(body.model)
     params = chat_params(body)
-    prompt_ids = await prompts.chat_prompt(llm, [m.model_dump(exclude_none=True) for m in body.messages])
-    render = ChatRenderer(llm.tokenizer, f"chatcmpl-{request.scope['state']['internal_id']}", body.model, params.logprobs is not None)
+    prompt_ids = await prompts.chat_prompt(
+        llm, [m.model_dump(exclude_none=True) for m in body.messages]
+    )
+    render = ChatRenderer(
+        llm.tokenizer,
+        f"chatcmpl-{request.scope['state']['internal_id']}",
+        body.model,
+        params.logprobs is not None,
+    )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await respond(state, request, engine, render, "chat", prompt_ids, params, body.stream, include_usage)
+    return await respond(
+        state, request, engine, render, "chat", prompt_ids, params, body.stream, include_usage
+    )
 
 
 class ChatRenderer(Renderer):
     object_name = "chat.completion.chunk"
 
-    def __init__(self, tokenizer: Tokenizer, response_id: str, model: str, with_logprobs: bool) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, response_id: str, model: str, with_logprobs: bool
+    ) -> None:
         super().__init__(response_id, model)
         self.tokenizer, self.with_logprobs = tokenizer, with_logprobs
 
@@ -45,24 +56,50 @@ class ChatRenderer(Renderer):
                 {
                     "index": c.index,
                     "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(self.tokenizer, list(c.logprobs)) if self.with_logprobs else None,
+                    "logprobs": chat_logprobs(self.tokenizer, list(c.logprobs))
+                    if self.with_logprobs
+                    else None,
                     "finish_reason": openai_finish_reason(c.finish_reason),
                 }
                 for c in completion.choices
             ],
-            "usage": usage(completion.num_prompt_tokens, completion.num_completion_tokens, completion.num_cached_tokens),
+            "usage": usage(
+                completion.num_prompt_tokens,
+                completion.num_completion_tokens,
+                completion.num_cached_tokens,
+            ),
         }
 
     def _delta(self, index: int, text: str, logprobs: list) -> str:
         lp = chat_logprobs(self.tokenizer, logprobs) if self.with_logprobs else None
-        return self.chunk([{"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
+        return self.chunk(
+            [{"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}]
+        )
 
     def _final(self, index: int, reason: str | None) -> str:
-        return self.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": openai_finish_reason(reason)}])
+        return self.chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": openai_finish_reason(reason),
+                }
+            ]
+        )
 
     def opening(self, n: int) -> Iterator[str]:
         for index in range(n):
-            yield self.chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+            yield self.chunk(
+                [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
 
     def output_chunks(self, output: RequestOutput) -> Iterator[str]:
         if output.text_delta or (self.with_logprobs and output.logprobs):

@@ -45,7 +45,13 @@ async def metrics(request: Request) -> Response:
 async def models(request: Request) -> dict:
     state = request.app.state.rebar
     created = state.models.created
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "rebar"} for name in state.models.names()]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "rebar"}
+            for name in state.models.names()
+        ],
+    }
 
 
 @router.post("/v1/embeddings")
@@ -59,23 +65,36 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
         raise InvalidRequestError("input strings must not be empty", "input")
     dim = llm.config.hidden_size
     if body.dimensions is not None and body.dimensions != dim:
-        raise InvalidRequestError(f"this model returns {dim} dimensions; dimensions={body.dimensions} is not supported", "dimensions")
+        raise InvalidRequestError(
+            f"this model returns {dim} dimensions; dimensions={body.dimensions} is not supported",
+            "dimensions",
+        )
     num_tokens = await prompts.count_tokens(llm, texts)
     headers = await flow.check_rate_limit(state, request, num_tokens)
     tenant = flow.tenant(state, request)
     cache_model = body.model if tenant is None else f"{body.model}:{tenant}"
     work = _embed_with_cache(state, cache_model, texts)
-    vectors, headers["X-Cache"] = await generation.unless_disconnected(request, work, state.request_timeout_s)
+    vectors, headers["X-Cache"] = await generation.unless_disconnected(
+        request, work, state.request_timeout_s
+    )
     data = []
     for index, vector in enumerate(vectors):
         values = np.asarray(vector, dtype=np.float32)
-        encoded = base64.b64encode(values.tobytes()).decode() if body.encoding_format == "base64" else values.tolist()
+        encoded = (
+            base64.b64encode(values.tobytes()).decode()
+            if body.encoding_format == "base64"
+            else values.tolist()
+        )
         data.append({"object": "embedding", "index": index, "embedding": encoded})
     usage = {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
-    return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage}, headers=headers)
+    return JSONResponse(
+        {"object": "list", "data": data, "model": body.model, "usage": usage}, headers=headers
+    )
 
 
-async def _embed_with_cache(state, cache_model: str, texts: list[str]) -> tuple[list[np.ndarray], str]:
+async def _embed_with_cache(
+    state, cache_model: str, texts: list[str]
+) -> tuple[list[np.ndarray], str]:
     """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once).
 
     `cache_model` names the model, and the tenant when caches are isolated.
