@@ -1,4 +1,5 @@
-"""rebar shortens libgomp's busy-wait before torch loads it, and leaves a user's choice alone."""
+"""The `rebar` command shortens libgomp's busy-wait before torch loads it and leaves a user's choice
+alone; importing rebar as a library changes nothing in the process."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 
 import pytest
 
-# Records what libgomp will see: the environment at the moment torch (which loads libgomp) is imported.
-PROBE = """
+# Records what libgomp will see: the environment at the moment torch (which loads libgomp) is
+# imported. `rebar config show` imports no torch, so the probe imports it right after the command.
+SPY = """
 import builtins, os, sys
 seen = {}
 real_import = builtins.__import__
@@ -18,15 +20,26 @@ def spy(name, *args, **kwargs):
         seen["at_torch"] = (os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
     return real_import(name, *args, **kwargs)
 builtins.__import__ = spy
-import rebar.engine.llm
+"""
+THROUGH_THE_COMMAND = SPY + """
+import contextlib, io
+import rebar.cli
+assert "torch" not in sys.modules
+with contextlib.redirect_stdout(io.StringIO()):
+    rebar.cli.main(["config", "show"])
+import torch
+print(seen["at_torch"])
+"""
+AS_A_LIBRARY = SPY + """
+import rebar, rebar.engine.llm
 print(seen["at_torch"])
 """
 
 
-def probe(**env: str) -> tuple:
+def probe(script: str, **env: str) -> tuple:
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     out = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", script],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -43,5 +56,9 @@ def probe(**env: str) -> tuple:
         ({"OMP_WAIT_POLICY": "ACTIVE"}, (None, "ACTIVE")),
     ],
 )
-def test_spin_count_is_set_before_torch_loads(env, expected):
-    assert probe(**env) == expected
+def test_the_command_sets_the_spin_count_before_torch_loads(env, expected) -> None:
+    assert probe(THROUGH_THE_COMMAND, **env) == expected
+
+
+def test_importing_rebar_leaves_the_environment_alone() -> None:
+    assert probe(AS_A_LIBRARY) == (None, None)

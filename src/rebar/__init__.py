@@ -1,18 +1,23 @@
 """rebar: an LLM inference service built from first principles.
 
 `LLM`, `SamplingParams` and `CompletionOutput` load lazily, so `import rebar` (and commands that
-need no model, such as `rebar config show`) do not pay for importing torch.
+need no model, such as `rebar config show`) do not pay for importing torch. Importing rebar changes
+nothing in the process: a program that wants rebar's OpenMP setting calls `shorten_openmp_spin()`
+before it imports torch, as the `rebar` command does.
 """
 
 from typing import TYPE_CHECKING, Any
 
+from rebar.errors import RebarError
 from rebar.openmp_env import shorten_openmp_spin
 
-shorten_openmp_spin()  # before anything imports torch (and with it libgomp, which reads it once)
-
-from rebar.errors import RebarError  # noqa: E402
-
-__all__ = ["LLM", "CompletionOutput", "RebarError", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "RebarError",
+    "SamplingParams",
+    "shorten_openmp_spin",
+]
 __version__ = "0.1.0"
 
 _LAZY = {

@@ -12,6 +12,7 @@ from pathlib import Path
 from rebar.bench.cli import add_bench_parser
 from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
+from rebar.openmp_env import shorten_openmp_spin
 from rebar.quant.cli import add_quantize_parser
 
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # engine.kv_cache_dtype's values
@@ -353,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shorten_openmp_spin()  # before any command imports torch (libgomp reads it once, on load)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
