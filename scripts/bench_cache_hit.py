@@ -31,7 +31,12 @@ def wait_ready(url: str, timeout_s: float = 120.0) -> None:
 
 
 def timed_chat(url: str, model: str, prompt: str) -> tuple[float, str | None]:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 32,
+        "temperature": 0,
+    }
     started = time.perf_counter()
     response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
     response.raise_for_status()
@@ -45,19 +50,44 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=10)
     parser.add_argument("--hits", type=int, default=20)
     args = parser.parse_args()
-    env = {**os.environ, "REBAR_ENGINE__MAX_MODEL_LEN": "1024", "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20)}
-    command = [sys.executable, "-m", "rebar.cli", "serve", "--model", args.model, "--port", str(args.port), "--embedding-model", "none"]
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "REBAR_ENGINE__MAX_MODEL_LEN": "1024",
+        "REBAR_ENGINE__KV_CACHE_MEMORY": str(128 * 2**20),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "rebar.cli",
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(args.port),
+        "--embedding-model",
+        "none",
+    ]
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url)
-        fresh = [timed_chat(url, args.model, f"Tell me a fact about the number {i}.") for i in range(args.fresh)]
-        hits = [timed_chat(url, args.model, "Tell me a fact about the number 3.") for _ in range(args.hits)]
+        fresh = [
+            timed_chat(url, args.model, f"Tell me a fact about the number {i}.")
+            for i in range(args.fresh)
+        ]
+        hits = [
+            timed_chat(url, args.model, "Tell me a fact about the number 3.")
+            for _ in range(args.hits)
+        ]
         if any(cache != "MISS" for _, cache in fresh) or any(cache != "HIT" for _, cache in hits):
             raise SystemExit("unexpected X-Cache values: is the cache enabled?")
         fresh_ms = statistics.median(t for t, _ in fresh) * 1000
         hit_ms = statistics.median(t for t, _ in hits) * 1000
-        print(f"fresh generation p50 {fresh_ms:.1f} ms, cache hit p50 {hit_ms:.1f} ms, ratio {fresh_ms / hit_ms:.0f}x")
+        print(
+            f"fresh generation p50 {fresh_ms:.1f} ms, cache hit p50 {hit_ms:.1f} ms, ratio {fresh_ms / hit_ms:.0f}x"
+        )
     finally:
         server.terminate()
         server.wait(30)

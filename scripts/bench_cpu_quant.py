@@ -23,8 +23,13 @@ import torch.nn.functional as F
 from rebar.kernels import cpu_quant
 
 LAYER_SHAPES = [  # (name, out_features, in_features)
-    ("q", 576, 576), ("k", 192, 576), ("v", 192, 576), ("o", 576, 576),
-    ("gate", 1536, 576), ("up", 1536, 576), ("down", 576, 1536),
+    ("q", 576, 576),
+    ("k", 192, 576),
+    ("v", 192, 576),
+    ("o", 576, 576),
+    ("gate", 1536, 576),
+    ("up", 1536, 576),
+    ("down", 576, 1536),
 ]
 LM_HEAD = ("lm_head", 49152, 576)
 GROUP = 32
@@ -63,7 +68,9 @@ def rebar_int4(out_f: int, in_f: int) -> Linear:
 
 
 def rebar_int8(out_f: int, in_f: int) -> Linear:
-    packed = cpu_quant.pack_int8(torch.randint(-128, 128, (out_f, in_f), dtype=torch.int8), torch.rand(out_f, 1) * 1e-3, in_f)
+    packed = cpu_quant.pack_int8(
+        torch.randint(-128, 128, (out_f, in_f), dtype=torch.int8), torch.rand(out_f, 1) * 1e-3, in_f
+    )
     return lambda x: cpu_quant.linear_packed(x, packed)
 
 
@@ -76,7 +83,9 @@ METHODS: dict[str, Callable[[int, int], Linear]] = {
 }
 
 
-def time_layers(layers: list[list[Linear]], inputs: list[torch.Tensor], repeats: int, stat: Stat) -> list[float]:
+def time_layers(
+    layers: list[list[Linear]], inputs: list[torch.Tensor], repeats: int, stat: Stat
+) -> list[float]:
     """µs per call of each layer shape (median or min over calls), over `repeats` passes through
     every layer copy."""
     samples: list[list[float]] = [[] for _ in LAYER_SHAPES]
@@ -104,7 +113,11 @@ def time_packing(layers: int) -> float:
     """Seconds to pack SmolLM2-135M's int4 weights (every layer and the lm_head), as at model load."""
     shapes = [(out_f, in_f) for _, out_f, in_f in LAYER_SHAPES] * layers + [LM_HEAD[1:]]
     raw = [
-        (torch.randint(0, 256, (o, i // 2), dtype=torch.uint8), torch.rand(o, i // GROUP).half(), torch.rand(o, i // GROUP).half())
+        (
+            torch.randint(0, 256, (o, i // 2), dtype=torch.uint8),
+            torch.rand(o, i // GROUP).half(),
+            torch.rand(o, i // GROUP).half(),
+        )
         for o, i in shapes
     ]
     start = time.perf_counter()
@@ -130,11 +143,17 @@ def main() -> None:
     print(f"extension ready in {time.perf_counter() - start:.1f} s (a first build compiles it)")
     print(f"packing SmolLM2-135M's int4 weights: {time_packing(args.layers):.2f} s")
 
-    header = f"{'method':38s} {'rows':>4s} " + " ".join(f"{name:>6s}" for name, _, _ in LAYER_SHAPES)
-    print(f"{args.stat} µs per call, {args.threads} threads, {args.layers} layer copies; token ms = layers x layer + lm_head\n")
+    header = f"{'method':38s} {'rows':>4s} " + " ".join(
+        f"{name:>6s}" for name, _, _ in LAYER_SHAPES
+    )
+    print(
+        f"{args.stat} µs per call, {args.threads} threads, {args.layers} layer copies; token ms = layers x layer + lm_head\n"
+    )
     print(header + f" {'layer':>7s} {'lm_head':>8s} {'token ms':>8s}")
     for method, make in METHODS.items():
-        layers = [[make(out_f, in_f) for _, out_f, in_f in LAYER_SHAPES] for _ in range(args.layers)]
+        layers = [
+            [make(out_f, in_f) for _, out_f, in_f in LAYER_SHAPES] for _ in range(args.layers)
+        ]
         lm_head = make(LM_HEAD[1], LM_HEAD[2])
         for rows in args.rows:
             inputs = [torch.randn(rows, in_f) for _, _, in_f in LAYER_SHAPES]

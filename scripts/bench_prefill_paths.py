@@ -30,11 +30,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM("smollm2", engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048))
-    int4 = [m for m in llm.model.modules() if isinstance(m, QuantLinear) and m.weight_q.describe() in ("Q4_0", "Q4_1")]
+    llm = LLM(
+        "smollm2", engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048)
+    )
+    int4 = [
+        m
+        for m in llm.model.modules()
+        if isinstance(m, QuantLinear) and m.weight_q.describe() in ("Q4_0", "Q4_1")
+    ]
     plans = {
         "rebar int4 kernel": {id(m): m.kernels for m in int4},
-        "dequantize + fp32": {id(m): (KernelChoice(math.inf, DequantizedMatmul(m.weight_q)),) for m in int4},
+        "dequantize + fp32": {
+            id(m): (KernelChoice(math.inf, DequantizedMatmul(m.weight_q)),) for m in int4
+        },
     }
     rng = random.Random(0)
     vocab = llm.tokenizer.vocab_size
@@ -51,7 +59,9 @@ def main() -> None:
             for module in int4:
                 module.kernels = plan[id(module)]
             time_prefill()  # warm-up
-            print(f"round {round_index + 1}: {name:18s} {min(time_prefill() for _ in range(3)):.3f} s")
+            print(
+                f"round {round_index + 1}: {name:18s} {min(time_prefill() for _ in range(3)):.3f} s"
+            )
 
 
 if __name__ == "__main__":

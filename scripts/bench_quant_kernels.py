@@ -54,7 +54,9 @@ def dense(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: F.linear(x.to(weight.dtype), weight).float()
 
 
-def kernels_for(in_features: int, out_features: int, group_size: int, cold_bytes: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def kernels_for(
+    in_features: int, out_features: int, group_size: int, cold_bytes: int
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     copies = max(2, -(-cold_bytes // (4 * in_features * out_features)))
     weights = [torch.randn(out_features, in_features) * 0.02 for _ in range(copies)]
     int8 = [quantize_int8(w) for w in weights]
@@ -75,13 +77,20 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--min-seconds", type=float, default=0.3, help="time spent per measurement")
-    parser.add_argument("--cold-mib", type=int, default=256, help="float32 MiB of distinct weight copies cycled through")
+    parser.add_argument(
+        "--cold-mib",
+        type=int,
+        default=256,
+        help="float32 MiB of distinct weight copies cycled through",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     batches = [int(b) for b in args.batch.split(",")]
-    print(f"torch {torch.__version__}, {args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"weights cycled through {args.cold_mib} MiB")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"weights cycled through {args.cold_mib} MiB"
+    )
     header = None
     for in_features, out_features in SHAPES:
         kernels = kernels_for(in_features, out_features, args.group_size, args.cold_mib * 2**20)
@@ -92,8 +101,14 @@ def main() -> None:
         for rows in batches:
             x = torch.randn(rows, in_features)
             with torch.inference_mode():
-                cells = [f"{median_us(lambda k=k: k(x), args.min_seconds):.0f}" for k in kernels.values()]
-            print(f"| {in_features}->{out_features} | {rows} | " + " | ".join(cells) + " |", flush=True)
+                cells = [
+                    f"{median_us(lambda k=k, x=x: k(x), args.min_seconds):.0f}"
+                    for k in kernels.values()
+                ]
+            print(
+                f"| {in_features}->{out_features} | {rows} | " + " | ".join(cells) + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -31,10 +31,21 @@ def make(kind: str, out: int, inn: int, small_pages: bool) -> cpu_quant.PackedQu
         if kind == "Q8_0":
             return cpu_quant.pack_sym(byte(inn, 256), 8, half(inn // 32), 32, 128)
         if kind == "Q4_K":
-            return cpu_quant.pack_super_affine(byte(inn, 16), 4, half(inn // 256), half(inn // 256), byte(inn // 32, 64),
-                                               byte(inn // 32, 64))
-        return cpu_quant.pack_super_sym(byte(inn, 64), 6, half(inn // 256),
-                                        torch.randint(-128, 128, (rows, inn // 16), dtype=torch.int8), 32)
+            return cpu_quant.pack_super_affine(
+                byte(inn, 16),
+                4,
+                half(inn // 256),
+                half(inn // 256),
+                byte(inn // 32, 64),
+                byte(inn // 32, 64),
+            )
+        return cpu_quant.pack_super_sym(
+            byte(inn, 64),
+            6,
+            half(inn // 256),
+            torch.randint(-128, 128, (rows, inn // 16), dtype=torch.int8),
+            32,
+        )
 
     return pack(0, out) if small_pages else cpu_quant.pack_in_row_chunks(out, out, pack)
 
@@ -45,7 +56,9 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=(8192, 2048), metavar=("OUT", "IN"))
     parser.add_argument("--copies", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--small-pages", action="store_true", help="plain torch memory instead of huge pages")
+    parser.add_argument(
+        "--small-pages", action="store_true", help="plain torch memory instead of huge pages"
+    )
     parser.add_argument("--kinds", nargs="+", default=["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -62,8 +75,10 @@ def main() -> None:
                 cpu_quant.linear_packed(x, weight)
             best = min(best, (time.perf_counter() - started) / len(weights))
         nbytes = weights[0].num_bytes
-        print(f"{kind:5s} {out}x{inn}: {best * 1e6:8.1f} us per call, {nbytes / best / 1e9:6.2f} GB/s "
-              f"({nbytes / 2**20:.1f} MiB)")
+        print(
+            f"{kind:5s} {out}x{inn}: {best * 1e6:8.1f} us per call, {nbytes / best / 1e9:6.2f} GB/s "
+            f"({nbytes / 2**20:.1f} MiB)"
+        )
 
 
 if __name__ == "__main__":

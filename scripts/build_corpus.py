@@ -31,9 +31,24 @@ MIN_CODE_CHARS = 400
 MAX_CODE_CHARS = 2000
 HELDOUT_ONE_IN = 5  # modules whose hash is 0 mod 5 are held out
 # Bytes of text per split and kind.
-BUDGETS = {"calib": {"prose": 200_000, "code": 80_000}, "heldout": {"prose": 100_000, "code": 40_000}}
+BUDGETS = {
+    "calib": {"prose": 200_000, "code": 80_000},
+    "heldout": {"prose": 100_000, "code": 40_000},
+}
 # Folders with generated data, tests, demos or vendored code rather than library prose.
-SKIPPED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "pydoc_data", "encodings", "__pycache__", "config-3.11-x86_64-linux-gnu"}
+SKIPPED_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "encodings",
+    "__pycache__",
+    "config-3.11-x86_64-linux-gnu",
+}
 
 
 def stable_hash(text: str) -> int:
@@ -87,7 +102,7 @@ def build(stdlib: Path) -> dict[str, list[dict[str, str]]]:
     chosen: dict[str, list[dict[str, str]]] = {}
     for split, records in candidates.items():
         records.sort(key=lambda r: (stable_hash(r["source"] + r["kind"]), r["source"], r["kind"]))
-        spent = {kind: 0 for kind in BUDGETS[split]}
+        spent = dict.fromkeys(BUDGETS[split], 0)
         chosen[split] = []
         for record in records:
             size = len(record["text"].encode())

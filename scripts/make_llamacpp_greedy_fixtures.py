@@ -41,11 +41,27 @@ QUESTIONS = [
 ]
 # Strings whose tokenization is easy to get wrong: scripts, emoji, whitespace runs, code, specials.
 TRICKY = [
-    "Hello world", "  leading spaces", "trailing spaces   ", "tabs\tand\nnewlines\n\n\nrun",
-    "日本語のテキストと漢字", "中文分词测试", "한국어 문장입니다", "emoji 🎉🍣👩‍👩‍👧 and ✨", "مرحبا بالعالم",
-    "Ελληνικά και русский", "café naïve façade", "def f(x):\n    return x ** 2  # square\n",
-    "if (a && b) { return c[i]; }", "1234567890 3.14159 1e-9", "<bos>text<eos>", "<start_of_turn>user\nhi<end_of_turn>",
-    "<|im_start|>system<|im_end|>", "     ", "a" * 40, "\u200b zero width", "line1\r\nline2",
+    "Hello world",
+    "  leading spaces",
+    "trailing spaces   ",
+    "tabs\tand\nnewlines\n\n\nrun",
+    "日本語のテキストと漢字",
+    "中文分词测试",
+    "한국어 문장입니다",
+    "emoji 🎉🍣👩‍👩‍👧 and ✨",
+    "مرحبا بالعالم",
+    "Ελληνικά και русский",
+    "café naïve façade",
+    "def f(x):\n    return x ** 2  # square\n",
+    "if (a && b) { return c[i]; }",
+    "1234567890 3.14159 1e-9",
+    "<bos>text<eos>",
+    "<start_of_turn>user\nhi<end_of_turn>",
+    "<|im_start|>system<|im_end|>",
+    "     ",
+    "a" * 40,
+    "\u200b zero width",
+    "line1\r\nline2",
 ]
 PLAIN = [
     "The quick brown fox jumps over the lazy dog. The dog",
@@ -66,27 +82,48 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="alias or .gguf path")
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--chat-template", default=CHAT, help="format string a question is put into")
+    parser.add_argument(
+        "--chat-template", default=CHAT, help="format string a question is put into"
+    )
     parser.add_argument("--llama-server", default=None)
     args = parser.parse_args()
 
     path = resolve_model_path(args.model)
     tool = find_tool("llama-server", args.llama_server)
-    version = subprocess.run([str(tool), "--version"], capture_output=True, text=True).stderr.strip().splitlines()
+    version = (
+        subprocess.run([str(tool), "--version"], capture_output=True, text=True)
+        .stderr.strip()
+        .splitlines()
+    )
     texts = [args.chat_template.format(q) for q in QUESTIONS] + PLAIN
     cases, tokenized = [], []
-    with LlamaServer(tool, path, threads=2, port=free_port(), parallel=1, slot_context=2048) as server:
+    with LlamaServer(
+        tool, path, threads=2, port=free_port(), parallel=1, slot_context=2048
+    ) as server:
+
         def tokenize(text: str, add_special: bool) -> list[int]:
-            return httpx.post(server.url + "/tokenize", json={"content": text, "add_special": add_special,
-                                                             "parse_special": True}, timeout=60).json()["tokens"]
+            return httpx.post(
+                server.url + "/tokenize",
+                json={"content": text, "add_special": add_special, "parse_special": True},
+                timeout=60,
+            ).json()["tokens"]
 
         tokenized = [{"text": text, "ids": tokenize(text, False)} for text in TRICKY]
         for text in texts:
             ids = tokenize(text, True)  # a prompt starts as the file says (Gemma's <bos>)
-            reply = httpx.post(server.url + "/completion", timeout=600, json={
-                "prompt": ids, "n_predict": args.tokens, "top_k": 1, "temperature": 0.0,
-                "cache_prompt": False, "return_tokens": True, "samplers": ["top_k"],
-            }).json()
+            reply = httpx.post(
+                server.url + "/completion",
+                timeout=600,
+                json={
+                    "prompt": ids,
+                    "n_predict": args.tokens,
+                    "top_k": 1,
+                    "temperature": 0.0,
+                    "cache_prompt": False,
+                    "return_tokens": True,
+                    "samplers": ["top_k"],
+                },
+            ).json()
             cases.append({"text": text, "prompt_ids": ids, "greedy_ids": reply["tokens"]})
     out = {
         "generator": "scripts/make_llamacpp_greedy_fixtures.py",

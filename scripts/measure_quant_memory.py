@@ -38,11 +38,16 @@ print(json.dumps(status()))
 """
 
 
-LOAD_FLAGS = ("", "dequantize")  # how the model is loaded: as it comes (quantized weights kept), or expanded
+LOAD_FLAGS = (
+    "",
+    "dequantize",
+)  # how the model is loaded: as it comes (quantized weights kept), or expanded
 
 
 def measure(model: str, how: str) -> dict[str, float]:
-    result = subprocess.run([sys.executable, "-c", CHILD, model, how], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, model, how], capture_output=True, text=True, check=True
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -55,9 +60,14 @@ def main() -> None:
         label, _, spec = argument.partition("=")
         model, _, flag = spec.partition(":")
         if flag not in LOAD_FLAGS:
-            raise SystemExit(f"{argument}: unknown flag {flag!r}; use one of {', '.join(f for f in LOAD_FLAGS if f)}")
+            raise SystemExit(
+                f"{argument}: unknown flag {flag!r}; use one of {', '.join(f for f in LOAD_FLAGS if f)}"
+            )
         values = measure(model, flag)
-        print(f"| {label} | {values['VmRSS']:.0f} | {values['VmHWM']:.0f} | {values['VmRSS'] - baseline['VmRSS']:.0f} |", flush=True)
+        print(
+            f"| {label} | {values['VmRSS']:.0f} | {values['VmHWM']:.0f} | {values['VmRSS'] - baseline['VmRSS']:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Benchmarks: offline engine, HTTP serving, comparisons with llama.cpp, the performance gate."""

@@ -1,0 +1,1 @@
+"""Model quality checks: perplexity over held-out text."""

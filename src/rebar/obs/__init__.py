@@ -1,4 +1,4 @@
-"""Observability: Prometheus metrics (more side services — tracing, logging, profiling — to come)."""
+"""Observability: Prometheus metrics, OpenTelemetry traces, JSON logs, torch-profiler traces."""
 
 from rebar.obs.metrics import RequestTimer, ServerMetrics
 

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP service: app, routes, schemas, middleware, streaming, caches and limits."""
