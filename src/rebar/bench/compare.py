@@ -29,8 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -42,6 +43,7 @@ from rebar.bench.llamacpp import (
     run_llama_bench,
 )
 
+Figures = TypeVar("Figures")
 MEMORY_ALLOWANCE = 400 * 2**20  # bytes above the file and the KV cache a loaded model may take
 
 
@@ -174,12 +176,11 @@ def measure_rebar(
     return RebarFigures(decode, prefill, tokens / (decode_end - decode_start))
 
 
-def medians(runs: list) -> object:
+def medians(runs: list[Figures]) -> Figures:
     """The field-wise median of dataclass instances of one type."""
     kind = type(runs[0])
-    return kind(
-        *(statistics.median(getattr(r, f) for r in runs) for f in kind.__dataclass_fields__)
-    )
+    names = [f.name for f in fields(kind)]  # type: ignore[arg-type]  # Figures are dataclasses
+    return kind(*(statistics.median(getattr(r, name) for r in runs) for name in names))
 
 
 # ----- rebar's memory, in a fresh process -----------------------------------------------------------
@@ -300,7 +301,8 @@ def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
         deadline = time.monotonic() + 600
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"rebar serve exited: {server.stderr.read().decode()[-2000:]}")
+                stderr = server.stderr.read().decode() if server.stderr else ""
+                raise RuntimeError(f"rebar serve exited: {stderr[-2000:]}")
             try:
                 if httpx.get(url + "/ready", timeout=2).status_code == 200:
                     break
@@ -385,7 +387,7 @@ def build_rows(
             compared(
                 f"HTTP {config.concurrency} streams, output tok/s",
                 ours.output_tokens_per_s,
-                theirs and theirs.output_tokens_per_s,
+                theirs.output_tokens_per_s if theirs else None,
                 config.http_target,
                 True,
             )
@@ -393,7 +395,7 @@ def build_rows(
         ttft = compared(
             f"HTTP {config.concurrency} streams, p95 TTFT s",
             ours.ttft_p95_s,
-            theirs and theirs.ttft_p95_s,
+            theirs.ttft_p95_s if theirs else None,
             1.0,
             False,
         )

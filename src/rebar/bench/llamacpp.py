@@ -226,7 +226,8 @@ class LlamaServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise PeerUnavailable(f"llama-server exited: {self._process.stderr.read()[-1500:]}")
+                stderr = self._process.stderr.read() if self._process.stderr else ""
+                raise PeerUnavailable(f"llama-server exited: {stderr[-1500:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return

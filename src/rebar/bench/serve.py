@@ -366,8 +366,8 @@ async def _stream(
         result.error_message = f"body ended without data: [DONE] (content-type {response.headers.get('content-type')!r})"
         return
     result.ok = True
-    has_usage = result.usage_output_tokens is not None
-    result.output_tokens = result.usage_output_tokens if has_usage else result.num_content_chunks
+    reported = result.usage_output_tokens
+    result.output_tokens = reported if reported is not None else result.num_content_chunks
 
 
 async def run_request(

@@ -6,7 +6,7 @@ Needs Redis 2.6+ (Lua scripting); tested against Redis 6.2.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -100,7 +100,8 @@ class RedisStore:
             raise StoreError(f"redis {op} failed: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call("GET", self._client.get(key))
+        # The pool never decodes responses, so a value is bytes (redis-py's type says bytes or str).
+        return cast("bytes | None", await self._call("GET", self._client.get(key)))
 
     async def set(self, key: str, value: bytes, ttl_ms: int | None = None) -> None:
         check_value(value)
