@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
@@ -338,15 +339,10 @@ def _peer(notes: list[str], what: str, measure):
         return None
 
 
-def build_rows(
-    config: CompareConfig,
-    rebar: RebarFigures,
-    bench,
-    batched,
-    memory: MemoryFigures | None,
-    http: tuple[HttpFigures, HttpFigures | None] | None,
-) -> list[Row]:
-    rows = [
+def engine_rows(config: CompareConfig, rebar: RebarFigures, bench, batched) -> list[Row]:
+    """Decode, prefill and batched decode: rebar's engine against llama-bench and batched-bench."""
+    batch_shape = f"{config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens}"
+    return [
         compared(
             f"decode tok/s (tg{config.gen_tokens})",
             rebar.decode_tokens_per_s,
@@ -362,47 +358,110 @@ def build_rows(
             False,
         ),
         compared(
-            f"batched decode tok/s ({config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens})",
+            f"batched decode tok/s ({batch_shape})",
             rebar.batched_decode_tokens_per_s,
             batched and batched.decode_tokens_per_s,
             config.batched_target,
             True,
         ),
     ]
+
+
+def memory_row(memory: MemoryFigures) -> Row:
+    mib = 2**20
+    return Row(
+        "peak resident MiB (file + KV + 400 MiB)",
+        memory.peak_bytes / mib,
+        None,
+        None,
+        f"<= {memory.bound_bytes / mib:.0f}",
+        memory.peak_bytes <= memory.bound_bytes,
+    )
+
+
+def http_rows(config: CompareConfig, ours: HttpFigures, theirs: HttpFigures | None) -> list[Row]:
+    """Streamed throughput and p95 TTFT against llama-server; any failed request fails the TTFT row."""
+    throughput = compared(
+        f"HTTP {config.concurrency} streams, output tok/s",
+        ours.output_tokens_per_s,
+        theirs.output_tokens_per_s if theirs else None,
+        config.http_target,
+        True,
+    )
+    ttft = compared(
+        f"HTTP {config.concurrency} streams, p95 TTFT s",
+        ours.ttft_p95_s,
+        theirs.ttft_p95_s if theirs else None,
+        1.0,
+        False,
+    )
+    if ours.num_failed:
+        ttft.passed = False
+    return [throughput, ttft]
+
+
+def build_rows(
+    config: CompareConfig,
+    rebar: RebarFigures,
+    bench,
+    batched,
+    memory: MemoryFigures | None,
+    http: tuple[HttpFigures, HttpFigures | None] | None,
+) -> list[Row]:
+    rows = engine_rows(config, rebar, bench, batched)
     if memory is not None:
-        mib = 2**20
-        rows.append(
-            Row(
-                "peak resident MiB (file + KV + 400 MiB)",
-                memory.peak_bytes / mib,
-                None,
-                None,
-                f"<= {memory.bound_bytes / mib:.0f}",
-                memory.peak_bytes <= memory.bound_bytes,
-            )
-        )
+        rows.append(memory_row(memory))
     if http is not None:
-        ours, theirs = http
-        rows.append(
-            compared(
-                f"HTTP {config.concurrency} streams, output tok/s",
-                ours.output_tokens_per_s,
-                theirs.output_tokens_per_s if theirs else None,
-                config.http_target,
-                True,
-            )
-        )
-        ttft = compared(
-            f"HTTP {config.concurrency} streams, p95 TTFT s",
-            ours.ttft_p95_s,
-            theirs.ttft_p95_s if theirs else None,
-            1.0,
-            False,
-        )
-        if ours.num_failed:
-            ttft.passed = False
-        rows.append(ttft)
+        rows += http_rows(config, *http)
     return rows
+
+
+def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], object]]:
+    """What each repeat runs of llama.cpp (nothing for a file llama.cpp cannot read)."""
+    if path.suffix != ".gguf":
+        return {}
+    tools = config.tools
+    return {
+        "llama-bench": lambda: run_llama_bench(
+            find_tool("llama-bench", tools.get("llama-bench")),
+            path,
+            config.threads,
+            config.prompt_tokens,
+            config.gen_tokens,
+            repetitions=1,
+        ),
+        "llama-batched-bench": lambda: run_batched_bench(
+            find_tool("llama-batched-bench", tools.get("llama-batched-bench")),
+            path,
+            config.threads,
+            config.batch,
+            config.batch_prompt_tokens,
+            config.batch_gen_tokens,
+        ),
+    }
+
+
+def alternate_runs(
+    llm, config: CompareConfig, path: Path, notes: list[str]
+) -> tuple[list[RebarFigures], dict[str, list]]:
+    """rebar's engine and each llama.cpp tool, one run of each per repeat; a tool that fails once
+    is not tried again."""
+    tokenizer = llm.tokenizer
+    allowed = [t for t in range(tokenizer.vocab_size) if not tokenizer.is_special(t)]
+    rng = random.Random(config.seed)
+    _token_times(llm.engine, {"warm-up": allowed[:8]}, 4)
+    peers = peer_measures(config, path)
+    rebar_runs: list[RebarFigures] = []
+    peer_runs: dict[str, list] = {name: [] for name in peers}
+    for run in range(config.repeats):
+        rebar_runs.append(measure_rebar(llm.engine, config, allowed, rng, run))
+        for name, measure in list(peers.items()):
+            figures = _peer(notes, name, measure)
+            if figures is None:
+                del peers[name]
+            else:
+                peer_runs[name].append(figures)
+    return rebar_runs, peer_runs
 
 
 def run_compare(config: CompareConfig) -> CompareReport:
@@ -415,61 +474,22 @@ def run_compare(config: CompareConfig) -> CompareReport:
     if llm.engine is None:
         raise ValueError(f"{config.model} is an embedding model; compare needs a generator")
     path = Path(llm.checkpoint.path)
-    tokenizer = llm.tokenizer
-    allowed = [t for t in range(tokenizer.vocab_size) if not tokenizer.is_special(t)]
-    rng = random.Random(config.seed)
-    _token_times(llm.engine, {"warm-up": allowed[:8]}, 4)
-
     notes: list[str] = []
     if path.suffix != ".gguf":
         notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
-    tools, is_gguf = config.tools, path.suffix == ".gguf"
-    peers = (
-        {  # what each repeat runs of llama.cpp; a tool that fails once is not tried again
-            "llama-bench": lambda: run_llama_bench(
-                find_tool("llama-bench", tools.get("llama-bench")),
-                path,
-                config.threads,
-                config.prompt_tokens,
-                config.gen_tokens,
-                repetitions=1,
-            ),
-            "llama-batched-bench": lambda: run_batched_bench(
-                find_tool("llama-batched-bench", tools.get("llama-batched-bench")),
-                path,
-                config.threads,
-                config.batch,
-                config.batch_prompt_tokens,
-                config.batch_gen_tokens,
-            ),
-        }
-        if is_gguf
-        else {}
-    )
-    rebar_runs: list[RebarFigures] = []
-    peer_runs: dict[str, list] = {name: [] for name in peers}
-    for run in range(config.repeats):
-        rebar_runs.append(measure_rebar(llm.engine, config, allowed, rng, run))
-        for name, measure in list(peers.items()):
-            figures = _peer(notes, name, measure)
-            if figures is None:
-                del peers[name]
-            else:
-                peer_runs[name].append(figures)
+    rebar_runs, peer_runs = alternate_runs(llm, config, path, notes)
     del llm
-    bench = medians(peer_runs["llama-bench"]) if peer_runs.get("llama-bench") else None
-    batched = (
-        medians(peer_runs["llama-batched-bench"]) if peer_runs.get("llama-batched-bench") else None
+    bench, batched = (
+        medians(peer_runs[name]) if peer_runs.get(name) else None
+        for name in ("llama-bench", "llama-batched-bench")
     )
     memory = measure_memory(config.model, path, config.threads)
     http = None
     if config.http:
         ours = measure_rebar_http(config.model, config)
-        theirs = (
-            _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
-            if is_gguf
-            else None
-        )
+        theirs = None
+        if path.suffix == ".gguf":
+            theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
         http = (ours, theirs)
     rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http)
     return CompareReport(config.model, config.threads, rows, notes)
