@@ -467,9 +467,8 @@ def _read_env() -> dict[str, Any]:
             expected = "a JSON object" if field is None else 'a JSON list, e.g. ["a", "b"]'
             try:
                 json.loads(raw)
-            except (
-                json.JSONDecodeError
-            ) as exc:  # the message never echoes the value: it may be a key
+            except json.JSONDecodeError as exc:
+                # the message never echoes the value: it may be a key
                 raise ConfigError(
                     f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}"
                 ) from None

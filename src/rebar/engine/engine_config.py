@@ -29,7 +29,6 @@ CPU_KV_CACHE_CAP = 2 * 2**30  # bytes; a CPU box shares its memory with everythi
 DtypeName = Literal["float32", "float16", "bfloat16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
 KvCacheDtype = Literal["auto", DtypeName]
-KV_CACHE_DTYPES: tuple[str, ...] = get_args(KvCacheDtype)
 
 
 def torch_dtype(name: str) -> torch.dtype:
