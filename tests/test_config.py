@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from markers import requires_smollm2
 from rebar.config import PROCESS_ENV_SWITCHES, EngineSettings, Settings, load_settings, to_toml
 from rebar.errors import ConfigError
 
@@ -445,3 +446,29 @@ def test_config_show_reports_errors_with_exit_2(tmp_path: Path) -> None:
     )
     result = rebar("config", "show", "--config", str(tmp_path / "nope.toml"), env={})
     assert result.returncode == 2 and "nope.toml" in result.stderr
+
+
+@requires_smollm2
+def test_engine_settings_reach_the_served_engine() -> None:
+    """What the server loads runs on the [engine] settings: batching, block size, KV cache."""
+    import torch
+
+    from rebar.engine.scheduler import SchedulerConfig
+    from rebar.server.app import load_models
+
+    settings = load_settings(
+        overrides={
+            "models.embedding": "",
+            "engine.max_num_seqs": 3,
+            "engine.max_num_batched_tokens": 64,
+            "engine.block_size": 8,
+            "engine.max_model_len": 256,
+            "engine.kv_cache_memory": 2**23,
+            "engine.kv_cache_dtype": "bfloat16",
+        }
+    )
+    core = load_models(settings).chat.engine
+    assert core.scheduler.config == SchedulerConfig(3, 64)
+    assert core.max_model_len == 256 and core.kv_manager.block_size == 8
+    assert core.runner.kv_cache.keys[0].dtype == torch.bfloat16
+    assert core.runner.kv_cache.num_bytes <= 2**23
