@@ -70,7 +70,7 @@ def test_scheduler_config_checks_the_engine_settings_it_shares() -> None:
         ({"dtype": "int8"}, "'int8'"),
         ({"device": "tpu"}, "'tpu'"),
         ({"max_model_len": 1}, "engine.max_model_len"),
-        ({"engine_config": None, "max_model_len": "long"}, "engine.max_model_len"),
+        ({"max_model_len": "long"}, "engine.max_model_len"),
     ],
 )
 def test_llm_settings_are_checked_before_the_model_is_opened(kwargs, named) -> None:
