@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from markers import requires_gemma3, requires_minilm, requires_smollm2
 
 
@@ -175,3 +177,90 @@ def test_profile_writes_a_chrome_trace_and_prints_top_operators(tmp_path) -> Non
 def test_profile_refuses_zero_steps() -> None:
     result = rebar("profile", "--steps", "0")
     assert result.returncode == 2 and "must be >= 1" in result.stderr
+
+
+# --- engine flags: one per engine setting, derived from EngineConfig's definitions ---------------
+
+
+def parse(*argv: str):
+    from rebar.cli import build_parser
+
+    return build_parser().parse_args(argv)
+
+
+def test_engine_flags_reach_the_engine_config() -> None:
+    from rebar.engine.engine_config import EngineConfig
+    from rebar.setting_flags import engine_config_from_flags
+
+    args = parse(
+        "generate",
+        "--block-size", "8",
+        "--kv-cache-fraction", "0.5",
+        "--max-model-len", "none",
+        "--attention-backend", "torch",
+        "--no-fused-decode",
+        "--kv-cache-dtype", "bfloat16",
+        "hi",
+    )  # fmt: skip
+    assert engine_config_from_flags(args) == EngineConfig(
+        block_size=8,
+        kv_cache_fraction=0.5,
+        attention_backend="torch",
+        fused_decode=False,
+        kv_cache_dtype="bfloat16",
+    )
+    assert engine_config_from_flags(parse("chat")) == EngineConfig()  # no flag: the defaults
+
+
+def test_serve_flags_override_the_settings_file_and_unset_with_none(tmp_path: Path) -> None:
+    from rebar.cli import serve_overrides
+    from rebar.config import load_settings
+
+    config = tmp_path / "rebar.toml"
+    config.write_text("[engine]\nmax_model_len = 1024\nblock_size = 32\nmax_num_seqs = 4\n")
+    args = parse(
+        "serve", "--max-model-len", "none", "--block-size", "8", "--no-enable-prefix-caching"
+    )
+    engine = load_settings(config, serve_overrides(args)).engine
+    assert (engine.max_model_len, engine.block_size, engine.enable_prefix_caching) == (
+        None,
+        8,
+        False,
+    )
+    assert engine.max_num_seqs == 4  # no flag: the file's value stays
+
+
+def test_invalid_serve_flag_is_a_config_error_naming_the_setting() -> None:
+    from rebar.cli import serve_overrides
+    from rebar.config import load_settings
+    from rebar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"engine\.block_size = 0 from overrides.*>= 1"):
+        load_settings(None, serve_overrides(parse("serve", "--block-size", "0")))
+
+
+def test_invalid_engine_flag_fails_before_the_model_loads(capsys) -> None:
+    from rebar.cli import main
+
+    assert main(["generate", "--model", "/no/such/model.gguf", "--max-model-len", "1", "hi"]) == 2
+    assert "error: invalid setting engine.max_model_len = 1; allowed: an integer >= 2" in (
+        capsys.readouterr().err
+    )
+
+
+def test_bad_kv_cache_dtype_flag_is_refused_with_the_valid_names() -> None:
+    result = rebar("bench", "offline", "--kv-cache-dtype", "int8")
+    assert result.returncode == 2
+    assert "--kv-cache-dtype: invalid choice: 'int8'" in result.stderr
+    assert "'auto', 'float32', 'float16', 'bfloat16'" in result.stderr
+
+
+def test_bench_offline_and_profile_set_the_batch_from_their_own_flags() -> None:
+    from rebar.setting_flags import engine_config_from_flags
+
+    args = parse("bench", "offline", "--concurrency", "4", "--max-num-batched-tokens", "256")
+    config = engine_config_from_flags(args, max_num_seqs=args.concurrency)
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (4, 256)
+    for command in (("bench", "offline"), ("profile",)):
+        with pytest.raises(SystemExit):
+            parse(*command, "--max-num-seqs", "2")  # --concurrency / --batch set it

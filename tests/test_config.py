@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from markers import requires_smollm2
 from rebar.config import PROCESS_ENV_SWITCHES, EngineSettings, Settings, load_settings, to_toml
 from rebar.errors import ConfigError
 
@@ -62,11 +62,9 @@ def test_defaults() -> None:
     assert settings.api_key_hashes() == frozenset()
 
 
-def test_engine_section_mirrors_engine_config() -> None:
+def test_engine_settings_reach_engine_config() -> None:
     from rebar.engine.engine_config import EngineConfig
 
-    engine_fields = {field.name for field in dataclasses.fields(EngineConfig)}
-    assert set(EngineSettings.model_fields) == engine_fields | {"num_threads"}
     assert EngineSettings().to_engine_config() == EngineConfig()
     custom = load_settings(
         overrides={
@@ -84,6 +82,41 @@ def test_engine_section_mirrors_engine_config() -> None:
         "torch",
     )
     assert config.kv_cache_dtype == "float16"
+    assert custom.engine.num_threads == 2  # not an EngineConfig field: applied by the server
+
+
+@pytest.mark.parametrize("layer", ["toml", "env", "override"])
+def test_invalid_engine_setting_is_a_config_error_from_every_layer(
+    layer: str, tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    """The engine section is derived from EngineConfig's definitions; its checks and the file,
+    variable or flag the value came from are in the message, with the valid names."""
+    text = '[engine]\nkv_cache_dtype = "int8"\n' if layer == "toml" else ""
+    config = write(tmp_path / "bad.toml", text)
+    if layer == "env":
+        clean_env.setenv("REBAR_ENGINE__KV_CACHE_DTYPE", "int8")
+    overrides = {"engine.kv_cache_dtype": "int8"} if layer == "override" else None
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, overrides)
+    message = str(caught.value)
+    assert "engine.kv_cache_dtype = 'int8'" in message
+    assert "one of 'auto', 'float32', 'float16', 'bfloat16'" in message
+    origin = {"toml": "bad.toml", "env": "REBAR_ENGINE__KV_CACHE_DTYPE", "override": "overrides"}
+    assert origin[layer] in message
+
+
+def test_engine_settings_keep_their_bounds_types_and_unset(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("REBAR_ENGINE__FUSED_DECODE", "false")
+    clean_env.setenv("REBAR_ENGINE__ATTENTION_BACKEND", "torch")
+    engine = load_settings(
+        overrides={"engine.kv_cache_memory": "", "engine.block_size": "8"}
+    ).engine
+    assert (engine.fused_decode, engine.attention_backend) == (False, "torch")
+    assert (engine.kv_cache_memory, engine.block_size) == (None, 8)
+    with pytest.raises(ConfigError, match=r"engine\.block_size = True .*an integer >= 1"):
+        load_settings(overrides={"engine.block_size": True})
+    with pytest.raises(ConfigError, match=r"engine\.max_num_seqs = 0 .*>= 1"):
+        load_settings(overrides={"engine.max_num_seqs": 0})
 
 
 def test_example_toml_loads_and_equals_the_defaults() -> None:
@@ -204,7 +237,7 @@ def test_invalid_port_names_key_value_range_and_source(
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("models.dtype", "int8", "'float32', 'bfloat16', 'float16'"),
+        ("models.dtype", "int8", "'float32', 'float16', 'bfloat16'"),
         ("logging.level", "loud", "'debug', 'info', 'warning', 'error'"),
         ("models.device", "tpu", "cuda:N"),
         ("server.port", "eighty", "an integer from 1 to 65535"),
@@ -413,3 +446,29 @@ def test_config_show_reports_errors_with_exit_2(tmp_path: Path) -> None:
     )
     result = rebar("config", "show", "--config", str(tmp_path / "nope.toml"), env={})
     assert result.returncode == 2 and "nope.toml" in result.stderr
+
+
+@requires_smollm2
+def test_engine_settings_reach_the_served_engine() -> None:
+    """What the server loads runs on the [engine] settings: batching, block size, KV cache."""
+    import torch
+
+    from rebar.engine.scheduler import SchedulerConfig
+    from rebar.server.app import load_models
+
+    settings = load_settings(
+        overrides={
+            "models.embedding": "",
+            "engine.max_num_seqs": 3,
+            "engine.max_num_batched_tokens": 64,
+            "engine.block_size": 8,
+            "engine.max_model_len": 256,
+            "engine.kv_cache_memory": 2**23,
+            "engine.kv_cache_dtype": "bfloat16",
+        }
+    )
+    core = load_models(settings).chat.engine
+    assert core.scheduler.config == SchedulerConfig(3, 64)
+    assert core.max_model_len == 256 and core.kv_manager.block_size == 8
+    assert core.runner.kv_cache.keys[0].dtype == torch.bfloat16
+    assert core.runner.kv_cache.num_bytes <= 2**23

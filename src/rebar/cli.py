@@ -10,19 +10,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rebar.bench.cli import add_bench_parser
+from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
 from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.openmp_env import shorten_openmp_spin
 from rebar.quant.cli import add_quantize_parser
-
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # engine.kv_cache_dtype's values
+from rebar.setting_flags import (
+    add_engine_flags,
+    as_overrides,
+    engine_config_from_flags,
+    given_settings,
+)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder"
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument(
         "--dequantize",
@@ -58,7 +63,13 @@ def _sampling_params(args: argparse.Namespace):
 def _load(args: argparse.Namespace):
     from rebar.engine.llm import LLM
 
-    return LLM(model=args.model, dtype=args.dtype, device=args.device, dequantize=args.dequantize)
+    return LLM(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        engine_config=engine_config_from_flags(args),
+        dequantize=args.dequantize,
+    )
 
 
 def _stream_to_stdout(llm, prompt: str | list[int], params) -> str:
@@ -117,7 +128,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rebar.server.app import create_app
     from rebar.server.serve import run_server
 
-    overrides = {
+    settings = load_settings(args.config, serve_overrides(args))
+    configure_logging(settings.logging.level, settings.logging.format)
+    run_server(create_app(settings), settings.server, settings.logging.level)
+    return 0
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """`rebar serve`'s flags as settings overrides; a flag not given is None (overrides nothing)."""
+    return {
         "server.host": args.host,
         "server.port": args.port,
         "models.chat": args.model,
@@ -125,12 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "models.dtype": args.dtype,
         "models.device": args.device,
         "models.dequantize": True if args.dequantize else None,
-        "engine.kv_cache_dtype": args.kv_cache_dtype,
+        **as_overrides(given_settings(args)),
     }
-    settings = load_settings(args.config, overrides)
-    configure_logging(settings.logging.level, settings.logging.format)
-    run_server(create_app(settings), settings.server, settings.logging.level)
-    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -204,13 +219,15 @@ _DECODER_FIELDS = {
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
-    from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
     from rebar.obs.profiling import profile_engine
 
-    engine_config = EngineConfig(
-        max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len)
-    )
+    fixed = {"max_num_seqs": args.batch}
+    if "engine.max_num_batched_tokens" not in given_settings(args):
+        # the whole batch's prompts fit in the first (profiled) step
+        default = EngineConfig().max_num_batched_tokens
+        fixed["max_num_batched_tokens"] = max(default, args.batch * args.input_len)
+    engine_config = engine_config_from_flags(args, **fixed)
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
@@ -277,12 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="complete a prompt, streaming tokens to stdout")
     _add_model_args(generate)
     _add_sampling_args(generate, max_tokens=128)
+    add_engine_flags(generate)
     generate.add_argument("prompt")
     generate.set_defaults(handler=cmd_generate)
 
     chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
     _add_model_args(chat)
     _add_sampling_args(chat, max_tokens=512)
+    add_engine_flags(chat)
     chat.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     chat.set_defaults(handler=cmd_chat)
 
@@ -294,19 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--embedding-model", default=None, help="embedding model ('none' disables)")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", default=None, choices=DTYPE_NAMES)
     serve.add_argument("--device", default=None)
     serve.add_argument(
         "--dequantize",
         action="store_true",
         help="expand quantized (GGUF) weights to --dtype at load: the float reference",
     )
-    serve.add_argument(
-        "--kv-cache-dtype",
-        default=None,
-        choices=KV_CACHE_DTYPES,
-        help="how the KV cache stores keys and values (auto: float16 on the CPU, else the model's dtype)",
-    )
+    add_engine_flags(serve)
     serve.set_defaults(handler=cmd_serve)
 
     inspect = commands.add_parser(
@@ -320,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_parser(commands)
     add_eval_parser(commands, _add_model_args)
 
-    add_bench_parser(commands, _add_model_args, _positive_int, KV_CACHE_DTYPES)
+    add_bench_parser(commands, _add_model_args, _positive_int)
 
     profile = commands.add_parser(
         "profile", help="profile engine steps: Chrome trace with a range per layer, top operators"
@@ -338,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
     profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
+    add_engine_flags(profile, skip={"max_num_seqs"})  # --batch sets it
     profile.set_defaults(handler=cmd_profile)
 
     config_commands = commands.add_parser("config", help="settings").add_subparsers(

@@ -26,7 +26,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -36,6 +36,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -48,10 +49,9 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from rebar.engine.engine_config import ENGINE_SETTINGS, DtypeName, EngineConfig
+from rebar.engine.setting import SettingSpec
 from rebar.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rebar.engine.engine_config import EngineConfig
 
 ENV_PREFIX = "REBAR_"
 ENV_NESTED_DELIMITER = "__"
@@ -143,7 +143,7 @@ class ModelsSettings(_Section):
 
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DtypeName = "float32"
     # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower and larger.
     # Off: they stay quantized and run on rebar's kernels (activations rounded to int8, as llama.cpp does).
     dequantize: bool = False
@@ -160,34 +160,32 @@ class ModelsSettings(_Section):
         return self
 
 
-class EngineSettings(_Section):
-    """`rebar.engine.engine_config.EngineConfig` fields (same defaults and ranges) plus torch threads."""
+def _pydantic_field(spec: SettingSpec) -> tuple[Any, Any]:
+    """The pydantic (annotation, field) for an engine setting: same type, default, bounds, help."""
+    bounds = {
+        name: getattr(spec, name) for name in ("ge", "gt", "le") if getattr(spec, name) is not None
+    }
+    annotation: Any = Annotated[spec.kind, Field(**bounds)]
+    if spec.optional:
+        annotation = Annotated[annotation | None, Unsettable]
+    return annotation, Field(spec.default, description=spec.help)
 
-    block_size: int = Field(16, ge=1)
-    max_num_seqs: int = Field(32, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = (
-        None  # None: the model's context window
-    )
-    kv_cache_memory: Annotated[Annotated[int, Field(gt=0)] | None, Unsettable] = (
-        None  # bytes; wins over the fraction
-    )
-    kv_cache_fraction: float = Field(0.2, gt=0.0, le=1.0)
-    enable_prefix_caching: bool = True
-    attention_backend: Annotated[str | None, Unsettable] = None  # None: the best one for the device
-    fused_decode: bool = True
-    # "auto": float16 for a float32 model on the CPU, else the model's dtype
-    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+
+# Every EngineConfig field, derived from its definition; validated here with the file, variable or
+# flag it came from in the message, and again (the same checks) when the EngineConfig is built.
+_ENGINE_FIELDS: dict[str, Any] = {spec.name: _pydantic_field(spec) for spec in ENGINE_SETTINGS}
+_EngineConfigFields = create_model("_EngineConfigFields", __base__=_Section, **_ENGINE_FIELDS)
+
+
+class EngineSettings(_EngineConfigFields):
+    """The `[engine]` section: `rebar.engine.engine_config.EngineConfig`'s fields plus torch threads."""
+
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = (
         None  # None: torch's default
     )
 
     def to_engine_config(self) -> EngineConfig:
         """The engine's own frozen config; `num_threads` is applied by whoever starts torch."""
-        from rebar.engine.engine_config import (
-            EngineConfig,  # imports torch: keep `rebar config show` light
-        )
-
         return EngineConfig(**self.model_dump(exclude={"num_threads"}))
 
 
@@ -469,7 +467,8 @@ def _read_env() -> dict[str, Any]:
             expected = "a JSON object" if field is None else 'a JSON list, e.g. ["a", "b"]'
             try:
                 json.loads(raw)
-            except ValueError as exc:  # the message never echoes the value: it may be a key
+            except json.JSONDecodeError as exc:
+                # the message never echoes the value: it may be a key
                 raise ConfigError(
                     f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}"
                 ) from None

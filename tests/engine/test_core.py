@@ -476,11 +476,3 @@ def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, bac
     # float16 keeps 11 significant bits: K/V off by ~2^-12 relative move these logits by well under 1%.
     error = (logits["float16"] - logits["float32"]).abs().max() / logits["float32"].abs().max()
     assert 0 < error < 1e-2
-
-
-def test_unknown_kv_cache_dtype_is_a_config_error() -> None:
-    from rebar.engine.engine_config import EngineConfig
-
-    with pytest.raises(InvalidRequestError, match="kv_cache_dtype") as info:
-        EngineConfig(kv_cache_dtype="int8")
-    assert info.value.param == "kv_cache_dtype"

@@ -111,17 +111,6 @@ def test_unknown_kv_cache_dtype_flag_is_refused(tmp_path) -> None:
     assert "--kv-cache-dtype" in log and "int8" in log and "Traceback" not in log
 
 
-def test_kv_cache_dtype_choices_agree_in_cli_settings_and_engine() -> None:
-    from typing import get_args
-
-    from rebar.cli import KV_CACHE_DTYPES
-    from rebar.config import EngineSettings
-    from rebar.engine import engine_config
-
-    assert get_args(EngineSettings.model_fields["kv_cache_dtype"].annotation) == KV_CACHE_DTYPES
-    assert ("auto", *engine_config.KV_CACHE_DTYPES) == KV_CACHE_DTYPES
-
-
 def test_missing_config_file_is_a_clean_error(tmp_path) -> None:
     process, _ = start_server(tmp_path, None, "--config", str(tmp_path / "absent.toml"))
     assert process.wait(60) == 2

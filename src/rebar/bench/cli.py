@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rebar.errors import InvalidRequestError
+from rebar.setting_flags import add_engine_flags, engine_config_from_flags
 
 
 def _write_json(path: str | None, text: str) -> None:
@@ -20,14 +21,9 @@ def _write_json(path: str | None, text: str) -> None:
 
 def cmd_bench_offline(args: argparse.Namespace) -> int:
     from rebar.bench.offline import run_offline
-    from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
 
-    engine_config = EngineConfig(
-        max_num_seqs=max(args.concurrency, 1),
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
+    engine_config = engine_config_from_flags(args, max_num_seqs=max(args.concurrency, 1))
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
@@ -151,7 +147,6 @@ def add_bench_parser(
     commands: Any,
     add_model_args: Callable[[argparse.ArgumentParser], None],
     positive_int: Callable[[str], int],
-    kv_cache_dtypes: Sequence[str],
 ) -> None:
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench", required=True
@@ -163,17 +158,13 @@ def add_bench_parser(
     offline.add_argument("--num-prompts", type=int, default=16)
     offline.add_argument("--input-len", type=int, default=128)
     offline.add_argument("--output-len", type=int, default=64)
-    offline.add_argument("--concurrency", type=int, default=1)
-    offline.add_argument("--max-num-batched-tokens", type=int, default=2048)
     offline.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=kv_cache_dtypes,
-        help="KV cache storage (auto: float16 on the CPU, else the model's dtype)",
+        "--concurrency", type=int, default=1, help="requests at once (sets --max-num-seqs)"
     )
     offline.add_argument("--seed", type=int, default=0)
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
     offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    add_engine_flags(offline, skip={"max_num_seqs"})
     offline.set_defaults(handler=cmd_bench_offline)
 
     serve = bench.add_parser(

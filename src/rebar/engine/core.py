@@ -124,9 +124,7 @@ class EngineCore:
         self.kv_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv_manager
-        )
+        self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
         self.num_requests_added = 0
 

@@ -1,85 +1,115 @@
-"""Engine settings (frozen) and the KV-cache sizing that follows from them."""
+"""Engine settings (frozen), defined once here, and the KV-cache sizing that follows from them.
+
+Each field's type, default, bounds and help text are declared on `EngineConfig` (see
+rebar.engine.setting); rebar.config derives the `[engine]` settings section from them and the
+command line its flags. torch is imported inside the functions that use it so that loading those
+definitions (every `rebar` command, `rebar config show`) stays light.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
+from rebar.engine.setting import check_settings, setting, setting_specs
 
-from rebar.errors import InvalidRequestError
-from rebar.model.config import ModelConfig
+if TYPE_CHECKING:
+    import torch
+
+    from rebar.model.config import ModelConfig
 
 logger = logging.getLogger("rebar.engine")
 
 CPU_KV_CACHE_CAP = 2 * 2**30  # bytes; a CPU box shares its memory with everything else
-KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# The one table of floating-point dtype names (each the name of a torch dtype): a model's compute
+# dtype (models.dtype) and the KV cache's storage (engine.kv_cache_dtype) are among these.
+DtypeName = Literal["float32", "float16", "bfloat16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
+KvCacheDtype = Literal["auto", DtypeName]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called `name`, one of DTYPE_NAMES."""
+    import torch
+
+    assert name in DTYPE_NAMES, name
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine batches and how much memory it gives the KV cache.
 
-    `kv_cache_memory` (bytes) wins when set; otherwise `kv_cache_fraction` of the device's available
-    memory, capped at 2 GiB on CPU. `max_model_len` defaults to the model's context window.
-    `kv_cache_dtype` is how keys and values are stored: "auto" (float16 for a float32 model on the
-    CPU, as llama.cpp's default f16 cache; else the model's dtype) or one of KV_CACHE_DTYPES.
-    float16 halves the cache's memory and the bytes each decode step reads from it; attention still
-    computes in the model's dtype.
+    Every value is checked at construction: a bad one raises rebar.errors.ConfigError naming the
+    setting (`engine.block_size`) and what it allows. `kv_cache_memory` (bytes) wins when set;
+    otherwise `kv_cache_fraction` of the device's available memory, capped at 2 GiB on CPU.
+    float16 K/V halve the cache's memory and the bytes each decode step reads from it; attention
+    still computes in the model's dtype.
     """
 
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    kv_cache_memory: int | None = None
-    kv_cache_fraction: float = 0.2
-    enable_prefix_caching: bool = True
-    attention_backend: str | None = None  # None: the best one for the device
-    # Run pure-decode steps of a quantized Llama-family model on the CPU through rebar's fused C++
-    # decode step (rebar.kernels.cpu_decode) when it applies; off: always the model's own forward.
-    fused_decode: bool = True
-    kv_cache_dtype: str = "auto"
+    block_size: int = setting(16, "Tokens per KV-cache block.", ge=1)
+    max_num_seqs: int = setting(32, "Most sequences running in one batch.", ge=1)
+    max_num_batched_tokens: int = setting(
+        2048, "Most tokens (prefill + decode) computed in one engine step.", ge=1
+    )
+    max_model_len: int | None = setting(
+        None, "Longest prompt + completion in tokens; unset: the model's context window.", ge=2
+    )
+    kv_cache_memory: int | None = setting(
+        None, "KV-cache budget in bytes; wins over kv_cache_fraction when set.", gt=0
+    )
+    kv_cache_fraction: float = setting(
+        0.2,
+        "Share of available device memory for the KV cache; capped at 2 GiB on CPU.",
+        gt=0.0,
+        le=1.0,
+    )
+    enable_prefix_caching: bool = setting(
+        True, "Reuse KV blocks of shared prompt prefixes across requests."
+    )
+    attention_backend: str | None = setting(
+        None, 'Attention kernel ("torch" or "batched"); unset: the best one for the device.'
+    )
+    fused_decode: bool = setting(
+        True,
+        "Run decode steps of a quantized Llama-family model on the CPU in one fused C++ call "
+        "(rebar.kernels.cpu_decode) when it applies; off: the model's own forward, op by op.",
+    )
+    kv_cache_dtype: KvCacheDtype = setting(
+        "auto",
+        "How K/V are stored: auto (float16 for a float32 model on the CPU, as llama.cpp's "
+        "default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
+    )
 
     def __post_init__(self) -> None:
-        checks = {
-            "block_size": self.block_size >= 1,
-            "max_num_seqs": self.max_num_seqs >= 1,
-            "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
-            "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
-            "kv_cache_memory": self.kv_cache_memory is None or self.kv_cache_memory > 0,
-            "kv_cache_fraction": 0.0 < self.kv_cache_fraction <= 1.0,
-            "kv_cache_dtype": self.kv_cache_dtype == "auto"
-            or self.kv_cache_dtype in KV_CACHE_DTYPES,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise InvalidRequestError(
-                    f"invalid engine setting {name}={getattr(self, name)!r}", name
-                )
+        check_settings(self, "engine")
 
     def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
         """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
+        import torch
+
         if self.kv_cache_dtype != "auto":
-            return KV_CACHE_DTYPES[self.kv_cache_dtype]
+            return torch_dtype(self.kv_cache_dtype)
         return (
             torch.float16 if device.type == "cpu" and model_dtype == torch.float32 else model_dtype
         )
 
 
+ENGINE_SETTINGS = setting_specs(EngineConfig, "engine")
+
+
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    return (
-        2
-        * config.num_layers
-        * config.num_kv_heads
-        * config.head_dim
-        * torch.empty(0, dtype=dtype).element_size()
-    )
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
 
 
 def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
+        import torch
+
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
     try:

@@ -16,16 +16,14 @@ from typing import Any
 import torch
 
 from rebar.engine.core import EngineCore
-from rebar.engine.engine_config import EngineConfig
+from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig, torch_dtype
 from rebar.engine.outputs import Choice, CompletionOutput, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids, with_bos
 from rebar.engine.sampling_params import SamplingParams
-from rebar.errors import InvalidRequestError
+from rebar.errors import ConfigError, InvalidRequestError
 from rebar.model.build import build_model
 from rebar.model.chat_prompt import chat_prompt_ids
 from rebar.model.loader import open_checkpoint
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -34,16 +32,19 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidRequestError(
-            f"device {device!r} requested but CUDA is not available", "device"
-        )
-    return torch.device(device)
+        raise ConfigError(f"device {device!r} requested but CUDA is not available")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ConfigError(
+            f"invalid device {device!r}; allowed: auto, cpu, mps, cuda or cuda:N"
+        ) from None
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
-    if dtype not in _DTYPES:
-        raise InvalidRequestError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}", "dtype")
-    return _DTYPES[dtype]
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"invalid dtype {dtype!r}; allowed: one of {', '.join(DTYPE_NAMES)}")
+    return torch_dtype(dtype)
 
 
 @dataclass
@@ -73,14 +74,14 @@ class LLM:
         dequantize: bool = False,
     ) -> None:
         started = time.perf_counter()
-        self.checkpoint = open_checkpoint(model)
-        self.config = self.checkpoint.config
-        self.tokenizer = self.checkpoint.tokenizer
-        self.device = resolve_device(device)
+        self.device = resolve_device(device)  # settings first: a bad one fails before the load
         self.dtype = resolve_dtype(dtype)
         engine_config = engine_config or EngineConfig()
         if max_model_len is not None:
-            engine_config = EngineConfig(**{**vars(engine_config), "max_model_len": max_model_len})
+            engine_config = replace(engine_config, max_model_len=max_model_len)
+        self.checkpoint = open_checkpoint(model)
+        self.config = self.checkpoint.config
+        self.tokenizer = self.checkpoint.tokenizer
         self.model = build_model(
             self.checkpoint,
             self.dtype,

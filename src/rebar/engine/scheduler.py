@@ -12,18 +12,28 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from rebar.engine.engine_config import EngineConfig
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.request import Request, RequestStatus
+from rebar.engine.setting import check_settings, same_setting
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 32  # requests in one step
-    max_num_batched_tokens: int = 2048  # tokens in one step (prefill chunks beyond it are split)
+    """The step limits: requests in one step, and tokens in one step (longer prefills are split).
+
+    Both are the engine settings of the same names (defaults, bounds and checks included).
+    """
+
+    max_num_seqs: int = same_setting(EngineConfig, "max_num_seqs")
+    max_num_batched_tokens: int = same_setting(EngineConfig, "max_num_batched_tokens")
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        check_settings(self, "engine")
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> SchedulerConfig:
+        return cls(config.max_num_seqs, config.max_num_batched_tokens)
 
 
 @dataclass(frozen=True)
