@@ -21,7 +21,9 @@ def spy(name, *args, **kwargs):
     return real_import(name, *args, **kwargs)
 builtins.__import__ = spy
 """
-THROUGH_THE_COMMAND = SPY + """
+THROUGH_THE_COMMAND = (
+    SPY
+    + """
 import contextlib, io
 import rebar.cli
 assert "torch" not in sys.modules
@@ -30,10 +32,14 @@ with contextlib.redirect_stdout(io.StringIO()):
 import torch
 print(seen["at_torch"])
 """
-AS_A_LIBRARY = SPY + """
+)
+AS_A_LIBRARY = (
+    SPY
+    + """
 import rebar, rebar.engine.llm
 print(seen["at_torch"])
 """
+)
 
 
 def probe(script: str, **env: str) -> tuple:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("readme_layout", ROOT / "scripts" / "readme_layout.py")
+spec = importlib.util.spec_from_file_location(
+    "readme_layout", ROOT / "scripts" / "readme_layout.py"
+)
 assert spec and spec.loader
 readme_layout = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(readme_layout)
