@@ -45,7 +45,9 @@ lint: $(STAMP)
 reliability: $(STAMP)
 	RELIABILITY_MODE=full $(PY) -m pytest -q -s tests/reliability
 
-# Cold start, p95 latency and peak RSS against perf/baseline.json, normalised by a calibration run.
+# What `make run` serves (default settings and thread count): cold start, prefill, decode, batched
+# decode, p95 latency and peak RSS against perf/baseline.json, normalised by a calibration run.
+# Re-record the baseline on a quiet machine: rebar bench gate --update-baseline (docs/benchmarks.md).
 perf-gate: $(STAMP)
 	$(VENV)/bin/rebar bench gate --baseline perf/baseline.json
 

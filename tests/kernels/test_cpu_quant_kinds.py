@@ -19,6 +19,7 @@ import torch
 from cpu_quant_helpers import KINDS, random_activations, random_kind, require_kernels
 from test_cpu_quant_linear import assert_matches
 
+from needs import requires_hardware, skip_for_hardware
 from rebar.kernels import cpu_quant
 from rebar.kernels.cpu_quant.build import ISAS, cpu_flags
 
@@ -96,13 +97,13 @@ def test_bad_layouts_raise_value_errors() -> None:
             cpu_quant._extension().linear_packed(x, args)
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason="needs an AVX2 CPU")
+@requires_hardware({"avx2", "fma", "f16c"} <= cpu_flags(), "needs an AVX2 CPU")
 def test_avx2_build_gives_the_same_bits() -> None:
     """The AVX2 fallback (REBAR_CPU_ISA=avx2, its own build) computes every kind exactly as the build
     for this CPU's widest instruction set: the integer dots are exact either way and the float steps
     are the same."""
     if cpu_quant.isa() == "avx2":
-        pytest.skip("this CPU has no VNNI: the default build is the AVX2 one")
+        skip_for_hardware("this CPU has no VNNI: the default build is the AVX2 one")
     script = textwrap.dedent(
         """
         import json, sys

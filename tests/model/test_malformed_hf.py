@@ -10,16 +10,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import hf_tiny
 import pytest
 
-pytest.importorskip("transformers")
-
-import hf_tiny
-
 from expect import raises
+from needs import need_module
 from rebar.engine.llm import LLM
 from rebar.errors import ModelFormatError, UnsupportedModelError
 from rebar.model.loader import open_checkpoint
+
+need_module("transformers")  # the reference models these tests compare against
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from needs import need_module
 from rebar.errors import InvalidRequestError
 
-transformers = pytest.importorskip("transformers")
+transformers = need_module("transformers")
 
 TEXTS = [
     "A man is eating food.",

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf, use_reference_kernels
 
+from needs import need_module
 from rebar import LLM
 from rebar.engine.engine_config import EngineConfig
 from rebar.errors import ModelFormatError
@@ -18,7 +19,7 @@ from rebar.quant.checkpoint import MANIFEST_NAME, load_quantized_checkpoint, wri
 from rebar.quant.qlinear import QuantEmbedding, QuantLinear
 from rebar.quant.quantize import QuantizeSpec, quantize, source_digest
 
-pytest.importorskip("transformers")
+need_module("transformers")
 
 FLOAT32_KV = EngineConfig(kv_cache_dtype="float32")  # transformers keeps K/V in float32 too
 

@@ -12,12 +12,11 @@ from gguf import GGMLQuantizationType as QT
 from gguf_builder import TinyConfig, model_contents, random_hf_state
 from tiny_quant import IDS, TEMPLATE, use_reference_kernels
 
+from needs import need_cpu_kernels, requires
 from rebar import LLM, SamplingParams
-from rebar.kernels import cpu_quant
 from rebar.model.loader import open_checkpoint
 from rebar.quant.qlinear import QuantEmbedding, QuantLinear
 
-NATIVE = cpu_quant.available()
 LINEARS = (
     "attn.q_proj",
     "attn.k_proj",
@@ -44,7 +43,7 @@ def tiny_file(folder: Path, storage: QT, tied: bool = False) -> Path:
     return contents.write(folder / f"tiny-{storage.name}.gguf")
 
 
-@pytest.mark.skipif(not NATIVE, reason="rebar's CPU kernels do not run on this machine")
+@requires(need_cpu_kernels)
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("storage", LEGACY + K_QUANTS, ids=lambda q: q.name)
 def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tied: bool) -> None:
@@ -86,7 +85,7 @@ def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tie
     torch.testing.assert_close(llm.logits(IDS), reference.logits(IDS), atol=1e-4, rtol=0)
 
 
-@pytest.mark.skipif(not NATIVE, reason="rebar's CPU kernels do not run on this machine")
+@requires(need_cpu_kernels)
 @pytest.mark.parametrize("storage", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 def test_generation_on_k_quants_is_batch_invariant(tmp_path: Path, storage: QT) -> None:
     """Greedy continuations through the fused step are the same alone and batched, and differ

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from needs import need_module
 from rebar.errors import InvalidRequestError
 from rebar.eval.perplexity import evaluation_tokens, perplexity, read_text, sliding_windows
 
@@ -73,7 +74,7 @@ def test_equals_full_sequence_cross_entropy_for_a_bigram_model(context: int, str
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("transformers")
+    need_module("transformers")
     import hf_tiny
 
     model = hf_tiny.build_decoder("LlamaForCausalLM", seed=3, num_key_value_heads=2)

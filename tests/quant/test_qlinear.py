@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rebar.kernels import cpu_quant
+from needs import need_cpu_kernels, requires
 from rebar.quant import qlinear
 from rebar.quant.int_formats import QuantizedWeight, quantize_int4, quantize_int8, unpack_int4
 from rebar.quant.qlinear import (
@@ -169,9 +169,7 @@ def test_dequantize_path_expands_large_weights_a_slice_at_a_time() -> None:
     torch.testing.assert_close(kernel(x), x @ weight.dequantize().T, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(
-    not cpu_quant.available(), reason="rebar's CPU kernels do not run on this machine"
-)
+@requires(need_cpu_kernels)
 @pytest.mark.parametrize("name", ["int8", "int4-g32", "int4-g64"])
 def test_plan_prefers_rebars_cpu_kernels_for_every_batch(name: str) -> None:
     weight = WEIGHTS[name]

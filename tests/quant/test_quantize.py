@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_quant import tiny_gguf
 
+from needs import need_module
 from rebar.errors import InvalidRequestError
 from rebar.model.loader import open_checkpoint
 from rebar.quant.calib_data import JsonlDataset
@@ -66,7 +67,7 @@ def test_output_folder_must_be_new_or_empty(source: Path, tmp_path: Path) -> Non
 
 
 def test_embedding_models_are_refused(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
+    need_module("transformers")
     import hf_tiny
 
     folder = hf_tiny.save_bert(hf_tiny.build_bert(seed=1), tmp_path / "bert")

@@ -4,15 +4,14 @@ is one a live rebar actually exports."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from needs import need_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "alerts.yml"
@@ -22,12 +21,7 @@ RECORDED = re.compile(r"\brebar:[a-z0-9_:]+")
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing; .ci/run installs it (apt-get install prometheus)")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return path
+    return need_binary("promtool", "apt-get install prometheus; .ci/run installs it")
 
 
 def test_promtool_checks_and_unit_tests_pass() -> None:

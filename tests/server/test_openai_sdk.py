@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-openai = pytest.importorskip("openai")
+from needs import need_module
+
+openai = need_module("openai")
 
 # SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar
 # (their greedy answers are the same); with this one both answer the question.

@@ -6,10 +6,10 @@ A missing tool skips its tests with the command that installs it; under CI (CI=t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import NoReturn
 
-import pytest
+from needs import missing
 
 REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = REPO / "web"
@@ -17,7 +17,5 @@ STATIC_DIR = REPO / "src" / "rebar" / "web" / "static"
 CHROMIUM = Path("/usr/bin/chromium")
 
 
-def missing_tool(message: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI requires {message}", pytrace=False)
-    pytest.skip(f"needs {message}")
+def missing_tool(message: str) -> NoReturn:
+    missing(message)

@@ -116,7 +116,11 @@ def cmd_bench_gate(args: argparse.Namespace) -> int:
     from rebar.bench.gate import run_gate
 
     return run_gate(
-        args.model, Path(args.baseline), update=args.update_baseline, threads=args.threads
+        args.model,
+        Path(args.baseline),
+        update=args.update_baseline,
+        threads=args.threads,
+        accept_regression=args.accept_regression,
     )
 
 
@@ -241,7 +245,22 @@ def add_bench_parser(
     compare.set_defaults(handler=cmd_bench_compare)
 
     gate = bench.add_parser(
-        "gate", help="CI performance gate: cold start, p95 latency, peak RSS against a baseline"
+        "gate",
+        help="CI performance gate: what `make run` serves, against a committed baseline",
+        description=(
+            "Measures the chat model as `make run` serves it (default settings: quantized GGUF "
+            "weights, the fused decode step, the default thread count): cold start, prefill, "
+            "decode, batched decode, p95 latency (each divided by a calibration run in the same "
+            "process) and peak RSS, and fails on a figure beyond its tolerance of the baseline."
+        ),
+        epilog=(
+            "Re-baselining: on a quiet machine (nothing else running), at the commit to record, "
+            "run `rebar bench gate --update-baseline`. It measures, judges the result against the "
+            "current baseline and refuses to write a regression unless --accept-regression "
+            "'REASON' says why it is accepted; the file records the machine, the commit, the "
+            "thread count, the workload and any accepted regression. Then run the gate twice: "
+            "both runs must pass. Details: docs/benchmarks.md."
+        ),
     )
     gate.add_argument("--model", default="smollm2")
     gate.add_argument(
@@ -250,13 +269,19 @@ def add_bench_parser(
     gate.add_argument(
         "--update-baseline",
         action="store_true",
-        help="measure and write the baseline instead of judging",
+        help="measure and write the baseline; refused when it regresses (see below)",
+    )
+    gate.add_argument(
+        "--accept-regression",
+        default=None,
+        metavar="REASON",
+        help="with --update-baseline: write it despite a regression; REASON is recorded",
     )
     gate.add_argument(
         "--threads",
-        type=int,
-        default=1,
-        help="torch threads (1: immune to the barrier stalls a busy machine causes; must match the baseline)",
+        type=positive_int,
+        default=None,
+        help="torch threads (default: torch's default, as `make run` uses; must match the baseline)",
     )
     gate.set_defaults(handler=cmd_bench_gate)
 

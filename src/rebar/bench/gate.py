@@ -1,23 +1,32 @@
 """`rebar bench gate`: a performance gate for CI on noisy machines.
 
-Three figures, each normalised by a calibration measured in the same run, so a slower (or busier)
-machine moves the calibration and the figure together:
+It measures what `make run` serves: the chat model loaded with the default settings (GGUF weights
+kept quantized on rebar's CPU kernels, the fused decode step, the float16 KV cache) at the default
+thread count (torch's, as `rebar serve` leaves it). Six figures, every time figure divided by a
+calibration measured in the same run at the same thread count, so a slower (or busier) machine
+moves the calibration and the figure together:
 
-- `cold_start`: seconds from spawning a fresh Python process to its first generated token
-  (imports, model load, KV-cache allocation, one prefill), divided by the calibration time;
-- `p95_latency`: p95 end-to-end latency of a fixed small workload on the engine (16 requests,
-  32 prompt + 16 output tokens, 4 at a time), divided by the calibration time;
+- `cold_start`: a fresh Python process spawned to its first generated token (imports, model load,
+  KV-cache allocation, one prefill);
+- `prefill`: time to the first token of one `prompt_tokens` prompt;
+- `decode`: seconds per token of one stream (the fused step at one row, the quantized lm_head);
+- `batched_decode`: seconds per decode step of `streams` streams at once (the fused step's rows
+  split over the threads);
+- `p95_latency`: p95 end-to-end latency of `streams` requests (32 prompt + 16 output tokens),
+  a quarter of them at a time;
 - `peak_rss`: the cold-start process's peak resident memory minus that of a process that only
-  imported the same libraries (MiB) — memory does not depend on speed, the baseline removes the
-  interpreter and libraries.
+  imported the same libraries (MiB).
 
-The calibration is a fixed synthetic decoder step (random weights shaped like a small Llama) run
-with the same thread count: the same operators, so it slows down with the workload. Everything runs
-on one thread by default: with two or more, a busy machine stalls every parallel operator's barrier
-for a scheduler time slice whenever another process holds a core, which slows the figures by a
-factor that has nothing to do with the code under test. Each figure is
-compared with a committed baseline (`perf/baseline.json`); one beyond its tolerance fails the gate
-and the output says which one and by how much.
+The calibration is a fixed float32 decoder step (random weights shaped like a small Llama) on
+torch's own operators: none of rebar's code, so a regression in rebar cannot hide in it, and the
+same threads, so it slows down with the machine. The engine figures are medians of `repeats` runs
+of `rebar bench offline`'s code. Each figure is compared with a committed baseline
+(`perf/baseline.json`, `rebar.bench.gate_baseline`); one beyond its tolerance fails the gate and
+the output says which one and by how much.
+
+Re-baselining (`update=True`) measures the same way and then judges the fresh figures against the
+current baseline: a regression is refused unless `accept_regression` states why, and that reason
+is recorded in the file with the machine and the commit.
 """
 
 from __future__ import annotations
@@ -27,17 +36,37 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-TOLERANCES = {
-    "cold_start": 0.35,
-    "p95_latency": 0.35,
-    "peak_rss": 0.15,
-}  # allowed relative increase
-UNITS = {"cold_start": "x calibration", "p95_latency": "x calibration", "peak_rss": "MiB"}
+from rebar.bench.gate_baseline import (
+    Baseline,
+    BaselineError,
+    Verdict,
+    judge,
+    new_record,
+    record_command,
+)
+
+if TYPE_CHECKING:
+    from rebar.engine.core import EngineCore
+    from rebar.engine.llm import LLM
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the gate runs; a baseline judges only the workload it was measured on."""
+
+    prompt_tokens: int = 256  # the prefill figure's prompt
+    decode_tokens: int = 64  # the decode figure's output
+    streams: int = 16  # the batched-decode and p95 figures' requests
+    repeats: int = 3  # engine figures are medians of this many runs
+    calibration_steps: int = 32
 
 
 def calibrate(repeats: int = 7, steps: int = 32) -> float:
@@ -69,174 +98,229 @@ def calibrate(repeats: int = 7, steps: int = 32) -> float:
     return statistics.median(run() for _ in range(repeats))
 
 
-@dataclass(frozen=True)
-class ColdStart:
-    seconds: float
-    peak_rss_mib: float
+def default_llm(model: str) -> LLM:
+    """`model` loaded as `rebar serve` loads its chat model when no setting is given."""
+    from rebar.config import EngineSettings, ModelsSettings
+    from rebar.engine.llm import LLM
+
+    models = ModelsSettings.model_validate({"chat": model})  # every other field its default
+    return LLM(
+        model,
+        dtype=models.dtype,
+        device=models.device,
+        engine_config=EngineSettings.model_validate({}).to_engine_config(),
+        dequantize=models.dequantize,
+    )
 
 
+# ----- cold start and memory: fresh processes ----------------------------------------------------
+
+# The peak comes from VmHWM, which starts afresh at exec; getrusage's ru_maxrss keeps the parent's
+# peak across fork + exec, so a child smaller than the gate's own process would read the gate's.
 _CHILD = """
-import resource, sys, time
+import time
 started = time.perf_counter()
-{imports}
+import numpy, torch
+import rebar.bench.gate, rebar.config, rebar.engine.llm
 torch.set_num_threads({threads})
 if {load}:
-    from rebar.engine.llm import LLM
     from rebar.engine.sampling_params import SamplingParams
-    llm = LLM({model!r}, engine_config=__import__("rebar.engine.engine_config", fromlist=["x"]).EngineConfig(max_model_len=512))
+    llm = rebar.bench.gate.default_llm({model!r})
     llm.generate("Hello", SamplingParams(max_tokens=1, temperature=0))
-print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+peak_kib = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(time.perf_counter() - started, peak_kib, flush=True)
 """
 
 
-def _child(model: str, load: bool) -> ColdStart:
-    imports = "import torch, numpy, rebar.engine.llm"
-    code = _CHILD.format(imports=imports, load=load, model=model, threads=torch.get_num_threads())
+def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
+    """(seconds from spawning the process to its exit, its peak RSS in MiB)."""
+    code = _CHILD.format(load=load, model=model, threads=threads)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"cold-start process failed:\n{done.stderr[-2000:]}")
-    _inner, max_rss_kib = done.stdout.split()[-2:]
-    return ColdStart(wall, int(max_rss_kib) / 1024)
+    _inner, peak_kib = done.stdout.split()[-2:]
+    return wall, int(peak_kib) / 1024
 
 
-def measure_cold_start(model: str) -> tuple[float, float]:
-    """(seconds to the first token of a fresh process, its peak RSS above a libraries-only process in MiB)."""
-    bare = _child(model, load=False)
-    loaded = _child(model, load=True)
-    return loaded.seconds, loaded.peak_rss_mib - bare.peak_rss_mib
+def measure_cold_start(model: str, threads: int) -> tuple[float, float]:
+    """(seconds to the first token of a fresh process, its peak RSS above a libraries-only one, MiB)."""
+    _bare_s, bare_rss = _child(model, threads, load=False)
+    loaded_s, loaded_rss = _child(model, threads, load=True)
+    return loaded_s, loaded_rss - bare_rss
 
 
-def measure_p95_latency(model: str) -> float:
-    """p95 end-to-end seconds of the fixed workload, after one warm-up request."""
+# ----- the engine figures: `rebar bench offline`'s measuring code ----------------------------------
+
+
+def measure_engine(llm: LLM, workload: Workload) -> dict[str, float]:
+    """Seconds of each engine figure, medians of `workload.repeats` runs with fresh prompts."""
     from rebar.bench.offline import run_offline
-    from rebar.engine.engine_config import EngineConfig
-    from rebar.engine.llm import LLM
 
-    llm = LLM(model, engine_config=EngineConfig(max_num_seqs=4, max_model_len=512))
-    run_offline(llm.engine, num_prompts=1, input_len=8, output_len=2, concurrency=1, seed=1)
-    result = run_offline(
-        llm.engine, num_prompts=16, input_len=32, output_len=16, concurrency=4, seed=0
+    core = llm.engine
+    assert core is not None, "the gate measures a chat model"
+    run_offline(core, num_prompts=1, input_len=8, output_len=2, concurrency=1, seed=99)  # warm-up
+    w = workload
+
+    def prefill(core: EngineCore, seed: int) -> float:
+        result = run_offline(core, 1, w.prompt_tokens, 1, 1, seed=100 + seed)
+        return result.ttft_ms["p50"] / 1000
+
+    def decode(core: EngineCore, seed: int) -> float:
+        result = run_offline(core, 1, 16, w.decode_tokens, 1, seed=200 + seed)
+        return 1 / result.decode_tokens_per_s_per_stream
+
+    def batched_decode(core: EngineCore, seed: int) -> float:
+        # Every stream gets one token per step: a stream's rate is the step rate.
+        result = run_offline(core, w.streams, 32, 32, w.streams, seed=300 + seed)
+        return 1 / result.decode_tokens_per_s_per_stream
+
+    def p95_latency(core: EngineCore, seed: int) -> float:
+        result = run_offline(core, w.streams, 32, 16, max(1, w.streams // 4), seed=400 + seed)
+        return result.e2e_ms["p95"] / 1000
+
+    figures: tuple[Callable[[EngineCore, int], float], ...] = (
+        prefill,
+        decode,
+        batched_decode,
+        p95_latency,
     )
-    return result.e2e_ms["p95"] / 1000
+    return {f.__name__: statistics.median(f(core, r) for r in range(w.repeats)) for f in figures}
 
 
 @dataclass(frozen=True)
-class GateFigures:
+class Measurement:
     calibration_s: float
-    cold_start_s: float
-    p95_latency_s: float
-    cold_start: float  # normalised
-    p95_latency: float  # normalised
-    peak_rss: float  # MiB above the libraries-only process
+    seconds: dict[str, float]  # cold_start and the engine figures
+    peak_rss_mib: float  # above the libraries-only process
+    fused_decode: bool  # whether decode steps ran on the fused CPU step
 
-    def normalised(self) -> dict[str, float]:
-        return {
-            "cold_start": self.cold_start,
-            "p95_latency": self.p95_latency,
-            "peak_rss": self.peak_rss,
-        }
+    def figures(self) -> dict[str, float]:
+        """The judged figures: every time divided by the calibration, memory in MiB."""
+        normalised = {name: s / self.calibration_s for name, s in self.seconds.items()}
+        return normalised | {"peak_rss": self.peak_rss_mib}
 
 
-def measure(model: str) -> GateFigures:
-    # Calibrate before and after, and use the mean: the machine's load can drift during the run.
-    before = calibrate()
-    cold_start_s, rss = measure_cold_start(model)
-    p95 = measure_p95_latency(model)
-    calibration = (before + calibrate()) / 2
-    return GateFigures(
-        calibration, cold_start_s, p95, cold_start_s / calibration, p95 / calibration, rss
-    )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    figure: str
-    measured: float
-    baseline: float
-    tolerance: float
-
-    @property
-    def ratio(self) -> float:
-        return self.measured / self.baseline if self.baseline else float("inf")
-
-    @property
-    def passed(self) -> bool:
-        return self.ratio <= 1 + self.tolerance
-
-    def line(self) -> str:
-        verdict = "ok  " if self.passed else "FAIL"
-        change = (self.ratio - 1) * 100
-        return (
-            f"{verdict} {self.figure:<12} {self.measured:10.2f} {UNITS[self.figure]:<14} baseline {self.baseline:10.2f}  "
-            f"{change:+6.1f}% (limit +{self.tolerance * 100:.0f}%)"
-        )
-
-
-def judge(
-    measured: dict[str, float],
-    baseline: dict[str, float],
-    tolerances: dict[str, float] = TOLERANCES,
-) -> list[Verdict]:
-    missing = sorted(set(tolerances) - set(baseline))
-    if missing:
-        raise ValueError(
-            f"baseline lacks {', '.join(missing)}; regenerate it with --update-baseline"
-        )
-    return [
-        Verdict(name, measured[name], baseline[name], tolerance)
-        for name, tolerance in tolerances.items()
-    ]
-
-
-def run_gate(model: str, baseline_path: Path, update: bool = False, threads: int = 1) -> int:
-    if not update and not baseline_path.exists():
-        print(
-            f"no baseline at {baseline_path}: measure one on a quiet machine with --update-baseline "
-            "(and check that the gate then passes twice) before the gate can judge anything"
-        )
-        return 2
-    if not update:
-        recorded = json.loads(baseline_path.read_text()).get("threads", 1)
-        if recorded != threads:
-            raise ValueError(f"the baseline was measured with {recorded} thread(s), not {threads}")
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        figures = measure(model)
+        yield
     finally:
         torch.set_num_threads(previous)
-    print(
-        f"calibration {figures.calibration_s * 1e3:.1f} ms; cold start {figures.cold_start_s:.2f} s; "
-        f"p95 latency {figures.p95_latency_s * 1e3:.0f} ms (threads {threads})"
+
+
+def measure(model: str, workload: Workload, threads: int) -> Measurement:
+    from rebar.kernels import cpu_quant
+
+    cpu_quant.available()  # build the kernels now, if they must be: a build is no cold start
+    with torch_threads(threads):
+        # Calibrate before and after, and use the mean: the machine's load can drift during the run.
+        before = calibrate(steps=workload.calibration_steps)
+        cold_start_s, rss = measure_cold_start(model, threads)
+        llm = default_llm(model)
+        seconds = {"cold_start": cold_start_s} | measure_engine(llm, workload)
+        calibration = (before + calibrate(steps=workload.calibration_steps)) / 2
+    fused = llm.engine is not None and llm.engine.runner.fused_decoder is not None
+    return Measurement(calibration, seconds, rss, fused)
+
+
+# ----- the gate ------------------------------------------------------------------------------------
+
+
+def run_gate(
+    model: str,
+    baseline_path: Path,
+    update: bool = False,
+    threads: int | None = None,
+    workload: Workload = Workload(),
+    accept_regression: str | None = None,
+) -> int:
+    """Judge (or, with `update`, re-record) the baseline; 0 passed, 1 regressed, 2 cannot judge."""
+    threads = threads or torch.get_num_threads()
+    if accept_regression is not None and not (update and accept_regression.strip()):
+        print("--accept-regression needs --update-baseline and a non-empty reason")
+        return 2
+    try:
+        baseline = Baseline.read(baseline_path) if baseline_path.exists() else None
+    except BaselineError as exc:
+        if not update:
+            print(f"performance gate cannot judge: {exc}")
+            return 2
+        print(f"re-recording: {exc}")
+        baseline = None
+    mismatch = (
+        baseline.mismatch(model, threads, asdict(workload))
+        if baseline is not None
+        else f"no baseline at {baseline_path}"
     )
-    if update:
-        baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "model": model,
-            "threads": threads,
-            "figures": figures.normalised(),
-            "raw": asdict(figures),
-        }
-        baseline_path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"baseline written to {baseline_path}")
-        return 0
-    baseline = json.loads(baseline_path.read_text())
-    if baseline.get("model") != model:
-        raise ValueError(f"the baseline was measured on {baseline.get('model')!r}, not {model!r}")
-    verdicts = judge(figures.normalised(), baseline["figures"])
-    for verdict in verdicts:
-        print(verdict.line())
-    failed = [v for v in verdicts if not v.passed]
-    if failed:
+    if mismatch and not update:
         print(
-            "performance gate FAILED: "
-            + "; ".join(
-                f"{v.figure} is {(v.ratio - 1) * 100:.1f}% above its baseline (limit {v.tolerance * 100:.0f}%)"
-                for v in failed
-            )
+            f"performance gate cannot judge: {mismatch}: record one on a quiet machine with "
+            f"`{record_command(baseline_path)}` (docs/benchmarks.md)"
         )
+        return 2
+    if baseline is not None and not mismatch:
+        print(baseline.provenance())
+    elif update:
+        print(f"nothing to compare the new baseline with: {mismatch}")
+    measurement = measure(model, workload, threads)
+    _report(measurement, threads)
+    verdicts = [] if mismatch or baseline is None else _verdicts(baseline, measurement)
+    failed = [v for v in verdicts if not v.passed]
+    if update:
+        return _rebaseline(
+            baseline_path, model, threads, workload, measurement, failed, accept_regression
+        )
+    if failed:
+        print("performance gate FAILED: " + "; ".join(v.failure() for v in failed))
         return 1
     print("performance gate passed")
+    return 0
+
+
+def _verdicts(baseline: Baseline, measurement: Measurement) -> list[Verdict]:
+    assert baseline.figures is not None, "a baseline without figures judges nothing"
+    verdicts = judge(measurement.figures(), baseline.figures)
+    for verdict in verdicts:
+        print(verdict.line())
+    return verdicts
+
+
+def _report(measurement: Measurement, threads: int) -> None:
+    seconds = ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in measurement.seconds.items())
+    path = "fused decode step" if measurement.fused_decode else "NO fused decode step"
+    print(
+        f"threads {threads}, {path}; calibration {measurement.calibration_s * 1e3:.1f} ms; "
+        f"{seconds}; peak RSS {measurement.peak_rss_mib:.0f} MiB above the libraries"
+    )
+
+
+def _rebaseline(
+    path: Path,
+    model: str,
+    threads: int,
+    workload: Workload,
+    measurement: Measurement,
+    failed: list[Verdict],
+    accept_regression: str | None,
+) -> int:
+    accepted = None
+    if failed and accept_regression is None:
+        print(
+            "refusing to re-baseline: the fresh measurement regresses against the current baseline ("
+            + "; ".join(v.failure() for v in failed)
+            + "). Rerun on a quiet machine, or state why the regression is accepted with "
+            "--accept-regression 'REASON' (recorded in the baseline)."
+        )
+        return 1
+    if failed:
+        accepted = {"reason": accept_regression, "figures": {v.figure: v.change for v in failed}}
+    raw: dict[str, Any] = asdict(measurement)
+    record = new_record(model, threads, asdict(workload), measurement.figures(), raw, accepted)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"baseline written to {path}")
     return 0

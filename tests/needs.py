@@ -1,0 +1,99 @@
+"""What a test needs from its environment, and what happens when that is missing.
+
+A missing dependency (a package, a bundled model, a binary, rebar's CPU kernels on a machine that
+can build them) skips the test locally with the command that installs it; under CI (CI=true, set
+by .ci/run) it fails the test with the same message, so a CI machine can never pass by skipping.
+
+Hardware is different: a machine without a CPU feature cannot be given it by installing anything,
+so `skip_for_hardware` and `requires_hardware` always skip, CI included.
+
+`requires(check)` turns any of these checks into a marker; the hook in tests/conftest.py runs the
+check before the test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+MARKER = "requires"  # pytest.mark.requires(check): `check()` runs before the test
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def missing(what: str) -> NoReturn:
+    """Skip (fail under CI) because `what` is absent: say what it is and how to install it."""
+    if in_ci():
+        pytest.fail(f"CI requires {what}", pytrace=False)
+    pytest.skip(f"needs {what}", allow_module_level=True)  # also from a module's top level
+
+
+def skip_for_hardware(reason: str) -> NoReturn:
+    """Skip, CI included: this machine's hardware cannot run the test (no installation would help)."""
+    pytest.skip(f"hardware: {reason}", allow_module_level=True)
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def need_package(module: str, install: str) -> None:
+    """Require the importable `module`; `install` is the command that provides it."""
+    if not installed(module):
+        missing(f"the {module} package: {install}")
+
+
+def need_module(name: str, install: str = "pip install -e '.[test]'") -> ModuleType:
+    """`name` imported; `pytest.importorskip` that fails under CI."""
+    need_package(name, install)
+    return importlib.import_module(name)
+
+
+def need_binary(name: str, install: str) -> str:
+    """The path of the executable `name` on PATH."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"the {name} binary ({install})")
+    return path
+
+
+def need_cpu_kernels() -> None:
+    """rebar's CPU quantized kernels: built here, unless the CPU lacks AVX2 (a hardware skip).
+
+    CI machines have AVX2 and install a compiler and ninja, so there a missing build fails.
+    """
+    from rebar.kernels import cpu_quant
+    from rebar.kernels.cpu_quant.build import cpu_flags, load_extension
+
+    if cpu_quant.available():
+        return
+    reason = load_extension().reason
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        skip_for_hardware(f"rebar's CPU kernels need AVX2, FMA and F16C: {reason}")
+    missing(f"rebar's CPU kernels on this AVX2 machine: {reason}")
+
+
+def requires(check: Callable[[], object]) -> pytest.MarkDecorator:
+    """A marker that runs `check` (one of the functions above, or one built on them) before the test."""
+    return getattr(pytest.mark, MARKER).with_args(check)  # with_args: check is itself callable
+
+
+def requires_hardware(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """A marker that skips the test, CI included, unless the hardware meets `condition`."""
+    return pytest.mark.skipif(not condition, reason=f"hardware: {reason}")
+
+
+def run_required_checks(item: pytest.Item) -> None:
+    """The `pytest_runtest_setup` body: every `requires` check of `item`, outermost first."""
+    for mark in reversed(list(item.iter_markers(MARKER))):
+        (check,) = mark.args
+        check()
