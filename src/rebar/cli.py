@@ -205,7 +205,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from rebar.engine.engine_config import EngineConfig
     from rebar.engine.llm import LLM
-    from rebar.obs.profiling import profile_engine
+    from rebar.engine.profile_run import profile_engine
 
     engine_config = EngineConfig(
         max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch * args.input_len)
