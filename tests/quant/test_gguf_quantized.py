@@ -15,7 +15,7 @@ from tiny_quant import IDS, TEMPLATE, use_reference_kernels
 from rebar import LLM, SamplingParams
 from rebar.kernels import cpu_quant
 from rebar.model.loader import open_checkpoint
-from rebar.quant.qlinear import QuantEmbedding, QuantLinear
+from rebar.weights.qlinear import QuantEmbedding, QuantLinear
 
 NATIVE = cpu_quant.available()
 LINEARS = (

@@ -38,7 +38,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None  # None: the best one for the device
     # Run pure-decode steps of a quantized Llama-family model on the CPU through rebar's fused C++
-    # decode step (rebar.kernels.cpu_decode) when it applies; off: always the model's own forward.
+    # decode step (rebar.model.fused_decode) when it applies; off: always the model's own forward.
     fused_decode: bool = True
     kv_cache_dtype: str = "auto"
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rebar.quant.block_weight import BlockWeight, DecodedBlocks
-from rebar.quant.int_formats import QuantizedWeight, unpack_int4
+from rebar.weights.block_weight import BlockWeight, DecodedBlocks
+from rebar.weights.int_formats import QuantizedWeight, unpack_int4
 
 if TYPE_CHECKING:
     from rebar.kernels.cpu_quant import PackedQuant
@@ -107,7 +107,7 @@ class Int4PackedMatmul:
     name = "int4pack"
 
     def __init__(self, weight: QuantizedWeight) -> None:
-        assert weight.bits == 4
+        assert weight.bits == 4 and weight.offsets is not None
         self.group_size = weight.group_size
         codes = unpack_int4(weight.qweight).to(torch.int32)
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 2)
@@ -160,6 +160,7 @@ def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
         return packed
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
+            assert weight.offsets is not None  # int4 is asymmetric
             return cpu_quant.pack_int4(
                 weight.qweight, weight.scales, weight.offsets, weight.group_size
             )
@@ -173,19 +174,26 @@ def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:
     if blocks.kind == "sym":
         return cpu_quant.pack_sym(blocks.codes, blocks.bits, blocks.scales, 32, blocks.zero_point)
     if blocks.kind == "affine":
-        return cpu_quant.pack_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets, 32)
+        return cpu_quant.pack_affine(
+            blocks.codes, blocks.bits, blocks.scales, _part(blocks.offsets), 32
+        )
     if blocks.kind == "super_affine":
         return cpu_quant.pack_super_affine(
             blocks.codes,
             blocks.bits,
             blocks.scales,
-            blocks.offsets,
-            blocks.sub_scales,
-            blocks.sub_mins,
+            _part(blocks.offsets),
+            _part(blocks.sub_scales),
+            _part(blocks.sub_mins),
         )
     return cpu_quant.pack_super_sym(
-        blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point
+        blocks.codes, blocks.bits, blocks.scales, _part(blocks.sub_scales), blocks.zero_point
     )
+
+
+def _part(tensor: torch.Tensor | None) -> torch.Tensor:
+    assert tensor is not None, "decode() fills every part of its block kind"
+    return tensor
 
 
 def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
@@ -246,6 +254,16 @@ def plan_kernels(weight: AnyQuantWeight, device: torch.device) -> tuple[KernelCh
     return (packed,) if packed.max_rows == math.inf else (packed, fallback)
 
 
+@dataclass(frozen=True)
+class NativeOperands:
+    """What rebar's CPU kernel multiplies with for one QuantLinear, for code that runs the same
+    matmul outside the module (the fused decode step)."""
+
+    packed: PackedQuant  # the weight in the kernels' tiled layout
+    bias: torch.Tensor | None  # float32, contiguous
+    max_rows: float  # the most rows the linear's own forward sends to this kernel
+
+
 class QuantLinear(nn.Module):
     """`y = x W^T + b` with W a quantized weight; same call signature as nn.Linear.
 
@@ -264,6 +282,20 @@ class QuantLinear(nn.Module):
         self.out_features = weight.out_features
         self.bias = bias
         self.kernels = kernels if kernels is not None else plan_kernels(weight, weight.device)
+
+    @property
+    def decode_kernel_name(self) -> str:
+        """The kernel that serves this linear's smallest steps (one-token decode rows)."""
+        return self.kernels[0].kernel.name
+
+    def native_operands(self) -> NativeOperands | None:
+        """The packed weight, float32 bias and row limit of rebar's CPU kernel when it serves this
+        linear's smallest steps; None when another kernel does."""
+        choice = self.kernels[0]
+        if not isinstance(choice.kernel, NativeMatmul):
+            return None
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        return NativeOperands(choice.kernel.packed, bias, choice.max_rows)
 
     def kernel_for(self, num_rows: int) -> LinearKernel:
         return next(choice.kernel for choice in self.kernels if num_rows <= choice.max_rows)
