@@ -5,8 +5,10 @@ A QuantLinear holds a quantized weight (rebar's own int4 / int8 `QuantizedWeight
 rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
 int8 activations times 4- to 8-bit weights, exact integer dot products) serve every step of every
 format; elsewhere torch's packed int8 /
-int4 weight-only kernels serve small steps of rebar's formats; a dequantize-then-matmul in the
-activation dtype takes the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
+int4 weight-only kernels serve small steps of rebar's formats; on CUDA, rebar's Triton kernels
+(`rebar.kernels.triton_quant_matmul`, dequantizing inside the tile loop) serve every step of
+rebar's formats when Triton is installed; a dequantize-then-matmul in the activation dtype takes
+the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
 measured the switch points (docs/quantization.md, docs/kernels.md). Every kernel agrees with
 `DequantizedMatmul`, the reference that runs on any device.
 
@@ -17,6 +19,7 @@ batching.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -42,6 +45,8 @@ NATIVE_MAX_ROWS = math.inf
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 8
 INT4_PACKED_MAX_ROWS = 32
+# Group sizes rebar's Triton kernels take besides a whole row: multiples of their narrowest K tile.
+TRITON_MIN_GROUP = 32
 # Weights expanded at a time by the dequantize path (4 MiB in float32).
 DEQUANT_SLICE_ELEMENTS = 1 << 20
 # Weights decoded at a time when a GGUF tensor is repacked for the CPU kernels.
@@ -139,6 +144,39 @@ class NativeMatmul:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x.float(), self.packed).to(x.dtype)
+
+
+class TritonMatmul:
+    """rebar's Triton kernels on rebar's int8 / int4 formats (CUDA): the codes read as stored and
+    dequantized inside the tile loop, products accumulated in float32, output in x's dtype."""
+
+    name = "triton"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        from rebar.kernels import triton_quant_matmul
+
+        self._kernels = triton_quant_matmul
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if weight.bits == 8:
+            return self._kernels.int8_matmul(x, weight.qweight, weight.scales, weight.group_size)
+        assert weight.offsets is not None  # int4 is asymmetric
+        return self._kernels.int4_matmul(
+            x, weight.qweight, weight.scales, weight.offsets, weight.group_size
+        )
+
+
+def has_triton_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
+    """Whether rebar's Triton kernels take `weight` on `device`: rebar's own formats on CUDA with
+    Triton installed, grouped by the whole row or by a multiple of the kernels' 32-wide K tile."""
+    if device.type != "cuda" or not isinstance(weight, QuantizedWeight):
+        return False
+    whole_row = weight.group_size == weight.in_features
+    if not (whole_row or weight.group_size % TRITON_MIN_GROUP == 0):
+        return False
+    return importlib.util.find_spec("triton") is not None
 
 
 def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
@@ -246,7 +284,11 @@ def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice 
 
 
 def plan_kernels(weight: AnyQuantWeight, device: torch.device) -> tuple[KernelChoice, ...]:
-    """Kernels by increasing row limit; the last one (dequantize-then-matmul) takes any batch."""
+    """Kernels by increasing row limit; the last one (dequantize-then-matmul, unless the Triton
+    kernels serve every step) takes any batch."""
+    if has_triton_kernel(weight, device):
+        assert isinstance(weight, QuantizedWeight)
+        return (KernelChoice(math.inf, TritonMatmul(weight)),)
     packed = packed_kernel(weight, device)
     fallback = KernelChoice(math.inf, DequantizedMatmul(weight))
     if packed is None:
