@@ -20,7 +20,7 @@ import torch
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
-from rebar.quant.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
+from rebar.weights.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
 
 
 def main() -> None:

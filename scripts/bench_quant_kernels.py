@@ -1,7 +1,7 @@
 """Micro-benchmark of the linear kernels on SmolLM2-135M's weight shapes (dev tool).
 
 For each shape (in -> out) and batch size, times a dense float32 and bfloat16 matmul and every
-quantized kernel in rebar.quant.qlinear (packed int8 / int4 and dequantize-then-matmul), as the
+quantized kernel in rebar.weights.qlinear (packed int8 / int4 and dequantize-then-matmul), as the
 median of many calls with float32 activations, and prints a Markdown table in microseconds. As in a
 model's forward pass, weights are not in cache: each call uses the next of enough distinct copies
 of the weight to fill --cold-mib of float32. The packed kernels' row limits in qlinear.py come from
@@ -20,8 +20,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rebar.quant.int_formats import quantize_int4, quantize_int8
-from rebar.quant.qlinear import DequantizedMatmul, Int4PackedMatmul, Int8PackedMatmul
+from rebar.weights.int_formats import quantize_int4, quantize_int8
+from rebar.weights.qlinear import DequantizedMatmul, Int4PackedMatmul, Int8PackedMatmul
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)]  # (in, out)
 

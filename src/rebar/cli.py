@@ -220,7 +220,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
     from rebar.engine.llm import LLM
-    from rebar.obs.profiling import profile_engine
+    from rebar.engine.profile_run import profile_engine
 
     fixed = {"max_num_seqs": args.batch}
     if "engine.max_num_batched_tokens" not in given_settings(args):

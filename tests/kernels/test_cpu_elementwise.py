@@ -7,8 +7,8 @@ import torch
 from tests.kernels.cpu_quant_helpers import require_kernels
 
 from rebar.kernels import cpu_elementwise
+from rebar.kernels.cpu_elementwise import reference_rope
 from rebar.kernels.cpu_quant.build import load_extension
-from rebar.model.rope import apply_rope as reference_rope
 from rebar.model.rope import rope_cos_sin
 
 

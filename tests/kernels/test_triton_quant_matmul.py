@@ -1,4 +1,5 @@
-"""The Triton int8/int4 matmuls, run on Triton's CPU interpreter, against x @ dequantized(W).T.
+"""The Triton int8/int4 matmuls, run on Triton's CPU interpreter, against x @ dequantized(W).T,
+alone and as the quantized linear's kernel for rebar's formats on CUDA.
 
 The reference dequantizes the weights here, independently of the kernels, and multiplies in
 float64. N and K are chosen so that tiles run past the matrix edges.
@@ -6,11 +7,21 @@ float64. N and K are chosen so that tiles run past the matrix edges.
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 
 import pytest
 import torch
 from interpreted_triton import import_interpreted
+
+from rebar.weights.int_formats import quantize_int4, quantize_int8
+from rebar.weights.qlinear import (
+    KernelChoice,
+    QuantLinear,
+    TritonMatmul,
+    has_triton_kernel,
+    plan_kernels,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +155,43 @@ def test_unsupported_shapes_raise(kernels: ModuleType) -> None:
         kernels.int4_matmul(x, packed, scales4, offsets[:, :1], 32)
     with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
         kernels.int4_matmul(x.double(), packed, scales4, offsets, 32)
+
+
+QUANTIZED = {
+    "int8-per-channel": lambda w: quantize_int8(w),
+    "int8-g64": lambda w: quantize_int8(w, 64),
+    "int4-g32": lambda w: quantize_int4(w, 32),
+    "int4-g128": lambda w: quantize_int4(w, 128),
+}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_quant_linear_runs_rebars_formats_through_the_kernels(
+    kernels: ModuleType, name: str
+) -> None:
+    """The quantized linear's CUDA kernel, here on CPU tensors under the interpreter."""
+    gen = torch.Generator().manual_seed(11)
+    weight = QUANTIZED[name](torch.randn(40, 256, generator=gen) * 0.05)
+    bias = torch.randn(40, generator=gen)
+    layer = QuantLinear(weight, bias, kernels=(KernelChoice(math.inf, TritonMatmul(weight)),))
+    x = torch.randn(2, 3, 256, generator=gen)
+    out = layer(x)
+    expected = x.double() @ weight.dequantize(torch.float64).T + bias.double()
+    assert out.shape == (2, 3, 40) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    unbiased = QuantLinear(weight, kernels=layer.kernels)
+    assert unbiased(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_cuda_plans_choose_the_kernels_for_rebars_formats(kernels: ModuleType) -> None:
+    """Planning reads only the weight's format, so a CPU weight stands in for a CUDA one."""
+    cuda = torch.device("cuda")
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(16, 96, generator=gen)
+    for weight in (quantize_int8(w), quantize_int4(w, 32)):
+        assert has_triton_kernel(weight, cuda)
+        assert [c.kernel.name for c in plan_kernels(weight, cuda)] == ["triton"]
+        assert not has_triton_kernel(weight, torch.device("cpu"))
+    odd_groups = quantize_int4(w, 48)  # straddles the kernels' 32-wide K tiles
+    assert not has_triton_kernel(odd_groups, cuda)
+    assert [c.kernel.name for c in plan_kernels(odd_groups, cuda)] == ["dequant"]

@@ -573,8 +573,8 @@ def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(
     """A weight packed for the CPU kernels a chunk of rows at a time gives each chunk's file pages back
     as it goes: a vocabulary-sized embedding never has all its file pages resident beside its packed
     copy (a Gemma 3 load peaked 150 MiB higher without this)."""
-    from rebar.quant import qlinear
-    from rebar.quant.block_weight import BlockWeight
+    from rebar.weights import qlinear
+    from rebar.weights.block_weight import BlockWeight
 
     rows, cols = 65536, 256  # 17 MiB of Q8_0, packed in 16 chunks
     blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)

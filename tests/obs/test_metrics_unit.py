@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebar.engine.outputs import RequestTiming
 from rebar.obs.metrics import ServerMetrics
 from rebar.server.middleware import route_template
+from rebar.timing import RequestTiming
 
 
 class FakeClock:

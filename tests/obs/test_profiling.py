@@ -1,87 +1,48 @@
-"""Profiling engine steps: a Chrome trace with a named range per layer, top operators, and nothing left behind."""
+"""ProfileSession on a plain torch module: one named range per layer, operators ranked, no hooks left."""
 
 from __future__ import annotations
 
-import asyncio
+import torch
+from torch import nn
 
-import pytest
-
-from rebar.engine.async_engine import AsyncEngine
-from rebar.engine.sampling_params import SamplingParams
-from rebar.errors import RebarError
-from rebar.obs.profiling import profile_engine
-from tiny_engine import make_core
+from rebar.obs.profiling import ProfileSession
 
 
-def event_names(trace: dict) -> set[str]:
-    return {event.get("name") for event in trace["traceEvents"]}
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x))
 
 
-def no_hooks_left(model) -> bool:
-    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([Block(), Block()])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
-def test_profile_engine_names_every_layer_and_cleans_up(tmp_path) -> None:
-    core = make_core(tmp_path)
-    result = profile_engine(core, num_steps=3, batch=2, input_len=8, warmup_steps=1, top=5)
-    assert result.num_steps == 3
-    names = event_names(result.trace)
-    for layer in (
-        "embed_tokens",
-        "layers.0",
-        "layers.1",
-        "layers.0.attn",
-        "layers.1.mlp",
-        "layers.0.input_norm",
-        "layers.1.post_attn_norm",
-        "norm",
-    ):
-        assert layer in names, layer
-    assert not any(
-        name and name.startswith("layers.0.attn.") for name in names
-    )  # projections are operators
-    assert any(name and name.startswith("aten::") for name in names)
-    assert 1 <= len(result.top_operators) <= 5 and "Self CPU" in result.table
+def test_session_names_layers_ranks_operators_and_removes_its_hooks() -> None:
+    model = Tiny()
+    session = ProfileSession(model, torch.device("cpu"), top=3).start()
+    for _ in range(2):
+        model(torch.tensor([1, 2, 3]))
+        session.step_done()
+    result = session.finish()
+
+    names = {event.get("name") for event in result.trace["traceEvents"]}
+    assert {"embed", "layers.0", "layers.1", "layers.0.proj", "layers.1.norm"} <= names
+    assert "layers" not in names  # a ModuleList runs nothing itself
+    assert result.num_steps == 2 and result.summary()["steps_profiled"] == 2
     selfs = [op.self_ms for op in result.top_operators]
-    assert selfs == sorted(selfs, reverse=True) and all(
-        op.calls >= 1 for op in result.top_operators
-    )
-    assert no_hooks_left(core.runner.model)
-    assert (
-        not core.has_unfinished_requests()
-        and core.kv_manager.pool.num_free_blocks == core.kv_manager.pool.num_blocks
-    )
-
-
-def test_live_engine_profiles_steps_in_its_own_thread(tmp_path) -> None:
-    core = make_core(tmp_path)
-
-    async def scenario():
-        engine = AsyncEngine(core)
-        try:
-            idle = await engine.profile(
-                num_steps=5, timeout_s=0.2
-            )  # no requests: the deadline ends it
-            assert idle.num_steps == 0
-
-            params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-
-            async def generate():
-                return [o async for o in engine.generate("w2 w3 w4 w5", params)]
-
-            busy = asyncio.create_task(generate())
-            profiling = asyncio.create_task(engine.profile(num_steps=4, timeout_s=30))
-            await asyncio.sleep(0)
-            with pytest.raises(RebarError, match="already"):
-                await engine.profile(num_steps=1, timeout_s=5)
-            result = await profiling
-            outputs = await busy
-            assert result.num_steps == 4 and "layers.1.mlp" in event_names(result.trace)
-            assert (
-                sum(len(o.new_token_ids) for o in outputs) == 40
-            )  # profiling changed nothing about the answer
-        finally:
-            engine.shutdown()
-
-    asyncio.run(scenario())
-    assert no_hooks_left(core.runner.model)
+    assert 1 <= len(selfs) <= 3 and selfs == sorted(selfs, reverse=True)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -9,8 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rebar.config import Settings
-from rebar.engine.outputs import RequestTiming
 from rebar.obs.tracing import Tracing, extract_context, record_engine_phases, trace_id_of
+from rebar.timing import RequestTiming
 
 
 def test_console_exporter_writes_each_span_as_json(capsys) -> None:

@@ -25,7 +25,7 @@ from rebar.quant.awq import (
     search_grid,
     search_scales,
 )
-from rebar.quant.int_formats import SCALE_DTYPE, fake_quantize_int4, quantize_int4_on_grid
+from rebar.weights.int_formats import SCALE_DTYPE, fake_quantize_int4, quantize_int4_on_grid
 
 GENERATOR = torch.Generator().manual_seed(0)
 

@@ -15,9 +15,13 @@ from rebar import LLM
 from rebar.engine.engine_config import EngineConfig
 from rebar.errors import ModelFormatError
 from rebar.model.loader import open_checkpoint
-from rebar.quant.checkpoint import MANIFEST_NAME, load_quantized_checkpoint, write_checkpoint
-from rebar.quant.qlinear import QuantEmbedding, QuantLinear
+from rebar.model.loader.rebar_quant import (
+    MANIFEST_NAME,
+    load_quantized_checkpoint,
+    write_checkpoint,
+)
 from rebar.quant.quantize import QuantizeSpec, quantize, source_digest
+from rebar.weights.qlinear import QuantEmbedding, QuantLinear
 
 need_module("transformers")
 

@@ -7,7 +7,7 @@ import torch
 
 from rebar.quant.awq import output_error, search_grid
 from rebar.quant.error_feedback import DAMPING, round_with_error_feedback
-from rebar.quant.int_formats import INT4_MAX, onto_int4_grid
+from rebar.weights.int_formats import INT4_MAX, onto_int4_grid
 
 GENERATOR = torch.Generator().manual_seed(0)
 

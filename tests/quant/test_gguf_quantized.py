@@ -15,7 +15,7 @@ from tiny_quant import IDS, TEMPLATE, use_reference_kernels
 from needs import need_cpu_kernels, requires
 from rebar import LLM, SamplingParams
 from rebar.model.loader import open_checkpoint
-from rebar.quant.qlinear import QuantEmbedding, QuantLinear
+from rebar.weights.qlinear import QuantEmbedding, QuantLinear
 
 LINEARS = (
     "attn.q_proj",

@@ -12,8 +12,8 @@ from tiny_quant import tiny_gguf
 from needs import need_module
 from rebar.errors import InvalidRequestError
 from rebar.model.loader import open_checkpoint
+from rebar.model.loader.rebar_quant import MANIFEST_NAME
 from rebar.quant.calib_data import JsonlDataset
-from rebar.quant.checkpoint import MANIFEST_NAME
 from rebar.quant.quantize import QuantizeSpec, calibration_sequences, quantize, source_digest
 
 

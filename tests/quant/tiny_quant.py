@@ -10,8 +10,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf_builder import TinyConfig, model_contents, random_hf_state
 
-from rebar.quant.int_formats import quantize_int4, quantize_int8
-from rebar.quant.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
+from rebar.weights.int_formats import quantize_int4, quantize_int8
+from rebar.weights.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
 
 IDS = [(i * 37 + 11) % 260 for i in range(40)]  # 40 tokens: past the int8 kernel's row limit
 LINEAR_SUFFIXES = ("_proj.weight",)

@@ -21,7 +21,6 @@ from rebar.engine.outputs import (
     DEADLINE_EXCEEDED,
     ENGINE_FAULT,
     RequestOutput,
-    RequestTiming,
 )
 from rebar.engine.request import Request, RequestStatus
 from rebar.engine.runner import ModelRunner
@@ -37,6 +36,7 @@ from rebar.errors import InvalidRequestError
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
+from rebar.timing import RequestTiming
 
 logger = logging.getLogger("rebar.engine")
 
@@ -271,14 +271,7 @@ class EngineCore:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             error=request.error,
-            timing=RequestTiming(
-                request.arrival_time,
-                request.scheduled_time,
-                request.first_token_time,
-                request.finished_time,
-            )
-            if finished
-            else None,
+            timing=_timing(request) if finished else None,
         )
 
     # ----- one step ------------------------------------------------------------------------------
@@ -457,3 +450,14 @@ class EngineCore:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
         assert set(self._children) == {r.state.parent_id for r in self.scheduler.requests.values()}
+
+
+def _timing(request: Request) -> RequestTiming:
+    """The instants of a finished request (finishing sets `finished_time`)."""
+    assert request.finished_time is not None
+    return RequestTiming(
+        request.arrival_time,
+        request.scheduled_time,
+        request.first_token_time,
+        request.finished_time,
+    )

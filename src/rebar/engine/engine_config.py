@@ -77,7 +77,7 @@ class EngineConfig:
     fused_decode: bool = setting(
         True,
         "Run decode steps of a quantized Llama-family model on the CPU in one fused C++ call "
-        "(rebar.kernels.cpu_decode) when it applies; off: the model's own forward, op by op.",
+        "(rebar.model.fused_decode) when it applies; off: the model's own forward, op by op.",
     )
     kv_cache_dtype: KvCacheDtype = setting(
         "auto",

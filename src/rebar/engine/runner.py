@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from torch import nn
 from rebar.engine.scheduler import ScheduledRequest
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from rebar.model.fused_decode import FusedDecoder
 
 logger = logging.getLogger("rebar.engine")
 
@@ -32,12 +36,12 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
-        self.fused_decoder = (
+        self.fused_decoder: FusedDecoder | None = (
             self._build_fused_decoder() if fused_decode and device.type == "cpu" else None
         )
 
-    def _build_fused_decoder(self):
-        from rebar.kernels.cpu_decode import FusedDecoder
+    def _build_fused_decoder(self) -> FusedDecoder | None:
+        from rebar.model.fused_decode import FusedDecoder
 
         outcome = FusedDecoder.build(self.model, self.kv_cache)
         if outcome.decoder is None:
@@ -95,6 +99,7 @@ class ModelRunner:
             chosen = [items[i] for i in group]
             input_ids, positions, meta = self._metadata(chosen)
             if fused:
+                assert self.fused_decoder is not None  # only then is `decode` non-empty
                 hidden = self.fused_decoder(input_ids, positions, meta)
             else:
                 hidden = self.model(
@@ -107,7 +112,7 @@ class ModelRunner:
         if not sampled:
             return torch.empty(0, self.config.vocab_size)
         rows = torch.stack([sampled[i] for i in sorted(sampled)])
-        return self.model.compute_logits(rows).cpu()
+        return self._logits(rows)
 
     @torch.inference_mode()
     def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -128,4 +133,9 @@ class ModelRunner:
         )
         input_ids, positions, meta = self._metadata([item])
         hidden = self.model(input_ids, positions, meta, cache)
-        return self.model.compute_logits(hidden).cpu()
+        return self._logits(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab] float32 on the CPU
+        compute_logits = self.model.compute_logits
+        assert callable(compute_logits)  # the decoder's head (nn.Module types attributes loosely)
+        return compute_logits(hidden).cpu()

@@ -15,6 +15,25 @@ import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
+class DecodeSlots:
+    """Where a step's decode rows (one new token each, in sequence order) read their keys in a layer
+    with a given sliding window: every layer with that window reads the same slots."""
+
+    slots: torch.Tensor  # [num_decode_rows, width] int64, padded by repeating a row's last key
+    valid: torch.Tensor | None  # [num_decode_rows, width] bool; None when no row is padded
+
+
+@dataclass
+class StepScratch:
+    """Tensors derived from one step's metadata that the first layer builds and the others reuse.
+
+    It is created with its AttentionMetadata and dropped with it, so it never outlives the step.
+    """
+
+    decode_slots: dict[int | None, DecodeSlots] = field(default_factory=dict)  # by sliding window
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Plain description of one model step, built by the runner.
 
@@ -28,9 +47,8 @@ class AttentionMetadata:
     block_tables: (
         torch.Tensor
     )  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
-    # Derived per-step tensors every layer would otherwise rebuild (backends fill it on first use;
-    # the metadata, and so this, lives for one step).
-    step_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    # What backends derive from the fields above on a step's first layer (the only mutable part).
+    scratch: StepScratch = field(default_factory=StepScratch, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rebar.kernels.attention import AttentionMetadata, as_stored, write_kv
+from rebar.kernels.attention import AttentionMetadata, DecodeSlots, as_stored, write_kv
 
 
 def batched_paged_attention(
@@ -145,7 +145,8 @@ def _decode(
     sliding_window: int | None,
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
     """One SDPA call over every decode row, keys padded to the longest (windowed) context."""
-    slots, valid = _decode_slots(meta, seqs, key_cache.shape[1], sliding_window, q.device)
+    decode_slots = _decode_slots(meta, seqs, key_cache.shape[1], sliding_window, q.device)
+    slots, valid = decode_slots.slots, decode_slots.valid
     keys, values = _gather_kv(
         key_cache, value_cache, slots, q.dtype
     )  # [n, width, kv_heads, head_dim]
@@ -165,13 +166,14 @@ def _decode_slots(
     block_size: int,
     sliding_window: int | None,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # slots [n, width] int64, valid [n, width] bool
-    """The decode rows' cache slots, computed by the first layer of a step and reused by the others.
+) -> DecodeSlots:
+    """The decode rows' cache slots, computed by the first layer of a step with this window and
+    reused by the others (`seqs` are always the step's decode rows, and one cache has one block
+    size, so the window tells the layers apart).
 
     `valid` is None when no row is padded (every row has `width` keys): SDPA then needs no mask.
     """
-    key = ("decode_slots", tuple(seqs), block_size, sliding_window)
-    cached = meta.step_cache.get(key)
+    cached = meta.scratch.decode_slots.get(sliding_window)
     if cached is not None:
         return cached
     context_lens = [meta.context_lens[i] for i in seqs]
@@ -188,8 +190,8 @@ def _decode_slots(
         torch.tensor(key_counts, dtype=torch.long, device=device),
         max(key_counts),
     )
-    result = (slots, None if min(key_counts) == max(key_counts) else valid)
-    meta.step_cache[key] = result
+    result = DecodeSlots(slots, None if min(key_counts) == max(key_counts) else valid)
+    meta.scratch.decode_slots[sliding_window] = result
     return result
 
 

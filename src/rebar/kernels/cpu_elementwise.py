@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from rebar.kernels.cpu_quant.build import loaded_extension
-from rebar.model.rope import apply_rope as reference_rope
 
 
 def _compiled_for(*tensors: torch.Tensor):
@@ -33,6 +32,14 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if extension is None:
         return F.silu(gate) * up
     return extension.silu_and_mul(gate, up)
+
+
+def reference_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x ([num_tokens, num_heads, head_dim]) rotated by its positions' angles in torch, on any
+    device: the half-split layout (HF's `rotate_half`), cos and sin [num_tokens, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

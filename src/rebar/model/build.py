@@ -11,8 +11,8 @@ from rebar.kernels.backends import default_attention_backend
 from rebar.model.bert import BertModel
 from rebar.model.llama import LlamaModel
 from rebar.model.loader.base import Checkpoint
-from rebar.quant.handler import keep_quantized, swap_in_quantized
-from rebar.quant.qlinear import AnyQuantWeight
+from rebar.weights.handler import keep_quantized, swap_in_quantized
+from rebar.weights.qlinear import AnyQuantWeight
 
 _NON_PARAMETER_TENSORS = ("rope_freq_factors",)
 
@@ -27,7 +27,7 @@ def build_model(
     """Materialise the checkpoint's weights into a model in `dtype` on `device`, in eval mode.
 
     Weights the checkpoint holds as integer codes stay quantized (QuantLinear / QuantEmbedding,
-    swapped in by `rebar.quant.handler`): always for rebar's quantized checkpoints, and for GGUF
+    swapped in by `rebar.weights.handler`): always for rebar's quantized checkpoints, and for GGUF
     tensors where a packed kernel exists for `device` (every GGUF block type rebar reads, on the
     CPU). Each is repacked for the kernels and its file pages released as it goes, so loading never
     holds the file and its repacked copy in memory at once. `dequantize=True` expands everything to

@@ -50,5 +50,7 @@ def chat_prompt_ids(
         if position % 2 == 0:
             ids += tokenizer.encode(piece) if piece else []
         else:
-            ids += tokenizer.encode_as_text(contents[int(piece)])
+            content = contents[int(piece)]
+            assert isinstance(content, str)  # only string contents were marked
+            ids += tokenizer.encode_as_text(content)
     return ids

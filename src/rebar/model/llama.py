@@ -11,6 +11,8 @@ RoPE base (Gemma 3). Phi-3's fused q/k/v and gate/up weights are split by the lo
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,7 +74,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q).contiguous(), self.k_norm(k).contiguous()
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.backend(
@@ -133,6 +135,9 @@ class LlamaModel(nn.Module):
     resolved once here (an unknown name raises InvalidRequestError) and shared by every layer.
     """
 
+    inv_freq: torch.Tensor  # buffers, registered in __init__
+    inv_freq_local: torch.Tensor
+
     def __init__(
         self,
         config: ModelConfig,
@@ -163,6 +168,10 @@ class LlamaModel(nn.Module):
         )
         self.register_buffer("inv_freq_local", local, persistent=False)
         self.is_local = [config.layer_is_local(i) for i in range(config.num_layers)]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """`layers` with their type (iterating an nn.ModuleList gives plain Modules)."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The token embeddings, scaled as the family does (Gemma: by sqrt(hidden_size))."""

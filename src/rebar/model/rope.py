@@ -1,4 +1,5 @@
-"""Rotary position embeddings in the half-split layout (HF's `rotate_half`)."""
+"""Rotary position embeddings in the half-split layout (HF's `rotate_half`): the rotation speeds and
+the per-position tables. The rotation itself is a kernel (rebar.kernels.cpu_elementwise.apply_rope)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def inverse_frequencies(
         torch.arange(0, config.head_dim, 2, dtype=torch.float64, device="cpu") / config.head_dim
     )
     if local:
+        assert config.rope_local_theta is not None, "only a model with local layers asks"
         return (1.0 / (config.rope_local_theta**exponents)).float()
     inv_freq = 1.0 / (config.rope_theta**exponents)
     if config.rope_scaling is not None:
@@ -51,10 +53,3 @@ def rope_cos_sin(
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x ([num_tokens, num_heads, head_dim]) by its positions' angles."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]

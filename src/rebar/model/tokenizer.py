@@ -355,7 +355,7 @@ def _sentencepiece_bpe(
     backend = BackendTokenizer(
         BPE(vocab, merge_pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
-    steps = [normalizers.Replace(" ", SPACE)]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE)]
     if add_space_prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
     backend.normalizer = normalizers.Sequence(steps)

@@ -1,6 +1,6 @@
-"""Profiling engine steps with the torch profiler: a Chrome trace with a named range per layer.
+"""Profiling model steps with the torch profiler: a Chrome trace with a named range per layer.
 
-`ProfileSession` wraps a number of `EngineCore.step()` calls. While it is open, forward hooks put
+`ProfileSession` wraps a number of model steps (`EngineCore.step()` calls; the engine drives it). While it is open, forward hooks put
 every layer (`layers.3`, `layers.3.attn`, `layers.3.mlp`, norms, embeddings, head) in a
 `record_function` range — and an NVTX range on CUDA, for Nsight — so the trace reads like the
 model. The hooks exist only while profiling: the serving path pays nothing otherwise.
@@ -156,47 +156,3 @@ class ProfileSession:
             for e in rows
         ]
         return stats, averages.table(sort_by=sort_key, row_limit=self.top)
-
-
-def profile_engine(
-    core,
-    num_steps: int,
-    batch: int,
-    input_len: int,
-    warmup_steps: int = 2,
-    top: int = 20,
-    seed: int = 0,
-) -> ProfileResult:
-    """Profile `num_steps` steps of `core` (an `EngineCore`) running `batch` requests of `input_len` random tokens.
-
-    The first steps are prefill; with `max_num_batched_tokens` >= batch x input_len the rest are
-    decode steps. `warmup_steps` run before the profiler starts (first-call allocations, lazy
-    initialisation); every request is aborted at the end, leaving the engine as it was.
-    """
-    from rebar.engine.sampling_params import SamplingParams
-
-    generator = torch.Generator().manual_seed(seed)
-    vocab = core.tokenizer.vocab_size
-    params = SamplingParams(
-        max_tokens=warmup_steps + num_steps + 1, temperature=0.0, ignore_eos=True
-    )
-    ids = [f"profile-{seed}-{i}" for i in range(batch)]
-    for request_id in ids:
-        prompt = torch.randint(0, vocab, (input_len,), generator=generator).tolist()
-        core.add_request(request_id, prompt, params)
-    try:
-        for _ in range(warmup_steps):
-            core.step()
-        session = ProfileSession(core.runner.model, core.runner.device, top).start()
-        try:
-            for _ in range(num_steps):
-                if not core.has_unfinished_requests():
-                    break
-                core.step()
-                session.step_done()
-        finally:
-            result = session.finish()
-    finally:
-        for request_id in ids:
-            core.abort_request(request_id)
-    return result

@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rebar.engine.outputs import RequestTiming
+from rebar.timing import RequestTiming
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

@@ -35,7 +35,7 @@ from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.llama import DecoderLayer, LlamaModel, RMSNorm
 from rebar.model.rope import rope_cos_sin
 from rebar.quant.error_feedback import round_with_error_feedback
-from rebar.quant.int_formats import (
+from rebar.weights.int_formats import (
     SCALE_DTYPE,
     fake_quantize_int4,
     int4_codes,
@@ -122,10 +122,12 @@ class ActivationRecorder:
 
     def mean_abs(self, name: str) -> torch.Tensor:  # [in]
         entry = self.recordings[name]
+        assert entry.abs_sum is not None, f"{name} saw no rows"
         return entry.abs_sum / entry.num_rows
 
     def second_moments(self, name: str) -> torch.Tensor:  # [in, in], E[x^T x]
         entry = self.recordings[name]
+        assert entry.gram is not None, f"{name} saw no rows"
         return entry.gram / entry.num_rows
 
 
@@ -327,16 +329,24 @@ def _refit(groups: torch.Tensor, blocks: torch.Tensor, grid: Grid) -> Grid:
 # ----- applying ---------------------------------------------------------------------------------
 
 
+def linear_weight(model: nn.Module, path: str) -> torch.Tensor:
+    """The weight of the float nn.Linear at `path`."""
+    module = model.get_submodule(path)
+    assert isinstance(module, nn.Linear), f"{path} is a {type(module).__name__}"
+    return module.weight
+
+
 def _fold(model: nn.Module, group: ScaleGroup, scales: torch.Tensor, full: torch.Tensor) -> None:
     previous = model.get_submodule(group.previous)
     if isinstance(previous, RMSNorm):
         previous.weight.div_(full)
     else:  # a Linear whose output rows feed this group
+        assert isinstance(previous, nn.Linear)
         previous.weight.div_(scales.unsqueeze(1))
         if previous.bias is not None:
             previous.bias.div_(scales)
     for path in group.linears:
-        model.get_submodule(path).weight.mul_(full)
+        linear_weight(model, path).mul_(full)
 
 
 @dataclass(frozen=True)
@@ -366,7 +376,7 @@ def _search_layer(
     for group in groups:
         first = group.linears[0]
         expand = lambda s, r=group.kv_repeat: _expand_kv(s, r, head_dim)  # noqa: E731
-        weight = torch.cat([model.get_submodule(p).weight for p in group.linears])
+        weight = torch.cat([linear_weight(model, p) for p in group.linears])
         moments = recorder.second_moments(first)
         mean_abs = _reduce_kv(recorder.mean_abs(first), group.kv_repeat, head_dim)
         if (
@@ -384,7 +394,7 @@ def _search_layer(
             scaled_moments[path] = moments / torch.outer(full, full)
     grids = {}
     for path, moments in scaled_moments.items():
-        weight = model.get_submodule(path).weight
+        weight = linear_weight(model, path)
         grid = search_grid(weight, moments, group_size)
         grids[f"{path}.weight"] = grid
         if error_feedback:
@@ -422,7 +432,7 @@ def apply_awq(
     all_groups = scale_groups(model)
     tick = progress("calibrating layers", len(model.layers)) if progress else lambda: None
     result = AwqResult({}, {})
-    for index, layer in enumerate(model.layers):
+    for index, layer in enumerate(model.decoder_layers()):
         groups = [g for g in all_groups if g.linears[0].startswith(f"layers.{index}.")]
         recorder = ActivationRecorder(
             {g.linears[0]: model.get_submodule(g.linears[0]) for g in groups}
@@ -445,7 +455,7 @@ def _quantized(model: nn.Module, grids: dict[str, Grid], group_size: int) -> Ite
     """Temporarily replace the named weights by their values on their grids."""
     originals = {}
     for name, grid in grids.items():
-        weight = model.get_submodule(name.removesuffix(".weight")).weight
+        weight = linear_weight(model, name.removesuffix(".weight"))
         originals[name] = weight.clone()
         groups = weight.reshape(weight.shape[0], -1, group_size)
         weight.copy_(onto_int4_grid(groups, grid.scales, grid.offsets).reshape(weight.shape))
@@ -453,4 +463,4 @@ def _quantized(model: nn.Module, grids: dict[str, Grid], group_size: int) -> Ite
         yield
     finally:
         for name, original in originals.items():
-            model.get_submodule(name.removesuffix(".weight")).weight.copy_(original)
+            linear_weight(model, name.removesuffix(".weight")).copy_(original)

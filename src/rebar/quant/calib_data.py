@@ -199,7 +199,7 @@ class JsonlDataset:
         """`num_records` good texts drawn without replacement, the same ones for the same seed and file."""
         if num_records < 0:
             raise InvalidRequestError("the number of records to sample must be >= 0", "num_records")
-        sampled = []
+        sampled: list[str] = []
         for text in self.shuffled_texts(seed):
             if len(sampled) == num_records:
                 break

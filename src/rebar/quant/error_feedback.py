@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from rebar.quant.int_formats import onto_int4_grid
+from rebar.weights.int_formats import onto_int4_grid
 
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
 ACT_ORDER = True  # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)

@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 import rebar
 from rebar.errors import InvalidRequestError
 from rebar.model.build import build_model
 from rebar.model.llama import LlamaModel
 from rebar.model.loader import Checkpoint, open_checkpoint
+from rebar.model.loader.rebar_quant import write_checkpoint
 from rebar.model.tokenizer import Tokenizer
-from rebar.quant.awq import AwqResult, Grid, apply_awq
+from rebar.quant.awq import AwqResult, Grid, apply_awq, linear_weight
 from rebar.quant.calib_data import JsonlDataset
-from rebar.quant.checkpoint import write_checkpoint
-from rebar.quant.int_formats import (
+from rebar.weights.int_formats import (
     QuantizedWeight,
     check_group_size,
     quantize_int4,
@@ -93,6 +93,12 @@ class QuantizeSpec:
         return 8 if self.method == "int8" else 4
 
     @property
+    def int4_group_size(self) -> int:
+        """The group size of an int4 method: always one (64 unless given)."""
+        assert self.bits == 4
+        return self.group_size or DEFAULT_INT4_GROUP_SIZE
+
+    @property
     def effective_group_size(self) -> int | None:
         if self.bits == 4:
             return self.group_size or DEFAULT_INT4_GROUP_SIZE
@@ -145,7 +151,7 @@ def _check_group_size(model: nn.Module, spec: QuantizeSpec) -> None:
     if group_size is None:
         return
     for name in _linear_weight_names(model):
-        weight = model.get_submodule(name.removesuffix(".weight")).weight
+        weight = linear_weight(model, name.removesuffix(".weight"))
         try:
             check_group_size(weight.shape[1], group_size, spec.bits, name.removesuffix(".weight"))
         except ValueError as exc:
@@ -172,10 +178,10 @@ def _quantize_tensors(
             tensors[name] = quantize_int8(value, spec.effective_group_size)
         elif name in grids:
             tensors[name] = quantize_int4_on_grid(
-                value, spec.effective_group_size, grids[name].scales, grids[name].offsets
+                value, spec.int4_group_size, grids[name].scales, grids[name].offsets
             )
         elif name in linears:
-            tensors[name] = quantize_int4(value, spec.effective_group_size)
+            tensors[name] = quantize_int4(value, spec.int4_group_size)
         else:
             tensors[name] = value.float()
         tick()
@@ -239,7 +245,7 @@ def quantize(
                 "bad_lines_skipped": len(dataset.bad_lines),
                 "rounding": "error feedback",
             }
-        awq_result = apply_awq(float_model, sequences, spec.effective_group_size, progress=bar)
+        awq_result = apply_awq(float_model, sequences, spec.int4_group_size, progress=bar)
 
     tensors = _quantize_tensors(float_model, spec, awq_result.grids if awq_result else {}, bar)
     if "rope_freq_factors" in checkpoint.tensors:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from rebar.engine.outputs import RequestTiming
 from rebar.engine.sampler import TokenLogprobs
 from rebar.engine.sampling_params import SamplingParams
 from rebar.server.convert import ChoiceState
 from rebar.server.errors import APIError
 from rebar.server.response_cache import Lead
 from rebar.server.state import ServerState
+from rebar.timing import RequestTiming
 
 
 @dataclass(frozen=True)

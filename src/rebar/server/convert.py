@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rebar.engine.outputs import RequestOutput, RequestTiming
+from rebar.engine.outputs import RequestOutput
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
 from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from rebar.timing import RequestTiming
 
 
 def sampling_params(

@@ -47,7 +47,7 @@ HEADERS = ("kernels.h", "simd.h", "block_dots.h", "decoder.h", "elementwise.h", 
 BASE_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp")
 # Integer dot-product instruction sets, widest first: (name, /proc/cpuinfo flags needed, extra compiler flags).
 # AVX-512 is used on 256-bit vectors (VL), which keeps the AVX2 kernels' layout and clock speed.
-ISAS = (
+ISAS: tuple[tuple[str, set[str], tuple[str, ...]], ...] = (
     (
         "avx512-vnni",
         {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},

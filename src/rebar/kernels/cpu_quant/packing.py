@@ -363,7 +363,7 @@ def pack_in_row_chunks(
         raise ValueError(f"chunk_rows must be a positive multiple of {TILE_ROWS}, got {chunk_rows}")
     first = pack_rows(0, min(out_features, chunk_rows))
     num_tiles = _num_tiles(out_features)
-    whole = {}
+    whole: dict[str, torch.Tensor | None] = {}
     for name in _TILED_FIELDS:
         part = getattr(first, name)
         whole[name] = (
@@ -376,7 +376,7 @@ def pack_in_row_chunks(
             if target is not None:
                 chunk = getattr(part, name)
                 target[tile : tile + chunk.shape[0]] = chunk
-    return replace(first, out_features=out_features, **whole)
+    return replace(first, out_features=out_features, **whole)  # type: ignore[arg-type]
 
 
 def _untile(t: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -389,7 +389,8 @@ def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
     out, cols = p.out_features, p.in_features
     codes = untile_codes(p.codes, p.code_bits, out)[:, :cols].float()
 
-    def per_column(t: torch.Tensor, width: int) -> torch.Tensor:
+    def per_column(t: torch.Tensor | None, width: int) -> torch.Tensor:
+        assert t is not None, f"{p.kind} weights carry every part their formula uses"
         return _untile(t, out).float().repeat_interleave(width, dim=1)[:, :cols]
 
     if p.kind == WeightKind.SYM:
@@ -398,9 +399,11 @@ def _dequantize_packed(p: PackedQuant) -> torch.Tensor:
         return codes * per_column(p.scales, p.group_size) + per_column(p.offsets, p.group_size)
     d = per_column(p.scales, SUPER_BLOCK)
     if p.kind == WeightKind.SUPER_AFFINE:
+        assert p.sub_scales is not None
         scales, mins = _unpack_k_scales(p.sub_scales)
         return (d * per_column(scales, BLOCK)) * codes - per_column(
             p.offsets, SUPER_BLOCK
         ) * per_column(mins, BLOCK)
+    assert p.sub_scales is not None
     sc = _untile(p.sub_scales.view(torch.int8), out).float().repeat_interleave(BLOCK // 2, dim=1)
     return (d * sc) * (codes - p.zero_point)

@@ -8,15 +8,13 @@ from pathlib import Path
 from rebar.model.loader.base import Checkpoint, TensorInfo
 from rebar.model.loader.gguf_file import load_gguf
 from rebar.model.loader.hf_folder import load_hf_folder
+from rebar.model.loader.rebar_quant import is_quantized_checkpoint, load_quantized_checkpoint
 from rebar.model.resolve import resolve_model_path
 
 
 def open_checkpoint(model: str | Path) -> Checkpoint:
     """Read metadata, tokenizer and the tensor index; weights stay on disk until loaded."""
     path = resolve_model_path(model)
-    # Imported here, not at the top: rebar.quant.checkpoint itself imports this package.
-    from rebar.quant.checkpoint import is_quantized_checkpoint, load_quantized_checkpoint
-
     if is_quantized_checkpoint(path):
         return load_quantized_checkpoint(path)
     if path.is_dir():

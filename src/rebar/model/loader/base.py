@@ -13,8 +13,8 @@ from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from rebar.quant.block_weight import BlockWeight
-    from rebar.quant.int_formats import QuantizedWeight
+    from rebar.weights.block_weight import BlockWeight
+    from rebar.weights.int_formats import QuantizedWeight
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Dequantization of GGUF tensors into torch tensors (the float path: `--dequantize`, norms, biases).
 
-Block formats go through rebar's own decoders (`rebar.quant.block_weight`, vectorised torch ops
+Block formats go through rebar's own decoders (`rebar.weights.block_weight`, vectorised torch ops
 that agree bit for bit with llama.cpp's and the `gguf` package's); BF16 goes through `gguf`'s
 numpy reader. Both are checked against `gguf` in the tests.
 """
@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
-from rebar.quant.block_weight import BLOCK_LAYOUTS, decode_blocks
+from rebar.weights.block_weight import BLOCK_LAYOUTS, decode_blocks
 
 BLOCK_TYPES = frozenset(QT[name] for name in BLOCK_LAYOUTS)
 SUPPORTED_TYPES = frozenset({QT.F32, QT.F16, QT.BF16} | BLOCK_TYPES)

@@ -31,7 +31,7 @@ from rebar.model.loader.gguf_families import (
 )
 from rebar.model.loader.gguf_reader import GGUFFile, GGUFTensor
 from rebar.model.tokenizer import Tokenizer
-from rebar.quant.block_weight import BlockWeight
+from rebar.weights.block_weight import BlockWeight
 
 
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:

@@ -154,10 +154,9 @@ def _rope_config(config: ConfigValues) -> tuple[float, RopeScaling | None, float
             raise UnsupportedModelError("scaled RoPE on the sliding-window layers is not supported")
         return theta, scaling, local_theta
     theta, scaling = _rope(params, base)
-    local_theta = (
-        config.number("rope_local_base_freq") if config.has("rope_local_base_freq") else None
-    )  # 4.x Gemma 3
-    return theta, scaling, local_theta
+    if config.has("rope_local_base_freq"):  # 4.x Gemma 3
+        return theta, scaling, config.number("rope_local_base_freq")
+    return theta, scaling, None
 
 
 def _layer_types(config: ConfigValues, arch: str, num_layers: int) -> list[str] | None:

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from needs import need_cpu_kernels, requires
-from rebar.quant import qlinear
-from rebar.quant.int_formats import QuantizedWeight, quantize_int4, quantize_int8, unpack_int4
-from rebar.quant.qlinear import (
+from rebar.kernels import cpu_quant
+from rebar.weights import qlinear
+from rebar.weights.int_formats import QuantizedWeight, quantize_int4, quantize_int8, unpack_int4
+from rebar.weights.qlinear import (
     INT4_PACKED_MAX_ROWS,
     INT8_PACKED_MAX_ROWS,
     DequantizedMatmul,
@@ -185,3 +186,24 @@ def test_plan_prefers_rebars_cpu_kernels_for_every_batch(name: str) -> None:
         layer(X[:1]), layer(torch.cat([X, X]))[:1]
     )  # nor on the schedule (64+ rows: the prefill one)
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+@requires(need_cpu_kernels)
+def test_native_operands_are_what_the_linear_multiplies_with() -> None:
+    weight = WEIGHTS["int4-g64"]
+    bias = torch.randn(96)
+    layer = QuantLinear(weight, bias)
+    operands = layer.native_operands()
+    assert operands is not None and layer.decode_kernel_name == "native"
+    assert operands.max_rows == float("inf")
+    assert operands.bias is not None and operands.bias.dtype == torch.float32
+    assert torch.equal(operands.bias, bias)
+    x = X[:3]
+    direct = cpu_quant.linear_packed(x, operands.packed) + operands.bias
+    assert torch.equal(direct, layer(x))
+
+
+def test_no_native_operands_when_another_kernel_serves_decode_rows() -> None:
+    weight = WEIGHTS["int8"]
+    layer = QuantLinear(weight, kernels=(KernelChoice(float("inf"), DequantizedMatmul(weight)),))
+    assert layer.native_operands() is None and layer.decode_kernel_name == "dequant"

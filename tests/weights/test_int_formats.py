@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rebar.quant.int_formats import (
+from rebar.weights.int_formats import (
     INT4_MAX,
     SCALE_DTYPE,
     QuantizedWeight,

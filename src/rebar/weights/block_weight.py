@@ -68,7 +68,8 @@ class DecodedBlocks:
         """float32 `[rows, in]`, computed as llama.cpp does (scale products in float32)."""
         q = self.codes.float()
 
-        def per_column(t: torch.Tensor) -> torch.Tensor:
+        def per_column(t: torch.Tensor | None) -> torch.Tensor:
+            assert t is not None, f"{self.kind} blocks carry every part their formula uses"
             return t.float().repeat_interleave(q.shape[1] // t.shape[1], dim=1)
 
         if self.kind == "sym":

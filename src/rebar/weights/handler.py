@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rebar.errors import ModelFormatError
-from rebar.quant.qlinear import AnyQuantWeight, QuantEmbedding, QuantLinear, has_packed_kernel
+from rebar.weights.qlinear import AnyQuantWeight, QuantEmbedding, QuantLinear, has_packed_kernel
 
 TIED_EMBEDDING = "embed_tokens"
 QUANT_CHECKPOINT_FORMAT = "rebar-quant"  # Checkpoint.format of rebar's own quantized checkpoints
@@ -53,6 +53,7 @@ def swap_in_quantized(
             if module_path == TIED_EMBEDDING and getattr(model, "lm_head", False) is None:
                 model.lm_head = QuantLinear(weight)
         else:
+            assert isinstance(module, nn.Linear)  # _weight_shape took nothing else
             replacement = QuantLinear(weight, module.bias)
         parent_path, _, attribute = module_path.rpartition(".")
         setattr(model.get_submodule(parent_path) if parent_path else model, attribute, replacement)

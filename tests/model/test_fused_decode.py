@@ -11,11 +11,11 @@ from tests.tiny_engine import tiny_config, tiny_model
 
 from markers import need_smollm2
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
-from rebar.kernels.cpu_decode import FusedDecoder, unsupported_reason
 from rebar.kernels.cpu_quant.build import load_extension
-from rebar.quant.handler import swap_in_quantized
-from rebar.quant.int_formats import quantize_int4, quantize_int8
-from rebar.quant.qlinear import DequantizedMatmul, KernelChoice
+from rebar.model.fused_decode import FusedDecoder, unsupported_reason
+from rebar.weights.handler import swap_in_quantized
+from rebar.weights.int_formats import quantize_int4, quantize_int8
+from rebar.weights.qlinear import DequantizedMatmul, KernelChoice
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
@@ -195,7 +195,7 @@ def float_reference(model: torch.nn.Module) -> torch.nn.Module:
     import copy
     import math
 
-    from rebar.quant.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
+    from rebar.weights.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
 
     reference = copy.deepcopy(model)
     for module in reference.modules():
@@ -503,7 +503,7 @@ def test_a_fused_step_is_one_range_in_a_profile() -> None:
     model's own forward shows one per layer."""
     from torch.profiler import profile
 
-    from rebar.kernels.cpu_decode import PROFILE_RANGE
+    from rebar.model.fused_decode import PROFILE_RANGE
 
     model = quantized_model()
     with profile() as prof:

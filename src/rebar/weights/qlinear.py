@@ -5,8 +5,10 @@ A QuantLinear holds a quantized weight (rebar's own int4 / int8 `QuantizedWeight
 rows (tokens in the step). On x86 CPUs with AVX2, rebar's own kernels (`rebar.kernels.cpu_quant`:
 int8 activations times 4- to 8-bit weights, exact integer dot products) serve every step of every
 format; elsewhere torch's packed int8 /
-int4 weight-only kernels serve small steps of rebar's formats; a dequantize-then-matmul in the
-activation dtype takes the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
+int4 weight-only kernels serve small steps of rebar's formats; on CUDA, rebar's Triton kernels
+(`rebar.kernels.triton_quant_matmul`, dequantizing inside the tile loop) serve every step of
+rebar's formats when Triton is installed; a dequantize-then-matmul in the activation dtype takes
+the rest. `scripts/bench_quant_kernels.py` and `scripts/bench_cpu_quant.py`
 measured the switch points (docs/quantization.md, docs/kernels.md). Every kernel agrees with
 `DequantizedMatmul`, the reference that runs on any device.
 
@@ -17,6 +19,7 @@ batching.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -25,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rebar.quant.block_weight import BlockWeight, DecodedBlocks
-from rebar.quant.int_formats import QuantizedWeight, unpack_int4
+from rebar.weights.block_weight import BlockWeight, DecodedBlocks
+from rebar.weights.int_formats import QuantizedWeight, unpack_int4
 
 if TYPE_CHECKING:
     from rebar.kernels.cpu_quant import PackedQuant
@@ -42,6 +45,8 @@ NATIVE_MAX_ROWS = math.inf
 # (measured on SmolLM2's shapes with weights out of cache; see docs/quantization.md).
 INT8_PACKED_MAX_ROWS = 8
 INT4_PACKED_MAX_ROWS = 32
+# Group sizes rebar's Triton kernels take besides a whole row: multiples of their narrowest K tile.
+TRITON_MIN_GROUP = 32
 # Weights expanded at a time by the dequantize path (4 MiB in float32).
 DEQUANT_SLICE_ELEMENTS = 1 << 20
 # Weights decoded at a time when a GGUF tensor is repacked for the CPU kernels.
@@ -107,7 +112,7 @@ class Int4PackedMatmul:
     name = "int4pack"
 
     def __init__(self, weight: QuantizedWeight) -> None:
-        assert weight.bits == 4
+        assert weight.bits == 4 and weight.offsets is not None
         self.group_size = weight.group_size
         codes = unpack_int4(weight.qweight).to(torch.int32)
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 2)
@@ -141,6 +146,39 @@ class NativeMatmul:
         return self._linear(x.float(), self.packed).to(x.dtype)
 
 
+class TritonMatmul:
+    """rebar's Triton kernels on rebar's int8 / int4 formats (CUDA): the codes read as stored and
+    dequantized inside the tile loop, products accumulated in float32, output in x's dtype."""
+
+    name = "triton"
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        from rebar.kernels import triton_quant_matmul
+
+        self._kernels = triton_quant_matmul
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if weight.bits == 8:
+            return self._kernels.int8_matmul(x, weight.qweight, weight.scales, weight.group_size)
+        assert weight.offsets is not None  # int4 is asymmetric
+        return self._kernels.int4_matmul(
+            x, weight.qweight, weight.scales, weight.offsets, weight.group_size
+        )
+
+
+def has_triton_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
+    """Whether rebar's Triton kernels take `weight` on `device`: rebar's own formats on CUDA with
+    Triton installed, grouped by the whole row or by a multiple of the kernels' 32-wide K tile."""
+    if device.type != "cuda" or not isinstance(weight, QuantizedWeight):
+        return False
+    whole_row = weight.group_size == weight.in_features
+    if not (whole_row or weight.group_size % TRITON_MIN_GROUP == 0):
+        return False
+    return importlib.util.find_spec("triton") is not None
+
+
 def pack_for_cpu(weight: AnyQuantWeight) -> PackedQuant:
     """`weight` in the tiled layout of rebar's CPU kernels, a few MiB of it decoded at a time."""
     from rebar.kernels import cpu_quant
@@ -160,6 +198,7 @@ def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
         return packed
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
+            assert weight.offsets is not None  # int4 is asymmetric
             return cpu_quant.pack_int4(
                 weight.qweight, weight.scales, weight.offsets, weight.group_size
             )
@@ -173,19 +212,26 @@ def _pack_decoded(blocks: DecodedBlocks) -> PackedQuant:
     if blocks.kind == "sym":
         return cpu_quant.pack_sym(blocks.codes, blocks.bits, blocks.scales, 32, blocks.zero_point)
     if blocks.kind == "affine":
-        return cpu_quant.pack_affine(blocks.codes, blocks.bits, blocks.scales, blocks.offsets, 32)
+        return cpu_quant.pack_affine(
+            blocks.codes, blocks.bits, blocks.scales, _part(blocks.offsets), 32
+        )
     if blocks.kind == "super_affine":
         return cpu_quant.pack_super_affine(
             blocks.codes,
             blocks.bits,
             blocks.scales,
-            blocks.offsets,
-            blocks.sub_scales,
-            blocks.sub_mins,
+            _part(blocks.offsets),
+            _part(blocks.sub_scales),
+            _part(blocks.sub_mins),
         )
     return cpu_quant.pack_super_sym(
-        blocks.codes, blocks.bits, blocks.scales, blocks.sub_scales, blocks.zero_point
+        blocks.codes, blocks.bits, blocks.scales, _part(blocks.sub_scales), blocks.zero_point
     )
+
+
+def _part(tensor: torch.Tensor | None) -> torch.Tensor:
+    assert tensor is not None, "decode() fills every part of its block kind"
+    return tensor
 
 
 def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
@@ -238,12 +284,26 @@ def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice 
 
 
 def plan_kernels(weight: AnyQuantWeight, device: torch.device) -> tuple[KernelChoice, ...]:
-    """Kernels by increasing row limit; the last one (dequantize-then-matmul) takes any batch."""
+    """Kernels by increasing row limit; the last one (dequantize-then-matmul, unless the Triton
+    kernels serve every step) takes any batch."""
+    if has_triton_kernel(weight, device):
+        assert isinstance(weight, QuantizedWeight)
+        return (KernelChoice(math.inf, TritonMatmul(weight)),)
     packed = packed_kernel(weight, device)
     fallback = KernelChoice(math.inf, DequantizedMatmul(weight))
     if packed is None:
         return (fallback,)
     return (packed,) if packed.max_rows == math.inf else (packed, fallback)
+
+
+@dataclass(frozen=True)
+class NativeOperands:
+    """What rebar's CPU kernel multiplies with for one QuantLinear, for code that runs the same
+    matmul outside the module (the fused decode step)."""
+
+    packed: PackedQuant  # the weight in the kernels' tiled layout
+    bias: torch.Tensor | None  # float32, contiguous
+    max_rows: float  # the most rows the linear's own forward sends to this kernel
 
 
 class QuantLinear(nn.Module):
@@ -264,6 +324,20 @@ class QuantLinear(nn.Module):
         self.out_features = weight.out_features
         self.bias = bias
         self.kernels = kernels if kernels is not None else plan_kernels(weight, weight.device)
+
+    @property
+    def decode_kernel_name(self) -> str:
+        """The kernel that serves this linear's smallest steps (one-token decode rows)."""
+        return self.kernels[0].kernel.name
+
+    def native_operands(self) -> NativeOperands | None:
+        """The packed weight, float32 bias and row limit of rebar's CPU kernel when it serves this
+        linear's smallest steps; None when another kernel does."""
+        choice = self.kernels[0]
+        if not isinstance(choice.kernel, NativeMatmul):
+            return None
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        return NativeOperands(choice.kernel.packed, bias, choice.max_rows)
 
     def kernel_for(self, num_rows: int) -> LinearKernel:
         return next(choice.kernel for choice in self.kernels if num_rows <= choice.max_rows)

@@ -9,7 +9,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as QT
 
-from rebar.quant.block_weight import BLOCK_LAYOUTS, BlockWeight, decode_blocks
+from rebar.weights.block_weight import BLOCK_LAYOUTS, BlockWeight, decode_blocks
 
 TYPES = [QT[name] for name in BLOCK_LAYOUTS]
 # byte offsets of the float16 fields of each block (random bytes there could be inf or NaN)
@@ -90,7 +90,7 @@ def test_mismatched_sizes_are_refused() -> None:
 def test_packing_for_the_cpu_kernels_keeps_every_value(qtype: QT) -> None:
     """Random bytes (every code, sign, 6-bit scale and high bit) survive repacking into the kernels'
     tiles exactly, with a partial last tile of output rows."""
-    from rebar.quant.qlinear import pack_for_cpu
+    from rebar.weights.qlinear import pack_for_cpu
 
     weight = BlockWeight(
         qtype.name, torch.from_numpy(random_raw(qtype, rows=13, cols=512, seed=2).copy()), 512

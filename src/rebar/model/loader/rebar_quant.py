@@ -31,8 +31,8 @@ from rebar.model.config import ModelConfig, RopeScaling
 from rebar.model.loader.base import Checkpoint, TensorInfo
 from rebar.model.loader.mapped_files import MappedSafetensors
 from rebar.model.tokenizer import Tokenizer, read_tokenizer_config
-from rebar.quant.handler import QUANT_CHECKPOINT_FORMAT
-from rebar.quant.int_formats import SCALE_DTYPE, QuantizedWeight
+from rebar.weights.handler import QUANT_CHECKPOINT_FORMAT
+from rebar.weights.int_formats import SCALE_DTYPE, QuantizedWeight
 
 MANIFEST_NAME = "rebar-quant.json"
 FORMAT_VERSION = 1

@@ -1,4 +1,4 @@
-"""The fused CPU decode step: every decoder layer of a quantized Llama-family model in one C++ call.
+"""The Llama-family model's fused CPU decode step: every decoder layer in one C++ call.
 
 A decode step of a small model is thousands of tiny operations around seven matmuls per layer; from
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
@@ -11,8 +11,9 @@ the logits stay in the model's own Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
 CPU whose every layer linear runs on rebar's CPU kernels; `FusedDecoder.build` returns the reason
-otherwise, and the runner keeps the plain model path. Outputs agree with the unfused model to
-float32 round-off (tests/kernels/test_cpu_decode.py).
+otherwise, and the runner keeps the plain model path. It reads each linear's weights through
+`QuantLinear.native_operands()`, the same packed weights the linear's own forward multiplies with.
+Outputs agree with the unfused model to float32 round-off (tests/model/test_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
+from rebar.model.llama import LlamaModel
+from rebar.weights.qlinear import NativeOperands, QuantLinear
 
 PROFILE_RANGE = "fused_decode_step"
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # csrc/decoder.h, Activation
@@ -45,17 +48,16 @@ class BuildOutcome:
 class FusedDecoder:
     """Runs a pure-decode step of `model` over `kv_cache` in one call; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, extension) -> None:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, extension) -> None:
         config = model.config
         self.model = model
+        operands = [
+            [_native_operands(layer, path) for path in _LINEARS] for layer in model.decoder_layers()
+        ]
         # The runner sends steps of at most this many one-token rows: as many as every layer linear's
         # CPU kernel serves in the model's own path (any number, unless a test pins another plan), so
         # a decode row's numbers do not depend on which path its step took.
-        self.max_rows = min(
-            layer.get_submodule(path).kernels[0].max_rows
-            for layer in model.layers
-            for path in _LINEARS
-        )
+        self.max_rows = min(linear.max_rows for layer in operands for linear in layer)
         self._decoder = extension.FusedDecoder(
             config.hidden_size,
             config.num_heads,
@@ -67,8 +69,8 @@ class FusedDecoder:
             int(config.sliding_window or 0),
             _ACTIVATIONS[config.activation],
         )
-        for index, layer in enumerate(model.layers):
-            linears = [_linear_args(layer.get_submodule(path)) for path in _LINEARS]
+        for index, layer in enumerate(model.decoder_layers()):
+            linears = [(linear.packed.kernel_args(), linear.bias) for linear in operands[index]]
             norms = [
                 None if norm is None else norm.weight.detach()
                 for norm in (
@@ -95,6 +97,7 @@ class FusedDecoder:
         reason = unsupported_reason(model, kv_cache)
         if reason:
             return BuildOutcome(None, reason)
+        assert isinstance(model, LlamaModel)
         from rebar.kernels.cpu_quant.build import load_extension
 
         return BuildOutcome(cls(model, kv_cache, load_extension().module), "")
@@ -122,17 +125,15 @@ class FusedDecoder:
         return model.norm(x)
 
 
-def _linear_args(module: torch.nn.Module) -> tuple:
-    packed = module.kernels[0].kernel.packed  # a PackedQuant (unsupported_reason checked)
-    bias = None if module.bias is None else module.bias.detach().float().contiguous()
-    return (packed.kernel_args(), bias)
+def _native_operands(layer: torch.nn.Module, path: str) -> NativeOperands:
+    module = layer.get_submodule(path)
+    operands = module.native_operands() if isinstance(module, QuantLinear) else None
+    assert operands is not None, "unsupported_reason checks every layer linear"
+    return operands
 
 
 def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
     """Why the fused step cannot stand in for `model`'s decode steps, or "" when it can."""
-    from rebar.model.llama import LlamaModel
-    from rebar.quant.qlinear import QuantLinear
-
     if type(model) is not LlamaModel:
         return f"{type(model).__name__} is not a Llama-family decoder"
     if (
@@ -142,16 +143,15 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
         return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
     if model.config.head_dim % 8:
         return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
-    if model.layers[0].input_norm.weight.dtype != torch.float32:
-        return f"the model runs in {model.layers[0].input_norm.weight.dtype}, not float32"
+    dtype = model.decoder_layers()[0].input_norm.weight.dtype
+    if dtype != torch.float32:
+        return f"the model runs in {dtype}, not float32"
     for index, layer in enumerate(model.layers):
         for path in _LINEARS:
             module = layer.get_submodule(path)
             name = f"layers.{index}.{path}"
             if not isinstance(module, QuantLinear):
                 return f"{name} is not quantized"
-            if module.kernels[0].kernel.name != "native":
-                return (
-                    f"{name} does not run on rebar's CPU kernels ({module.kernels[0].kernel.name})"
-                )
+            if module.native_operands() is None:
+                return f"{name} does not run on rebar's CPU kernels ({module.decode_kernel_name})"
     return ""

@@ -1,0 +1,215 @@
+"""Imports run one way (DESIGN.md): server -> engine -> model -> kernels and the runtime weight formats.
+
+Every module under src/rebar is parsed (AST), and every `import` in it counts, the ones inside
+functions and under `TYPE_CHECKING` included. Each module belongs to a unit: a top-level package or
+module of rebar (`model`, `engine`, `errors`, ...). `ALLOWED` below is the whole graph: which units
+each unit may import besides itself. The foundation modules import nothing of rebar and everyone
+may import them. The root package `rebar` itself (`__version__`, the lazy public API) may be
+imported from anywhere: Python initialises it before any of its submodules in any case.
+
+Within the engine, the scheduler's side (requests, the block pool, the KV-cache manager, the
+scheduler) is pure Python: it imports no torch and nothing of the engine's tensor side.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = "rebar"
+
+# Import nothing of rebar; every unit may import them.
+FOUNDATION = frozenset({"errors", "heap", "openmp_env", "timing"})
+TOP = frozenset({"rebar", "cli"})  # the public facade and the command line: may import any unit
+ALLOWED: dict[str, frozenset[str]] = {
+    # Leaves: kernels (attention, CPU and Triton kernels), obs, the side-service stores, web assets.
+    "kernels": frozenset(),
+    "obs": frozenset(),
+    "store": frozenset(),
+    "web": frozenset(),
+    # The runtime weight formats: run on the kernels, never import the model.
+    "weights": frozenset({"kernels"}),
+    # Weights -> math; a fused fast path lives here, behind interfaces the layers provide.
+    "model": frozenset({"kernels", "weights"}),
+    # Offline quantization tools (AWQ, calibration data, quantize, the quant CLI).
+    "quant": frozenset({"model", "weights", "kernels"}),
+    "engine": frozenset({"model", "weights", "kernels", "obs"}),
+    "config": frozenset({"engine"}),  # settings build the engine's own config
+    "setting_flags": frozenset(
+        {"engine"}
+    ),  # command-line flags from the engine's setting definitions
+    "server": frozenset({"engine", "model", "obs", "store", "config", "web"}),
+    "eval": frozenset({"engine", "model", "quant"}),
+    # Benchmarks load models as `rebar serve` does (config) and report which kernels ran.
+    "bench": frozenset({"engine", "model", "config", "setting_flags", "kernels"}),
+}
+# The engine's pure-Python side: may import only one another and the foundation, and never torch.
+PURE_PYTHON = frozenset(
+    {
+        "rebar.engine.block_pool",
+        "rebar.engine.kv_cache_manager",
+        "rebar.engine.request",
+        "rebar.engine.sampling_params",
+        "rebar.engine.scheduler",
+    }
+)
+TENSOR_LIBRARIES = frozenset({"torch", "numpy"})
+# The engine's setting definitions: the pure side may read them (they import torch only inside the
+# functions that size the KV cache, never at import).
+SETTING_DEFINITIONS = frozenset({"rebar.engine.engine_config", "rebar.engine.setting"})
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name, e.g. "rebar.kernels.attention"
+    imported: str  # dotted module name, e.g. "rebar.model.llama" or "torch.nn"
+    line: int
+
+
+def module_names(src: Path) -> dict[str, Path]:
+    """Dotted name -> file for every module under `src`/rebar (a package as its `__init__.py`)."""
+    names = {}
+    for path in sorted((src / ROOT).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> list[Import]:
+    """Every import in the module: `from a import b` names `a.b` when that is a module itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [Import(name, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(node, name, path.name == "__init__.py")
+            targets = {
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                for alias in node.names
+            }
+            found += [Import(name, target, node.lineno) for target in sorted(targets)]
+    return found
+
+
+def all_imports(src: Path) -> list[Import]:
+    modules = module_names(src)
+    return [edge for name, path in modules.items() for edge in imports_of(name, path, set(modules))]
+
+
+def unit_of(module: str) -> str:
+    """`rebar.model.llama` -> "model"; the root package -> "rebar"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def may_import(importer: str, imported: str) -> bool:
+    if importer in PURE_PYTHON:
+        return _pure_may_import(imported)
+    if imported.split(".")[0] != ROOT:
+        return True  # the standard library and third-party packages
+    source, target = unit_of(importer), unit_of(imported)
+    if imported == ROOT or source == target or source in TOP:
+        return True
+    if source in FOUNDATION:
+        return False
+    return target in FOUNDATION or target in ALLOWED.get(source, frozenset())
+
+
+def _pure_may_import(imported: str) -> bool:
+    top = imported.split(".")[0]
+    if top in TENSOR_LIBRARIES:
+        return False
+    if top != ROOT:
+        return True
+    return (
+        imported == ROOT
+        or imported in PURE_PYTHON | SETTING_DEFINITIONS
+        or unit_of(imported) in FOUNDATION
+    )
+
+
+def violations(edges: list[Import]) -> list[str]:
+    return [
+        f"{edge.importer} (line {edge.line}) imports {edge.imported}"
+        for edge in sorted(edges, key=lambda e: (e.importer, e.line))
+        if not may_import(edge.importer, edge.imported)
+    ]
+
+
+def test_every_import_in_rebar_runs_the_allowed_way() -> None:
+    found = violations(all_imports(SRC))
+    assert not found, "imports against the allowed direction:\n" + "\n".join(found)
+
+
+def test_the_graph_names_every_unit_of_rebar() -> None:
+    """A new top-level package must be placed in the graph, not pass unchecked."""
+    units = {unit_of(name) for name in module_names(SRC)}
+    assert units <= FOUNDATION | TOP | set(ALLOWED), units - (FOUNDATION | TOP | set(ALLOWED))
+    assert units >= FOUNDATION and set(ALLOWED) <= units  # and the graph names no stale unit
+
+
+def write_tree(src: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = src / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_a_forbidden_import_is_named_with_its_module_and_line(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "rebar/__init__.py": "",
+            "rebar/errors.py": "",
+            "rebar/kernels/__init__.py": "",
+            "rebar/kernels/fast.py": (
+                "import torch\n"
+                "from rebar.errors import X\n"
+                "\n"
+                "def step():\n"
+                "    from rebar.model.llama import LlamaModel\n"  # line 5: lazy, still counted
+                "    return LlamaModel\n"
+            ),
+            "rebar/model/__init__.py": "",
+            "rebar/model/llama.py": "from rebar.kernels import fast\nimport rebar\n",
+            "rebar/obs/__init__.py": "",
+            "rebar/obs/metrics.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from ..engine import outputs\n"  # line 3: relative, resolved to the module
+            ),
+            "rebar/engine/__init__.py": "",
+            "rebar/engine/outputs.py": "from rebar import errors\n",
+            "rebar/engine/scheduler.py": "import torch\nfrom rebar.engine import outputs\n",
+        },
+    )
+    assert violations(all_imports(tmp_path)) == [
+        "rebar.engine.scheduler (line 1) imports torch",
+        "rebar.engine.scheduler (line 2) imports rebar.engine.outputs",
+        "rebar.kernels.fast (line 5) imports rebar.model.llama",
+        "rebar.obs.metrics (line 3) imports rebar.engine.outputs",
+    ]
+
+
+def test_foundation_modules_import_nothing_of_rebar(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "rebar/__init__.py": "",
+            "rebar/errors.py": "",
+            "rebar/timing.py": "from rebar.errors import RebarError\n",
+        },
+    )
+    assert violations(all_imports(tmp_path)) == ["rebar.timing (line 1) imports rebar.errors"]
