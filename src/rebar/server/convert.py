@@ -1,15 +1,56 @@
-"""Between the HTTP schemas and the engine: SamplingParams from a request, response dicts from outputs."""
+"""Between the HTTP schemas and the engine: an OpenAI request becomes one admitted engine request
+(prompt ids and SamplingParams, checked once), and outputs become response fields."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import cast
 
-from rebar.engine.outputs import RequestOutput, RequestTiming
+from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.llm import LLM
+from rebar.engine.outputs import RequestTiming
+from rebar.engine.request import AdmittedRequest
+from rebar.engine.sampler import TokenLogprobs
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
+from rebar.server import prompts
 from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+
+async def chat_input(engine: AsyncEngine, llm: LLM, body: ChatCompletionRequest) -> AdmittedRequest:
+    """The chat request as the engine runs it: its messages in the model's template, admitted."""
+    params = chat_params(body)
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    return engine.admit(await prompts.chat_prompt(llm, messages), params)
+
+
+async def completion_input(
+    engine: AsyncEngine, llm: LLM, body: CompletionRequest
+) -> tuple[AdmittedRequest, str]:
+    """The completions request as the engine runs it, and the text `echo` puts before each answer."""
+    params = completion_params(body)
+    prompt = single_prompt(body.prompt)
+    admitted = engine.admit(await prompts.text_prompt(llm, prompt), params)
+    if not body.echo:
+        return admitted, ""
+    # Admitted first: only ids the model has can be decoded for the echo.
+    return admitted, prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt)
+
+
+def single_prompt(prompt: str | list) -> str | list[int]:
+    """rebar serves one prompt per request (use `n` for several completions of it)."""
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return prompt
+    if len(prompt) == 1:
+        return prompt[0]
+    raise InvalidRequestError(
+        "send one prompt per request (a string or a list of token ids); batches are not supported",
+        "prompt",
+    )
 
 
 def sampling_params(
@@ -24,14 +65,15 @@ def sampling_params(
         top_k=body.top_k,
         min_p=body.min_p,
         seed=body.seed,
-        stop=body.stop if body.stop is not None else (),  # "" reaches the check that refuses it
-        stop_token_ids=body.stop_token_ids or (),
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
-        logit_bias=body.logit_bias,
+        # JSON keys are strings; SamplingParams reads decimal ones as token ids and refuses others.
+        logit_bias=cast(Mapping[int, float] | None, body.logit_bias),
         logprobs=logprobs,
     )
 
@@ -56,19 +98,6 @@ def completion_params(body: CompletionRequest) -> SamplingParams:
             "echo together with logprobs (prompt logprobs) is not supported", "echo"
         )
     return sampling_params(body, body.max_tokens, body.logprobs)
-
-
-@dataclass
-class ChoiceState:
-    """Accumulates one choice's outputs for a non-streaming response and usage."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
-    num_cached_tokens: int = 0
-    timing: RequestTiming | None = None
 
 
 def openai_finish_reason(reason: str | None) -> str | None:
@@ -97,7 +126,7 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def chat_logprobs(tokenizer: Tokenizer, entries: list) -> dict | None:
+def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> dict | None:
     if not entries:
         return None
 
@@ -113,7 +142,9 @@ def chat_logprobs(tokenizer: Tokenizer, entries: list) -> dict | None:
     }
 
 
-def completion_logprobs(tokenizer: Tokenizer, entries: list, text_offset: int = 0) -> dict | None:
+def completion_logprobs(
+    tokenizer: Tokenizer, entries: list[TokenLogprobs], text_offset: int = 0
+) -> dict | None:
     if not entries:
         return None
     tokens, offsets = [], []
@@ -132,18 +163,6 @@ def completion_logprobs(tokenizer: Tokenizer, entries: list, text_offset: int = 
 
 def now() -> int:
     return int(time.time())
-
-
-def accumulate(choices: dict[int, ChoiceState], output: RequestOutput) -> None:
-    state = choices.setdefault(output.index, ChoiceState())
-    state.text += output.text_delta
-    state.token_ids.extend(output.new_token_ids)
-    state.logprobs.extend(output.logprobs)
-    state.num_cached_tokens = output.num_cached_tokens
-    if output.finished:
-        state.finish_reason = output.finish_reason
-        state.error = output.error
-        state.timing = output.timing
 
 
 def timing_fields(timing: RequestTiming | None, num_cached: int) -> dict:
