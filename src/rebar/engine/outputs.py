@@ -145,10 +145,10 @@ class RequestOutput:
 
 @dataclass
 class _ChoiceSoFar:
+    last: RequestOutput  # the choice's latest output
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
-    last: RequestOutput | None = None
 
 
 class OutputAccumulator:
@@ -161,7 +161,7 @@ class OutputAccumulator:
         self.num_prompt_tokens = 0
 
     def add(self, output: RequestOutput) -> None:
-        choice = self._choices.setdefault(output.index, _ChoiceSoFar())
+        choice = self._choices.setdefault(output.index, _ChoiceSoFar(output))
         choice.text += output.text_delta
         choice.token_ids.extend(output.new_token_ids)
         choice.logprobs.extend(output.logprobs)
@@ -177,7 +177,7 @@ class OutputAccumulator:
     def num_cached_tokens(self) -> int:
         """Prompt tokens the prefix cache served the first choice (its siblings reuse its blocks)."""
         first = self._choices.get(0)
-        return first.last.num_cached_tokens if first is not None and first.last is not None else 0
+        return first.last.num_cached_tokens if first is not None else 0
 
     @property
     def num_completion_tokens(self) -> int:
@@ -190,21 +190,18 @@ class OutputAccumulator:
     def timing(self) -> RequestTiming | None:
         """The span of the finished choices (None before any finished)."""
         return RequestTiming.combine(
-            c.last.timing
-            for c in self._choices.values()
-            if c.last is not None and c.last.timing is not None
+            c.last.timing for c in self._choices.values() if c.last.timing is not None
         )
 
 
 def _finished(index: int, choice: _ChoiceSoFar) -> Choice:
     last = choice.last
-    reason = last.finish_reason if last is not None and last.finished else None
     return Choice(
         index,
         choice.text,
         list(choice.token_ids),
-        reason or "abort",
-        last.stop_reason if last is not None else None,
+        (last.finish_reason if last.finished else None) or "abort",
+        last.stop_reason,
         tuple(choice.logprobs),
-        last.error if last is not None else None,
+        last.error,
     )

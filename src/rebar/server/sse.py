@@ -13,15 +13,13 @@ from fastapi.responses import StreamingResponse
 from rebar.engine.outputs import RequestOutput
 
 PING = ": ping\n\n"  # a comment line: clients ignore it, proxies see the connection is alive
+DONE = "data: [DONE]\n\n"  # OpenAI's end of stream
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 T = TypeVar("T")
 
 
 def event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-DONE = "data: [DONE]\n\n"
 
 
 def error_event(output: RequestOutput) -> str | None:
