@@ -13,8 +13,8 @@ from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.outputs import Choice, OutputAccumulator, RequestOutput
 from rebar.engine.request import AdmittedRequest
 from rebar.obs.tracing import end_generate_span
-from rebar.server.convert import OUT_OF_TOKENS
 from rebar.server.errors import APIError
+from rebar.server.response_fields import OUT_OF_TOKENS
 from rebar.server.state import ServerState
 
 DISCONNECT_POLL_S = 0.2

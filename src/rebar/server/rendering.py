@@ -18,8 +18,8 @@ from rebar.server import completion_flow as flow
 from rebar.server import generation, sse
 from rebar.server.completion_flow import Completion
 from rebar.server.context import request_context
-from rebar.server.convert import now, timing_fields, timing_header, usage
 from rebar.server.response_cache import Lead
+from rebar.server.response_fields import now, timing_fields, timing_header, usage
 from rebar.server.state import ServerState
 
 

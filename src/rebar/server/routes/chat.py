@@ -12,8 +12,9 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.server import sse
 from rebar.server.completion_flow import Completion
 from rebar.server.context import request_context
-from rebar.server.convert import chat_input, chat_logprobs, openai_finish_reason, usage
+from rebar.server.convert import chat_input
 from rebar.server.rendering import Renderer, respond
+from rebar.server.response_fields import chat_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import ChatCompletionRequest
 from rebar.server.state import server_state
 

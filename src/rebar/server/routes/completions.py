@@ -12,8 +12,9 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.server import sse
 from rebar.server.completion_flow import Completion
 from rebar.server.context import request_context
-from rebar.server.convert import completion_input, completion_logprobs, openai_finish_reason, usage
+from rebar.server.convert import completion_input
 from rebar.server.rendering import Renderer, respond
+from rebar.server.response_fields import completion_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import CompletionRequest
 from rebar.server.state import server_state
 
