@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.outputs import ENGINE_FAULT
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from tiny_engine import make_core, run_to_completion, tokens_of
@@ -201,3 +202,47 @@ def test_cache_salt_reaches_the_prefix_cache(engine) -> None:
         return asyncio.run(collect(engine, prompt, GREEDY, cache_salt=salt))[-1].num_cached_tokens
 
     assert [cached("a"), cached("b"), cached("a"), cached(None)] == [0, 0, 24, 0]
+
+
+def test_an_admitted_request_is_not_checked_again(engine, monkeypatch) -> None:
+    real_check = engine.core._check_prompt
+    checked = []
+
+    def counting_check(prompt):
+        checked.append(list(prompt))
+        return real_check(prompt)
+
+    monkeypatch.setattr(engine.core, "_check_prompt", counting_check)
+    outputs = asyncio.run(collect(engine, [3, 4, 5], GREEDY))
+    assert outputs[-1].finish_reason == "length"
+    assert checked == [[3, 4, 5]]  # admission scanned the prompt once; the core trusted it
+
+
+def test_a_request_another_core_admitted_is_checked_by_the_core_that_runs_it(
+    engine, tmp_path
+) -> None:
+    roomier = make_core(tmp_path, max_model_len=256)
+    admitted = roomier.admit([3] * 200, GREEDY)  # too long for the engine's 128-token window
+
+    async def main():
+        return [o async for o in engine.generate_admitted(admitted)]
+
+    with pytest.raises(InvalidRequestError) as info:
+        asyncio.run(main())
+    assert info.value.param == "prompt"
+    assert asyncio.run(collect(engine, [3, 4], GREEDY))[-1].finish_reason == "length"
+
+
+def test_a_fault_while_queueing_fails_that_request_not_the_engine(engine, monkeypatch) -> None:
+    real_add = engine.core.add_admitted
+
+    def add_once_broken(request_id, *args, **kwargs):
+        monkeypatch.setattr(engine.core, "add_admitted", real_add)
+        raise RuntimeError("queueing broke")
+
+    monkeypatch.setattr(engine.core, "add_admitted", add_once_broken)
+    params = SamplingParams(max_tokens=4, n=2, temperature=0, ignore_eos=True)
+    failed = asyncio.run(collect(engine, [3, 4], params))
+    assert sorted(o.index for o in failed) == [0, 1]
+    assert all(o.finish_reason == "error" and o.error == ENGINE_FAULT for o in failed)
+    assert asyncio.run(collect(engine, [3, 4], GREEDY))[-1].finish_reason == "length"

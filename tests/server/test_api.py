@@ -194,6 +194,26 @@ def test_completions_with_echo_logprobs_and_n(server) -> None:
     assert [c["text"] for c in again["choices"]] == [c["text"] for c in several["choices"]]
 
 
+def test_each_request_is_checked_once(server, monkeypatch) -> None:
+    url, app = server
+    core = app.state.rebar.models.engine.core
+    real_check = core._check_prompt
+    checked = []
+
+    def counting_check(prompt):
+        checked.append(len(prompt))
+        return real_check(prompt)
+
+    monkeypatch.setattr(core, "_check_prompt", counting_check)
+    random = {"model": "smollm2", "max_tokens": 2, "temperature": 1.0}  # never cached
+    assert post(url, CHAT, {**random, "messages": ASK}).status_code == 200
+    streamed = post(url, CHAT, {**random, "messages": ASK, "stream": True})
+    assert streamed.status_code == 200
+    echoed = post(url, "/v1/completions", {**random, "prompt": [1, 2, 3], "echo": True})
+    assert echoed.status_code == 200
+    assert len(checked) == 3 and checked[-1] == 3
+
+
 def test_stop_strings(server) -> None:
     url, _ = server
     base = post(

@@ -14,12 +14,13 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from rebar.engine.core import EngineCore
 from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids
+from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import RebarError
 from rebar.obs.profiling import ProfileResult, ProfileSession
@@ -30,8 +31,7 @@ logger = logging.getLogger("rebar.engine")
 @dataclass(frozen=True)
 class _Add:
     request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    admitted: AdmittedRequest
     deadline: float | None
     cache_salt: str | None
 
@@ -50,7 +50,14 @@ class _Profile:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     top: int
-    session: ProfileSession | None = None
+    session: ProfileSession | None = None  # set before the profile becomes the engine's
+
+    def is_over(self) -> bool:
+        return (
+            self.session is None
+            or self.session.num_steps >= self.num_steps
+            or time.monotonic() >= self.deadline
+        )
 
 
 _STOP = object()
@@ -88,19 +95,35 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     # ----- public API ----------------------------------------------------------------------------
-    async def generate(
+    def admit(self, prompt: Prompt, params: SamplingParams) -> AdmittedRequest:
+        """The request's one check, in the caller's thread (`EngineCore.admit`); text is tokenized first.
+
+        Raises InvalidRequestError naming the parameter.
+        """
+        return self.core.admit(prompt_token_ids(self.core.tokenizer, prompt), params)
+
+    def generate(
         self,
         prompt: Prompt,
         params: SamplingParams,
         request_id: str | None = None,
         timeout: float | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream the outputs of one request until each of its `params.n` choices has finished.
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`admit`, then `generate_admitted`: raises InvalidRequestError here, before any output."""
+        return self.generate_admitted(self.admit(prompt, params), request_id, timeout, cache_salt)
 
-        Raises InvalidRequestError (before any output) when the engine refuses the request.
+    async def generate_admitted(
+        self,
+        request: AdmittedRequest,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the outputs of an admitted request until each of its `params.n` choices has finished.
+
         `timeout` (seconds) finishes it with reason "timeout" if it runs longer. `cache_salt`: only
-        requests with the same salt share prefix-cache blocks (see `EngineCore.add_request`).
+        requests with the same salt share prefix-cache blocks (see `EngineCore.add_admitted`).
 
         Each call gets its own engine id, which its outputs carry in `request_id` and `abort` takes;
         outputs only ever reach the call that created the request. `request_id` is a label: it
@@ -108,14 +131,13 @@ class AsyncEngine:
         """
         self.start()
         engine_id = self._engine_id(request_id)
-        ids = prompt_token_ids(self.core.tokenizer, prompt)
         stream: asyncio.Queue = asyncio.Queue()
         with self._streams_lock:
             assert engine_id not in self._streams, f"engine id {engine_id} reused"
             self._streams[engine_id] = (asyncio.get_running_loop(), stream)
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._inbox.put(_Add(engine_id, ids, params, deadline, cache_salt))
-        remaining = params.n
+        self._inbox.put(_Add(engine_id, request, deadline, cache_salt))
+        remaining = request.params.n
         try:
             while remaining:
                 item = await stream.get()
@@ -175,10 +197,7 @@ class AsyncEngine:
                     self._fail_everything(ENGINE_FAULT)
                 if self._profile is not None and self._profile.session is not None:
                     self._profile.session.step_done()
-            if self._profile is not None and (
-                self._profile.session.num_steps >= self._profile.num_steps
-                or time.monotonic() >= self._profile.deadline
-            ):
+            if self._profile is not None and self._profile.is_over():
                 self._end_profile()
 
     def _drain(self, block: bool, timeout: float | None = None) -> list:
@@ -216,6 +235,7 @@ class AsyncEngine:
         command, self._profile = self._profile, None
         if command is None:
             return
+        assert command.session is not None, "only a started profile becomes the engine's"
         try:
             result: ProfileResult | BaseException = command.session.finish()
         except Exception as exc:
@@ -230,15 +250,14 @@ class AsyncEngine:
             self._deliver(self.core.abort_request(command.request_id))
             return
         try:
-            self.core.add_request(
-                command.request_id,
-                command.prompt_token_ids,
-                command.params,
-                command.deadline,
-                cache_salt=command.cache_salt,
+            self.core.add_admitted(
+                command.request_id, command.admitted, command.deadline, command.cache_salt
             )
         except RebarError as exc:
             self._send(command.request_id, exc)
+        except Exception:  # whatever slipped past admission fails its own request, not the engine
+            logger.exception("request %s could not be queued", command.request_id)
+            self._deliver(_failed(command.request_id, command.admitted.params.n))
 
     def _fail_everything(self, message: str) -> None:
         self._deliver(self.core.fail_all(message))
@@ -254,6 +273,15 @@ class AsyncEngine:
             return  # the caller left; its abort is already queued
         loop, stream = target
         _call_soon(loop, stream.put_nowait, item)
+
+
+def _failed(request_id: str, num_choices: int) -> list[RequestOutput]:
+    return [
+        RequestOutput(
+            request_id, index, (), "", finished=True, finish_reason="error", error=ENGINE_FAULT
+        )
+        for index in range(num_choices)
+    ]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, function: Callable, item: object) -> None:

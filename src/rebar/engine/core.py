@@ -22,7 +22,7 @@ from rebar.engine.outputs import (
     ENGINE_FAULT,
     RequestOutput,
 )
-from rebar.engine.request import Request, RequestStatus
+from rebar.engine.request import AdmittedRequest, Request, RequestStatus
 from rebar.engine.runner import ModelRunner
 from rebar.engine.sampler import (
     SampledToken,
@@ -42,7 +42,7 @@ logger = logging.getLogger("rebar.engine")
 
 
 @dataclass
-class _RequestState:
+class EngineSideState:
     """Engine-side companions of a scheduler Request."""
 
     parent_id: str
@@ -126,17 +126,20 @@ class EngineCore:
         )
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
+        self._admission_key = object()  # marks the AdmittedRequests this core's `admit` made
         self.num_requests_added = 0
 
     # ----- admission ---------------------------------------------------------------------------
-    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
-        """Validate a request without queueing it; returns its max total length (prompt + outputs).
+    def admit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> AdmittedRequest:
+        """The one check of a request: raises InvalidRequestError naming the parameter, else returns
+        what `add_admitted` queues without checking again.
 
         Pure and thread-safe, so a front end can refuse bad input before it starts a response.
         """
         prompt = self._check_prompt(prompt_token_ids)
         params.check_vocab(self.tokenizer.vocab_size)
-        return self._max_total_tokens(len(prompt), params)
+        max_total = self._max_total_tokens(len(prompt), params)
+        return AdmittedRequest(tuple(prompt), params, max_total, self._admission_key)
 
     def add_request(
         self,
@@ -146,7 +149,17 @@ class EngineCore:
         deadline: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        """Validate and queue a request (n > 1 becomes n scheduler requests sharing the prompt's blocks).
+        """`admit`, then `add_admitted`: for callers without a front door of their own."""
+        self.add_admitted(request_id, self.admit(prompt_token_ids, params), deadline, cache_salt)
+
+    def add_admitted(
+        self,
+        request_id: str,
+        admitted: AdmittedRequest,
+        deadline: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue an admitted request (n > 1 becomes n scheduler requests sharing the prompt's blocks).
 
         Prefix-cache blocks are shared only between requests with equal `cache_salt` (None included),
         so a per-tenant salt keeps one tenant from reusing, or timing, another's cached prompts.
@@ -155,13 +168,14 @@ class EngineCore:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InvalidRequestError("cache_salt must be a string", "cache_salt")
-        max_total = self.check_request(prompt_token_ids, params)
-        prompt = list(prompt_token_ids)
+        if admitted.issuer is not self._admission_key:  # not this core's check: do it here
+            admitted = self.admit(admitted.prompt_token_ids, admitted.params)
+        params = admitted.params
         children = []
         for index in range(params.n):
             child_params = params if params.n == 1 else params.child(index)
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
-            state = _RequestState(
+            state = EngineSideState(
                 parent_id=request_id,
                 index=index,
                 detokenizer=IncrementalDetokenizer(
@@ -171,9 +185,9 @@ class EngineCore:
             )
             request = Request(
                 child_id,
-                list(prompt),
+                list(admitted.prompt_token_ids),
                 child_params,
-                max_total,
+                admitted.max_total_tokens,
                 deadline=deadline,
                 state=state,
                 cache_salt=cache_salt,
@@ -243,7 +257,7 @@ class EngineCore:
         keep_cached: bool = True,
     ) -> RequestOutput:
         self.scheduler.finish_request(request.request_id, status, keep_cached=keep_cached)
-        state: _RequestState = request.state
+        state = _state_of(request)
         siblings = self._children.get(state.parent_id, [])
         if all(c not in self.scheduler.requests for c in siblings):
             self._children.pop(state.parent_id, None)
@@ -256,7 +270,7 @@ class EngineCore:
     def _output(
         self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False
     ) -> RequestOutput:
-        state: _RequestState = request.state
+        state = _state_of(request)
         logprobs = state.release_logprobs(final=finished)
         return RequestOutput(
             request_id=state.parent_id,
@@ -360,9 +374,9 @@ class EngineCore:
             return []
         # Token histories are only read by penalties; copying them every step would cost O(length).
         rows = [
-            SampleRequest(r.params, r.state.generator, r.prompt_token_ids, r.output_token_ids)
+            SampleRequest(r.params, _state_of(r).generator, r.prompt_token_ids, r.output_token_ids)
             if r.params.has_penalties
-            else SampleRequest(r.params, r.state.generator, (), ())
+            else SampleRequest(r.params, _state_of(r).generator, (), ())
             for r in requests
         ]
         try:
@@ -395,7 +409,7 @@ class EngineCore:
             return None
 
     def _append_token(self, request: Request, token: SampledToken) -> RequestOutput:
-        state: _RequestState = request.state
+        state = _state_of(request)
         token_id = token.token_id
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
@@ -449,15 +463,22 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-        assert set(self._children) == {r.state.parent_id for r in self.scheduler.requests.values()}
+        assert set(self._children) == {
+            _state_of(r).parent_id for r in self.scheduler.requests.values()
+        }
 
 
 def _timing(request: Request) -> RequestTiming:
-    """The instants of a finished request (finishing sets `finished_time`)."""
-    assert request.finished_time is not None
+    assert request.finished_time is not None, "timing is reported once the request finished"
     return RequestTiming(
         request.arrival_time,
         request.scheduled_time,
         request.first_token_time,
         request.finished_time,
     )
+
+
+def _state_of(request: Request) -> EngineSideState:
+    state = request.state
+    assert isinstance(state, EngineSideState), f"{request.request_id} was not queued by this core"
+    return state

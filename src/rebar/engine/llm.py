@@ -9,18 +9,20 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from rebar.engine.core import EngineCore
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig, torch_dtype
-from rebar.engine.outputs import Choice, CompletionOutput, RequestOutput
+from rebar.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids, with_bos
+from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import ConfigError, InvalidRequestError
+from rebar.model.bert import BertModel
 from rebar.model.build import build_model
 from rebar.model.chat_prompt import chat_prompt_ids
 from rebar.model.loader import open_checkpoint
@@ -45,14 +47,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"invalid dtype {dtype!r}; allowed: one of {', '.join(DTYPE_NAMES)}")
     return torch_dtype(dtype)
-
-
-@dataclass
-class _Collected:
-    text: str = ""
-    token_ids: list[int] | None = None
-    logprobs: list | None = None
-    last: RequestOutput | None = None
 
 
 class LLM:
@@ -145,23 +139,11 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Generate for every prompt as one continuous batch, yielding outputs as each step produces them.
 
-        Outputs carry `request_id` = the prompt's position as a string. Stopping the iteration early
+        Outputs carry `request_id` = the prompt's position as a string. Every prompt is checked
+        before any starts (InvalidRequestError names the parameter). Stopping the iteration early
         aborts what is still running.
         """
-        engine = self._require_decoder()
-        per_prompt = self._params_per_prompt(params, len(prompts))
-        request_ids = [f"llm-{next(self._ids)}" for _ in prompts]
-        names = {rid: str(i) for i, rid in enumerate(request_ids)}
-        try:
-            for rid, prompt, sp in zip(request_ids, prompts, per_prompt):
-                engine.add_request(rid, prompt_token_ids(self.tokenizer, prompt), sp)
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    if output.request_id in names:
-                        yield _renamed(output, names[output.request_id])
-        finally:
-            for rid in request_ids:
-                engine.abort_request(rid)
+        return self._run(self._admit(prompts, params))
 
     def generate(
         self,
@@ -169,24 +151,42 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
         """Complete each prompt (text, or a list of token ids); returns one output per prompt, in order."""
-        batch = [prompt_token_ids(self.tokenizer, p) for p in self._as_batch(prompts)]
-        collected: dict[tuple[int, int], _Collected] = {}
-        for output in self.stream(batch, params):
-            entry = collected.setdefault(
-                (int(output.request_id), output.index), _Collected(token_ids=[], logprobs=[])
-            )
-            entry.text += output.text_delta
-            entry.token_ids.extend(output.new_token_ids)
-            entry.logprobs.extend(output.logprobs)
-            entry.last = output
-        per_prompt = self._params_per_prompt(params, len(batch))
-        results = []
-        for i, prompt_ids in enumerate(batch):
-            choices = tuple(_choice(j, collected[(i, j)]) for j in range(per_prompt[i].n))
-            results.append(
-                CompletionOutput.from_choices(prompt_ids, choices, collected[(i, 0)].last)
-            )
-        return results
+        admitted = self._admit(self._as_batch(prompts), params)
+        collected = [OutputAccumulator() for _ in admitted]
+        for output in self._run(admitted):
+            collected[int(output.request_id)].add(output)
+        return [
+            CompletionOutput.from_outputs(list(request.prompt_token_ids), outputs)
+            for request, outputs in zip(admitted, collected)
+        ]
+
+    def _admit(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+    ) -> list[AdmittedRequest]:
+        """The offline front door: each prompt tokenized and checked once, before any is queued."""
+        engine = self._require_decoder()
+        per_prompt = self._params_per_prompt(params, len(prompts))
+        return [
+            engine.admit(prompt_token_ids(self.tokenizer, prompt), sp)
+            for prompt, sp in zip(prompts, per_prompt)
+        ]
+
+    def _run(self, admitted: list[AdmittedRequest]) -> Iterator[RequestOutput]:
+        engine = self._require_decoder()
+        request_ids = [f"llm-{next(self._ids)}" for _ in admitted]
+        names = {rid: str(i) for i, rid in enumerate(request_ids)}
+        try:
+            for rid, request in zip(request_ids, admitted):
+                engine.add_admitted(rid, request)
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.request_id in names:
+                        yield _renamed(output, names[output.request_id])
+        finally:
+            for rid in request_ids:
+                engine.abort_request(rid)
 
     def chat_prompt_ids(
         self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True
@@ -203,9 +203,9 @@ class LLM:
         self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None
     ) -> list[CompletionOutput]:
         """Answer one conversation (a list of messages) or several; renders the model's own template."""
-        if conversations and isinstance(conversations[0], Mapping):
-            conversations = [conversations]  # a single conversation
-        return self.generate([self.chat_prompt_ids(c) for c in conversations], params)
+        single = bool(conversations) and isinstance(conversations[0], Mapping)
+        batch = cast(Sequence[Messages], [conversations] if single else conversations)
+        return self.generate([self.chat_prompt_ids(c) for c in batch], params)
 
     @staticmethod
     def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
@@ -215,8 +215,8 @@ class LLM:
         if not batch:
             raise InvalidRequestError("no prompts given", "prompt")
         if all(isinstance(t, int) for t in batch):
-            return [batch]  # one prompt given as token ids
-        return batch
+            return [cast(list[int], batch)]  # one prompt given as token ids
+        return cast(list[Prompt], batch)
 
     @staticmethod
     def _params_per_prompt(
@@ -262,21 +262,9 @@ class LLM:
         for row, ids in enumerate(encoded):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             mask[row, : len(ids)] = 1
+        assert isinstance(self.model, BertModel), "embed() checked the architecture"
         return self.model.embed(input_ids.to(self.device), mask.to(self.device)).cpu()
 
 
 def _renamed(output: RequestOutput, request_id: str) -> RequestOutput:
     return replace(output, request_id=request_id)
-
-
-def _choice(index: int, entry: _Collected) -> Choice:
-    last = entry.last
-    return Choice(
-        index,
-        entry.text,
-        list(entry.token_ids),
-        last.finish_reason,
-        last.stop_reason,
-        tuple(entry.logprobs),
-        last.error,
-    )

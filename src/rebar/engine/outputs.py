@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rebar.engine.sampler import TokenLogprobs
 
 from rebar.timing import RequestTiming
 
@@ -15,14 +19,17 @@ DEADLINE_EXCEEDED = "deadline exceeded"
 
 @dataclass(frozen=True)
 class Choice:
-    """One of the `n` completions of a prompt."""
+    """One of the `n` completions of a prompt, finished.
+
+    `finish_reason` and `error` are those of the choice's last output (see `RequestOutput`).
+    """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str
     stop_reason: str | int | None = None
-    logprobs: tuple = ()  # TokenLogprobs per generated token when requested
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per generated token when requested
     error: str | None = None
 
 
@@ -46,9 +53,10 @@ class CompletionOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @classmethod
-    def from_choices(
-        cls, prompt_token_ids: list[int], choices: tuple[Choice, ...], last: RequestOutput
+    def from_outputs(
+        cls, prompt_token_ids: list[int], outputs: OutputAccumulator
     ) -> CompletionOutput:
+        choices = outputs.choices()
         first = choices[0]
         return cls(
             prompt_token_ids,
@@ -57,7 +65,7 @@ class CompletionOutput:
             first.finish_reason,
             first.stop_reason,
             choices,
-            last.num_cached_tokens,
+            outputs.num_cached_tokens,
         )
 
 
@@ -79,9 +87,73 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: tuple = ()  # TokenLogprobs for each new token when requested
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one for each new token when requested
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
     timing: RequestTiming | None = None  # on the last output of a choice
+
+
+@dataclass
+class _ChoiceSoFar:
+    last: RequestOutput  # the choice's latest output
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+class OutputAccumulator:
+    """One request's incremental outputs gathered into whole choices: text, token ids, logprobs
+    and how each ended. `LLM.generate` and the server's responses both build their answers on it.
+    """
+
+    def __init__(self) -> None:
+        self._choices: dict[int, _ChoiceSoFar] = {}
+        self.num_prompt_tokens = 0
+
+    def add(self, output: RequestOutput) -> None:
+        choice = self._choices.setdefault(output.index, _ChoiceSoFar(output))
+        choice.text += output.text_delta
+        choice.token_ids.extend(output.new_token_ids)
+        choice.logprobs.extend(output.logprobs)
+        choice.last = output
+        self.num_prompt_tokens = output.num_prompt_tokens
+
+    @property
+    def num_choices(self) -> int:
+        """How many choices have produced at least one output."""
+        return len(self._choices)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache served the first choice (its siblings reuse its blocks)."""
+        first = self._choices.get(0)
+        return first.last.num_cached_tokens if first is not None else 0
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self._choices.values())
+
+    def choices(self) -> tuple[Choice, ...]:
+        """Every choice seen, by index; one whose last output did not finish it counts as aborted."""
+        return tuple(_finished(i, c) for i, c in sorted(self._choices.items()))
+
+    def timing(self) -> RequestTiming | None:
+        """The span of the finished choices (None before any finished)."""
+        return RequestTiming.combine(
+            c.last.timing for c in self._choices.values() if c.last.timing is not None
+        )
+
+
+def _finished(index: int, choice: _ChoiceSoFar) -> Choice:
+    last = choice.last
+    return Choice(
+        index,
+        choice.text,
+        list(choice.token_ids),
+        (last.finish_reason if last.finished else None) or "abort",
+        last.stop_reason,
+        tuple(choice.logprobs),
+        last.error,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from rebar.errors import InvalidRequestError
 from rebar.model.tokenizer import Tokenizer
@@ -14,9 +15,9 @@ def prompt_token_ids(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     """Token ids for a text or id-list prompt. Range and length checks happen at admission."""
     if isinstance(prompt, str):
         return with_bos(tokenizer, tokenizer.encode(prompt))
-    if not isinstance(prompt, Sequence):
-        raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
-    return list(prompt)
+    if isinstance(prompt, Sequence):
+        return list(cast(Sequence[int], prompt))  # the ids are checked at admission
+    raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
 
 
 def with_bos(tokenizer: Tokenizer, ids: list[int]) -> list[int]:

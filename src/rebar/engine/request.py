@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rebar.engine.sampling_params import SamplingParams
 
@@ -40,6 +39,25 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class AdmittedRequest:
+    """A prompt and its params that `EngineCore.admit` checked, with the length they may reach.
+
+    Callers may rely on: `prompt_token_ids` are integers in the vocabulary, leaving room to
+    generate; `params` name only tokens of the vocabulary; `max_total_tokens` fits the context
+    window. Only `admit` makes one; the core that made it queues it without checking it again.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    max_total_tokens: int  # prompt + outputs never exceed this (max_tokens or the context window)
+    issuer: object = field(repr=False, compare=False)  # the admitting core's key
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
 @dataclass(eq=False)
 class Request:
     """Tokens known so far (`token_ids` = prompt + outputs) and how many of them have KV in the cache.
@@ -70,8 +88,10 @@ class Request:
     block_hashes: list[bytes] = field(
         default_factory=list
     )  # chained hashes of its full blocks, filled lazily
-    # Engine-side companions (sampler RNG, detokenizer, timing), opaque to the scheduler.
-    state: Any = None
+    # The engine core's companions (its EngineSideState: sampler RNG, detokenizer, pending
+    # logprobs), opaque here so the scheduler's side never depends on the core's tensor-side types;
+    # None only for requests the scheduler's own tests build.
+    state: object = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -21,7 +21,7 @@ from rebar.config import Settings
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
-from rebar.errors import RebarError
+from rebar.errors import ConfigError, RebarError
 from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.embedding_queue import EmbeddingQueue
@@ -65,6 +65,8 @@ def load_models(settings: Settings) -> ServedModels:
             dequantize=m.dequantize,
         )
         served.chat_name = served_name(m.chat)
+        if served.chat.engine is None:
+            raise ConfigError(f"models.chat: {m.chat} is an embedding model; it cannot generate")
         served.engine = AsyncEngine(served.chat.engine)
         logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
     if m.embedding:
@@ -122,7 +124,8 @@ def create_app(
             state.models.engine.shutdown()
         if state.embedding_queue is not None:
             state.embedding_queue.shutdown()
-        await state.store.close()
+        if state.store is not None:
+            await state.store.close()
         state.tracing.shutdown()
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from rebar.engine.outputs import Choice, OutputAccumulator
 from rebar.engine.sampler import TokenLogprobs
 from rebar.engine.sampling_params import SamplingParams
-from rebar.server.convert import ChoiceState
+from rebar.server.context import request_context
 from rebar.server.errors import APIError
 from rebar.server.response_cache import Lead
 from rebar.server.state import ServerState
@@ -19,34 +20,27 @@ from rebar.timing import RequestTiming
 
 
 @dataclass(frozen=True)
-class ChoiceResult:
-    index: int
-    text: str
-    finish_reason: str
-    logprobs: tuple[TokenLogprobs, ...] = ()
-
-
-@dataclass(frozen=True)
 class Completion:
-    """A finished answer in a form both endpoints render, and the cache stores as JSON."""
+    """A finished answer in a form both endpoints render, and the cache stores as JSON.
 
-    choices: tuple[ChoiceResult, ...]
+    Choices replayed from the cache carry no token ids: it keeps their text, logprobs and how they
+    finished, and the completion's token count.
+    """
+
+    choices: tuple[Choice, ...]
     num_prompt_tokens: int
     num_completion_tokens: int
     num_cached_tokens: int = 0
     timing: RequestTiming | None = None  # the engine's; None for a cache hit (never stored)
 
     @classmethod
-    def from_states(cls, choices: dict[int, ChoiceState], num_prompt_tokens: int) -> Completion:
+    def from_outputs(cls, outputs: OutputAccumulator, num_prompt_tokens: int) -> Completion:
         return cls(
-            tuple(
-                ChoiceResult(i, c.text, c.finish_reason or "stop", tuple(c.logprobs))
-                for i, c in sorted(choices.items())
-            ),
+            outputs.choices(),
             num_prompt_tokens,
-            sum(len(c.token_ids) for c in choices.values()),
-            choices[0].num_cached_tokens if choices else 0,
-            RequestTiming.combine(c.timing for c in choices.values() if c.timing is not None),
+            outputs.num_completion_tokens,
+            outputs.num_cached_tokens,
+            outputs.timing(),
         )
 
     @property
@@ -72,11 +66,12 @@ class Completion:
     @classmethod
     def from_json(cls, data: dict, num_prompt_tokens: int) -> Completion:
         choices = tuple(
-            ChoiceResult(
+            Choice(
                 c["index"],
                 c["text"],
+                [],
                 c["finish_reason"],
-                tuple(
+                logprobs=tuple(
                     TokenLogprobs(t, lp, tuple((a, b) for a, b in top))
                     for t, lp, top in c["logprobs"]
                 ),
@@ -90,7 +85,7 @@ class Completion:
 def client_id(request: Request) -> str:
     """Rate-limit identity, which a client cannot mint: the checked API key when keys are on, else
     the client's address (the socket's peer, or X-Forwarded-For only from `server.trusted_proxies`)."""
-    key_id = request.scope.get("state", {}).get("api_key_id")
+    key_id = request_context(request.scope).api_key_id
     if key_id:
         return key_id
     return "addr-" + (request.client.host if request.client else "unknown")

@@ -6,19 +6,20 @@ endpoint shares: cache lookup, generation (streamed or collected), write-through
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from rebar.engine.async_engine import AsyncEngine
-from rebar.engine.outputs import RequestOutput
-from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.outputs import Choice, OutputAccumulator, RequestOutput
+from rebar.engine.request import AdmittedRequest
 from rebar.server import completion_flow as flow
-from rebar.server import generation
-from rebar.server.completion_flow import ChoiceResult, Completion
-from rebar.server.convert import ChoiceState, accumulate, now, timing_fields, timing_header, usage
+from rebar.server import generation, sse
+from rebar.server.completion_flow import Completion
+from rebar.server.context import request_context
 from rebar.server.response_cache import Lead
+from rebar.server.response_fields import now, timing_fields, timing_header, usage
 from rebar.server.state import ServerState
 
 
@@ -41,12 +42,12 @@ class Renderer:
         """Chunks for one engine output of a live stream."""
         raise NotImplementedError
 
-    def replay_chunks(self, choice: ChoiceResult) -> Iterator[str]:
+    def replay_chunks(self, choice: Choice) -> Iterator[str]:
         """Chunks for one whole cached choice."""
         raise NotImplementedError
 
     def chunk(self, choices: list[dict], **extra) -> str:
-        return generation.sse(
+        return sse.event(
             {
                 "id": self.response_id,
                 "object": self.object_name,
@@ -79,36 +80,37 @@ class Renderer:
                 yield event
         if include_usage:
             yield self._usage_chunk(completion, completion.num_cached_tokens)
-        yield generation.sse("[DONE]")
+        yield sse.DONE
 
     async def stream(
         self,
-        outputs: AsyncIterator[RequestOutput],
+        outputs: AsyncGenerator[RequestOutput, None],
         n: int,
         include_usage: bool,
         ping_interval_s: float,
         lead: Lead | None,
         on_done: Callable[[Completion], Awaitable[None]],
     ) -> AsyncIterator[str]:
-        choices: dict[int, ChoiceState] = {}
+        collected = OutputAccumulator()
         completion, last = None, None
         try:
             for event in self.opening(n):
                 yield event
-            async for output in generation.with_pings(outputs, ping_interval_s):
+            async for output in sse.with_pings(outputs, ping_interval_s):
                 if output is None:
-                    yield generation.PING
+                    yield sse.PING
                     continue
                 last = output
-                accumulate(choices, output)
+                collected.add(output)
                 for event in self.output_chunks(output):
                     yield event
-            completion = Completion.from_states(choices, last.num_prompt_tokens if last else 0)
+            completion = Completion.from_outputs(collected, collected.num_prompt_tokens)
             if include_usage and last is not None:
                 yield self._usage_chunk(completion, last.num_cached_tokens)
-            yield generation.sse("[DONE]")
+            yield sse.DONE
         finally:
-            await flow.finish_lead(lead, completion if completion and len(choices) == n else None)
+            whole = completion is not None and collected.num_choices == n
+            await flow.finish_lead(lead, completion if whole else None)
             if completion is not None:
                 await on_done(completion)
 
@@ -119,13 +121,17 @@ async def respond(
     engine: AsyncEngine,
     render: Renderer,
     endpoint: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
+    admitted: AdmittedRequest,
     stream: bool,
     include_usage: bool,
-):
-    """Validate, rate-limit, serve from the cache or generate, and write the answer through."""
-    engine.core.check_request(prompt_ids, params)
+) -> Response:
+    """Rate-limit, serve from the cache or generate, and write the answer through.
+
+    `admitted` passed the route's front door; nothing here checks it again.
+    """
+    prompt_ids = list(admitted.prompt_token_ids)
+    params = admitted.params
+    context = request_context(request.scope)
     headers = await flow.check_rate_limit(state, request, len(prompt_ids))
     tenant = flow.tenant(state, request)
     canonical = flow.canonical_request(
@@ -140,21 +146,16 @@ async def respond(
         completion = Completion.from_json(cached, len(prompt_ids))
         note_for_access_log(state, request, engine, prompt_ids, completion)
         if stream:
-            return StreamingResponse(
-                render.replay(completion, include_usage),
-                media_type="text/event-stream",
-                headers={**generation.SSE_HEADERS, **headers},
-            )
+            return sse.response(render.replay(completion, include_usage), headers)
         return JSONResponse(render.json(completion), headers=headers)
 
     try:
-        outputs = await generation.start(
+        outputs = generation.start(
             state,
             engine,
-            prompt_ids,
-            params,
-            request.scope["state"]["internal_id"],
-            request.scope["state"].get("arrived_at"),
+            admitted,
+            context.internal_id,
+            context.arrived_at,
             flow.token_spender(state, request),
             cache_salt=tenant,
         )
@@ -169,16 +170,16 @@ async def respond(
         events = render.stream(
             outputs, params.n, include_usage, state.ping_interval_s, lead, on_done
         )
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={**generation.SSE_HEADERS, **headers}
-        )
-    completion = None
+        return sse.response(events, headers)
     try:
-        choices = await generation.collect(request, outputs)
-        generation.raise_for_failure(choices)
-        completion = Completion.from_states(choices, len(prompt_ids))
-    finally:
-        await flow.finish_lead(lead, completion)
+        completion = Completion.from_outputs(
+            await generation.collect(request, outputs), len(prompt_ids)
+        )
+        generation.raise_for_failure(completion.choices)
+    except BaseException:
+        await flow.finish_lead(lead, None)
+        raise
+    await flow.finish_lead(lead, completion)
     await on_done(completion)
     headers["x-rebar-timing"] = timing_header(
         timing_fields(completion.timing, completion.num_cached_tokens)
@@ -202,4 +203,4 @@ def note_for_access_log(
     if state.log_prompts:
         fields["prompt"] = engine.core.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         fields["completions"] = [choice.text for choice in completion.choices]
-    request.scope.setdefault("state", {}).setdefault("log", {}).update(fields)
+    request_context(request.scope).log.update(fields)

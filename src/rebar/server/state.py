@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
 
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.llm import LLM
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.errors import APIError
+
+if TYPE_CHECKING:  # types only: app.install_store and app._load_and_warm build them
+    from rebar.server.embedding_queue import EmbeddingQueue
+    from rebar.server.response_cache import EmbeddingCache, ResponseCache
+    from rebar.store import RateLimiter, ResilientStore
 
 
 class Admission:
@@ -80,11 +87,11 @@ class ServerState:
     models: ServedModels = field(default_factory=ServedModels)
     ready: bool = False
     load_error: str | None = None
-    store: Any = None  # rebar.store Store (wrapped in ResilientStore)
-    response_cache: Any = None  # ResponseCache, or None when caching is off
-    embedding_cache: Any = None  # EmbeddingCache, or None
-    embedding_queue: Any = None  # EmbeddingQueue, once an embedding model is loaded
-    rate_limiter: Any = None  # RateLimiter, or None when no limit is configured
+    store: ResilientStore | None = None  # set by app.install_store
+    response_cache: ResponseCache | None = None  # None when caching is off
+    embedding_cache: EmbeddingCache | None = None  # None when caching is off
+    embedding_queue: EmbeddingQueue | None = None  # once an embedding model is loaded
+    rate_limiter: RateLimiter | None = None  # None when no limit is configured
     num_rate_limited: int = 0
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
     tracing: Tracing = field(default_factory=Tracing)  # this app's own tracer provider
@@ -93,9 +100,9 @@ class ServerState:
         False  # response, embedding and prefix caches shared only within one client
     )
 
-    def chat_model(self, name: str) -> tuple[LLM, AsyncEngine]:
+    def chat_model(self, name: str | None) -> tuple[LLM, AsyncEngine]:
         self._require_ready()
-        if self.models.chat is None or name != self.models.chat_name:
+        if self.models.chat is None or self.models.engine is None or name != self.models.chat_name:
             raise APIError(
                 400,
                 f"model {name!r} is not served for generation; available: {self.models.chat_name!r}",
@@ -123,3 +130,9 @@ class ServerState:
                 else "the model is still loading"
             )
             raise APIError(503, message, code="not_ready", headers={"Retry-After": "5"})
+
+
+def server_state(request: Request) -> ServerState:
+    """The ServerState of the app serving `request` (`create_app` keeps it in `app.state.rebar`)."""
+    state: ServerState = request.app.state.rebar
+    return state

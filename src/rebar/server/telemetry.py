@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from starlette.routing import BaseRoute
 
 from rebar.obs.tracing import extract_context, trace_id_of
+from rebar.server.context import request_context
 from rebar.server.middleware import ASGIApp, Receive, Scope, Send, route_template
 
 access_logger = logging.getLogger("rebar.access")
@@ -73,7 +74,7 @@ class TracingMiddleware:
             span.update_name(f"{method} {route}")
             span.set_attribute("http.route", route)
             span.set_attribute("http.response.status_code", status)
-            request_id = scope.get("state", {}).get("request_id")
+            request_id = request_context(scope).request_id
             if request_id:
                 span.set_attribute("rebar.request_id", request_id)
             if status >= 500:
@@ -85,8 +86,8 @@ class TracingMiddleware:
 class AccessLogMiddleware:
     """One `rebar.access` record per request: route, status, duration, token counts, cache result.
 
-    Routes leave what they know in `scope["state"]["log"]` (token counts; prompt and completion
-    text only when `log_prompts` is on, and they check that themselves).
+    Routes leave what they know in the request context's `log` (token counts; prompt and
+    completion text only when `log_prompts` is on, and they check that themselves).
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class AccessLogMiddleware:
             }
             if cache:
                 fields["cache"] = cache
-            fields.update(scope.get("state", {}).get("log", {}))
+            fields.update(request_context(scope).log)
             # 500: a fault of ours. 503/504 (loading, overloaded, timed out) are expected under load.
             level = (
                 logging.ERROR

@@ -8,6 +8,7 @@ from pydantic import Field
 from rebar.errors import RebarError
 from rebar.server.errors import APIError
 from rebar.server.schemas import _Strict
+from rebar.server.state import server_state
 
 router = APIRouter()
 
@@ -27,7 +28,7 @@ async def profile(body: ProfileRequest, request: Request) -> dict:
     Returns the top operators and the Chrome trace (`jq .trace > trace.json`, then open it in
     ui.perfetto.dev); every model layer is a named range in the trace.
     """
-    state = request.app.state.rebar
+    state = server_state(request)
     _, engine = state.chat_model(state.models.chat_name)
     try:
         result = await engine.profile(body.steps, body.timeout_s, body.top)

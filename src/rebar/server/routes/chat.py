@@ -5,35 +5,36 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
-from rebar.engine.outputs import RequestOutput
+from rebar.engine.outputs import Choice, RequestOutput
 from rebar.model.tokenizer import Tokenizer
-from rebar.server import generation, prompts
-from rebar.server.completion_flow import ChoiceResult, Completion
-from rebar.server.convert import chat_logprobs, chat_params, openai_finish_reason, usage
+from rebar.server import sse
+from rebar.server.completion_flow import Completion
+from rebar.server.context import request_context
+from rebar.server.convert import chat_input
 from rebar.server.rendering import Renderer, respond
+from rebar.server.response_fields import chat_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import ChatCompletionRequest
+from rebar.server.state import server_state
 
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state = request.app.state.rebar
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = server_state(request)
     llm, engine = state.chat_model(body.model)
-    params = chat_params(body)
-    prompt_ids = await prompts.chat_prompt(
-        llm, [m.model_dump(exclude_none=True) for m in body.messages]
-    )
+    admitted = await chat_input(engine, llm, body)
     render = ChatRenderer(
         llm.tokenizer,
-        f"chatcmpl-{request.scope['state']['internal_id']}",
+        f"chatcmpl-{request_context(request.scope).internal_id}",
         body.model,
-        params.logprobs is not None,
+        admitted.params.logprobs is not None,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(
-        state, request, engine, render, "chat", prompt_ids, params, body.stream, include_usage
+        state, request, engine, render, "chat", admitted, body.stream, include_usage
     )
 
 
@@ -105,12 +106,12 @@ class ChatRenderer(Renderer):
         if output.text_delta or (self.with_logprobs and output.logprobs):
             yield self._delta(output.index, output.text_delta, list(output.logprobs))
         if output.finished:
-            error = generation.stream_error(output)
+            error = sse.error_event(output)
             if error:
                 yield error
             yield self._final(output.index, output.finish_reason)
 
-    def replay_chunks(self, choice: ChoiceResult) -> Iterator[str]:
+    def replay_chunks(self, choice: Choice) -> Iterator[str]:
         if choice.text or choice.logprobs:
             yield self._delta(choice.index, choice.text, list(choice.logprobs))
         yield self._final(choice.index, choice.finish_reason)

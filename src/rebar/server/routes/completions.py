@@ -5,62 +5,39 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
-from rebar.engine.outputs import RequestOutput
-from rebar.errors import InvalidRequestError
+from rebar.engine.outputs import Choice, RequestOutput
 from rebar.model.tokenizer import Tokenizer
-from rebar.server import generation, prompts
-from rebar.server.completion_flow import ChoiceResult, Completion
-from rebar.server.convert import completion_logprobs, completion_params, openai_finish_reason, usage
+from rebar.server import sse
+from rebar.server.completion_flow import Completion
+from rebar.server.context import request_context
+from rebar.server.convert import completion_input
 from rebar.server.rendering import Renderer, respond
+from rebar.server.response_fields import completion_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import CompletionRequest
+from rebar.server.state import server_state
 
 router = APIRouter()
 
 
-def _single_prompt(prompt: str | list) -> str | list[int]:
-    """rebar serves one prompt per request (use `n` for several completions of it)."""
-    if isinstance(prompt, str):
-        return prompt
-    if prompt and all(isinstance(t, int) for t in prompt):
-        return prompt
-    if len(prompt) == 1:
-        return prompt[0]
-    raise InvalidRequestError(
-        "send one prompt per request (a string or a list of token ids); batches are not supported",
-        "prompt",
-    )
-
-
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request):
-    state = request.app.state.rebar
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = server_state(request)
     llm, engine = state.chat_model(body.model)
-    params = completion_params(body)
-    prompt = _single_prompt(body.prompt)
-    prompt_ids = await prompts.text_prompt(llm, prompt)
-    if body.echo and not isinstance(prompt, str):
-        engine.core.check_request(
-            prompt_ids, params
-        )  # only ids the model has can be decoded for the echo
-    echo_text = (
-        (prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt)) if body.echo else ""
-    )
-    response_id = f"cmpl-{request.scope['state']['internal_id']}"
+    admitted, echo_text = await completion_input(engine, llm, body)
+    params = admitted.params
     render = CompletionRenderer(
-        llm.tokenizer, response_id, body.model, echo_text, params.logprobs is not None, params.n
+        llm.tokenizer,
+        f"cmpl-{request_context(request.scope).internal_id}",
+        body.model,
+        echo_text,
+        params.logprobs is not None,
+        params.n,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(
-        state,
-        request,
-        engine,
-        render,
-        "completions",
-        prompt_ids,
-        params,
-        body.stream,
-        include_usage,
+        state, request, engine, render, "completions", admitted, body.stream, include_usage
     )
 
 
@@ -137,7 +114,7 @@ class CompletionRenderer(Renderer):
         offset = self.offsets[output.index]
         self.offsets[output.index] += len(output.text_delta)
         if output.text_delta or (self.with_logprobs and output.logprobs) or output.finished:
-            error = generation.stream_error(output) if output.finished else None
+            error = sse.error_event(output) if output.finished else None
             if error:
                 yield error
             reason = output.finish_reason if output.finished else None
@@ -145,5 +122,5 @@ class CompletionRenderer(Renderer):
                 output.index, output.text_delta, list(output.logprobs), offset, reason
             )
 
-    def replay_chunks(self, choice: ChoiceResult) -> Iterator[str]:
+    def replay_chunks(self, choice: Choice) -> Iterator[str]:
         yield self._piece(choice.index, choice.text, list(choice.logprobs), 0, choice.finish_reason)

@@ -9,11 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from rebar.engine.llm import LLM
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
 from rebar.server import generation, prompts
 from rebar.server.errors import APIError
 from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+from rebar.server.state import ServerState, server_state
 
 router = APIRouter()
 MAX_EMBEDDING_INPUTS = 2048
@@ -28,7 +30,7 @@ async def health() -> dict:
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     """Readiness: 200 once every model is loaded and a warm-up generation has run."""
-    state = request.app.state.rebar
+    state = server_state(request)
     if state.ready:
         return JSONResponse({"status": "ready", "models": state.models.names()})
     body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
@@ -38,12 +40,12 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of this server's registry (open without an API key)."""
-    return Response(request.app.state.rebar.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
-    state = request.app.state.rebar
+    state = server_state(request)
     created = state.models.created
     return {
         "object": "list",
@@ -56,7 +58,7 @@ async def models(request: Request) -> dict:
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
-    state = request.app.state.rebar
+    state = server_state(request)
     llm = state.embedding_model(body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
@@ -93,27 +95,29 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
 
 
 async def _embed_with_cache(
-    state, cache_model: str, texts: list[str]
+    state: ServerState, cache_model: str, texts: list[str]
 ) -> tuple[list[np.ndarray], str]:
     """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once).
 
     `cache_model` names the model, and the tenant when caches are isolated.
     """
-    cache = state.embedding_cache
+    cache, embedder = state.embedding_cache, state.embedding_queue
+    assert embedder is not None, "the queue exists once the embedding model is served"
     if cache is None:
-        return await state.embedding_queue.embed(texts), "MISS"
+        return await embedder.embed(texts), "MISS"
     found = await cache.get_many(cache_model, texts)
     missing = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))
+    by_text = {}
     if missing:
-        computed = await state.embedding_queue.embed(missing)
+        computed = await embedder.embed(missing)
         await cache.put_many(cache_model, missing, computed)
         by_text = dict(zip(missing, computed))
-        found = [v if v is not None else by_text[t] for t, v in zip(texts, found)]
-    return found, "MISS" if missing else "HIT"
+    vectors = [v if v is not None else by_text[t] for t, v in zip(texts, found)]
+    return vectors, "MISS" if missing else "HIT"
 
 
-def _decoder(request: Request, model: str | None):
-    state = request.app.state.rebar
+def _decoder(request: Request, model: str | None) -> LLM:
+    state = server_state(request)
     name = model or state.models.chat_name
     llm, _engine = state.chat_model(name)
     return llm
@@ -128,6 +132,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         tokens = await prompts.chat_prompt(llm, messages, body.add_generation_prompt, bos=False)
     else:
+        assert body.prompt is not None  # exactly one of the two was given
         tokens = await prompts.off_loop(len(body.prompt), llm.tokenize, body.prompt)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
 
