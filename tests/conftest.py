@@ -71,7 +71,8 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def served_models():
-    """The server's chat and embedding models, loaded once for every live-server test of the session."""
+    """The server's chat and embedding models, loaded once for every live-server test of the
+    session."""
     need_smollm2()
     need_minilm()
     from live_server import server_settings

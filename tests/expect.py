@@ -8,7 +8,8 @@ import pytest
 
 
 def raises(error: type[Exception], action: Callable[[], object], *culprits: str) -> str:
-    """Run `action`, expect `error`, and check that its message names every culprit; returns the message."""
+    """Run `action`, expect `error`, and check that its message names every culprit; returns the
+    message."""
     with pytest.raises(error) as info:
         action()
     message = str(info.value)

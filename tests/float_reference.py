@@ -1,7 +1,8 @@
-"""The float reference path of rebar, for tests that compare model math with transformers or llama.cpp.
+"""The float reference path of rebar, for tests that compare model math with transformers or
+llama.cpp.
 
-By default rebar keeps GGUF weights quantized and stores a float32 model's KV cache in float16 on the
-CPU; the reference expands every weight to float32 and keeps K/V in float32, so only float32
+By default rebar keeps GGUF weights quantized and stores a float32 model's KV cache in float16 on
+the CPU; the reference expands every weight to float32 and keeps K/V in float32, so only float32
 round-off separates it from an independent float implementation.
 """
 

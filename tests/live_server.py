@@ -73,7 +73,8 @@ def server_settings(**overrides):
 
 @contextmanager
 def serving_models(served_models, settings):
-    """(base URL, app) of a live server on already-loaded models; the app's lifespan stops its engine thread."""
+    """(base URL, app) of a live server on already-loaded models; the app's lifespan stops its
+    engine thread."""
     from rebar.engine.async_engine import AsyncEngine
     from rebar.server.app import create_app
 
@@ -107,7 +108,8 @@ def assert_idle(app, timeout: float = 10.0) -> None:
 
 
 def slowest_health(url: str, during: Callable[[], T]) -> tuple[float, T]:
-    """Run `during()` while another client polls /health; (its slowest answer in seconds, during's result)."""
+    """Run `during()` while another client polls /health; (its slowest answer in seconds, during's
+    result)."""
     worst, done = 0.0, threading.Event()
 
     def poll() -> None:

@@ -1,4 +1,5 @@
-"""The bundled model packages: a check and a marker for each (tests/needs.py says what a missing one does)."""
+"""The bundled model packages: a check and a marker for each (tests/needs.py says what a missing one
+does)."""
 
 from __future__ import annotations
 

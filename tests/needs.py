@@ -83,7 +83,8 @@ def need_cpu_kernels() -> None:
 
 
 def requires(check: Callable[[], object]) -> pytest.MarkDecorator:
-    """A marker that runs `check` (one of the functions above, or one built on them) before the test."""
+    """A marker that runs `check` (one of the functions above, or one built on them) before the
+    test."""
     return getattr(pytest.mark, MARKER).with_args(check)  # with_args: check is itself callable
 
 

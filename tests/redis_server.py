@@ -1,8 +1,9 @@
 """A throwaway redis-server for tests: free loopback port, no persistence, stopped at teardown.
 
-Reusable from any test module: `RedisServer.find_binary()` returns None when no binary is
-installed, and `running_redis_server` then skips (fails under CI=true, tests/needs.py); `start()`, `stop()`, `kill()` (SIGKILL) and `restart()` (same
-port) control the process; `cli(...)` runs redis-cli against it.
+Reusable from any test module: `RedisServer.find_binary()` returns None when no binary is installed,
+and `running_redis_server` then skips (fails under CI=true, tests/needs.py); `start()`, `stop()`,
+`kill()` (SIGKILL) and `restart()` (same port) control the process; `cli(...)` runs redis-cli
+against it.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def test_generate_streams_a_completion() -> None:
 
 @requires_smollm2
 def test_chat_keeps_the_conversation_and_exits_cleanly() -> None:
-    # (SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar)
+    # (SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in
+    # rebar)
     result = rebar(
         "chat",
         "--model",
@@ -114,8 +115,8 @@ def _one_line_error(result: subprocess.CompletedProcess[str], *culprits: str) ->
 
 
 def test_inspect_and_generate_of_malformed_models_print_one_line(tmp_path: Path) -> None:
-    """Malformed files exit 2 with one `error:` line naming the key or what was cut, for `inspect` and for
-    the loading path `generate` and `serve` share."""
+    """Malformed files exit 2 with one `error:` line naming the key or what was cut, for `inspect`
+    and for the loading path `generate` and `serve` share."""
     bad = _malformed_gguf(tmp_path / "bad.gguf")
     _one_line_error(rebar("inspect", str(bad)), "'llama.attention.head_count'", "0")
     _one_line_error(

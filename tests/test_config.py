@@ -1,4 +1,5 @@
-"""Settings: layering (defaults < TOML < REBAR_* env < overrides), strictness, masking, `rebar config show`."""
+"""Settings: layering (defaults < TOML < REBAR_* env < overrides), strictness, masking, `rebar
+config show`."""
 
 from __future__ import annotations
 
@@ -288,8 +289,8 @@ def test_unknown_env_var_is_an_error(name: str, clean_env: pytest.MonkeyPatch) -
 
 
 def test_process_switches_are_not_settings(clean_env: pytest.MonkeyPatch) -> None:
-    """REBAR_DISABLE_CPU_KERNELS and REBAR_CPU_ISA are read by the CPU kernels, REBAR_LLAMA_CPP_BIN by
-    the benchmarks: never rejected as unknown settings."""
+    """REBAR_DISABLE_CPU_KERNELS and REBAR_CPU_ISA are read by the CPU kernels, REBAR_LLAMA_CPP_BIN
+    by the benchmarks: never rejected as unknown settings."""
     from rebar.bench.llamacpp import BIN_ENV
     from rebar.kernels.cpu_quant.build import DISABLE_ENV, ISA_ENV
 

@@ -1,4 +1,5 @@
-"""Imports run one way (DESIGN.md): server -> engine -> model -> kernels and the runtime weight formats.
+"""Imports run one way (DESIGN.md): server -> engine -> model -> kernels and the runtime weight
+formats.
 
 Every module under src/rebar is parsed (AST), and every `import` in it counts, the ones inside
 functions and under `TYPE_CHECKING` included. Each module belongs to a unit: a top-level package or

@@ -1,4 +1,5 @@
-"""tests/needs.py: a missing dependency skips locally and fails under CI=true; hardware always skips.
+"""tests/needs.py: a missing dependency skips locally and fails under CI=true; hardware always
+skips.
 
 Each case runs a small test file through pytest itself (pytester), with the real tests/conftest.py,
 once without CI and once with CI=true.

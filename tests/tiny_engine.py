@@ -1,4 +1,5 @@
-"""A tiny random Llama and word-level tokenizer wired into an EngineCore, for engine tests without a checkpoint."""
+"""A tiny random Llama and word-level tokenizer wired into an EngineCore, for engine tests without a
+checkpoint."""
 
 from __future__ import annotations
 

@@ -57,9 +57,9 @@ ENV_PREFIX = "REBAR_"
 ENV_NESTED_DELIMITER = "__"
 SECRET_KEYS = frozenset({"server.api_keys", "server.admin_api_keys"})
 # Process-wide switches read where they act, not settings; the settings loader skips them.
-# REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant; REBAR_CPU_ISA: build those
-# kernels for a narrower instruction set; REBAR_LLAMA_CPP_BIN: where `rebar bench compare` finds
-# llama.cpp's tools.
+# REBAR_DISABLE_CPU_KERNELS=1: never build or use rebar.kernels.cpu_quant; REBAR_CPU_ISA: build
+# those kernels for a narrower instruction set; REBAR_LLAMA_CPP_BIN: where `rebar bench compare`
+# finds llama.cpp's tools.
 PROCESS_ENV_SWITCHES = frozenset(
     {"REBAR_DISABLE_CPU_KERNELS", "REBAR_CPU_ISA", "REBAR_LLAMA_CPP_BIN"}
 )
@@ -117,8 +117,8 @@ class ServerSettings(_Section):
     body_timeout_s: float = Field(30.0, gt=0)
     # Open connections beyond this get 503 at once; the process file limit is raised to fit it.
     max_connections: int = Field(1024, ge=1)
-    # Addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed ("*": any).
-    # Empty: the socket's peer address is the client, whatever the headers say.
+    # Addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed ("*":
+    # any). Empty: the socket's peer address is the client, whatever the headers say.
     trusted_proxies: tuple[str, ...] = ()
     drain_timeout_s: float = Field(30.0, ge=0)
     cors_allow_origins: tuple[str, ...] = ()
@@ -144,8 +144,9 @@ class ModelsSettings(_Section):
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
     dtype: DtypeName = "float32"
-    # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower and larger.
-    # Off: they stay quantized and run on rebar's kernels (activations rounded to int8, as llama.cpp does).
+    # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower
+    # and larger. Off: they stay quantized and run on rebar's kernels (activations rounded to int8,
+    # as llama.cpp does).
     dequantize: bool = False
     device: str = Field(
         "auto",
@@ -178,7 +179,8 @@ _EngineConfigFields = create_model("_EngineConfigFields", __base__=_Section, **_
 
 
 class EngineSettings(_EngineConfigFields):
-    """The `[engine]` section: `rebar.engine.engine_config.EngineConfig`'s fields plus torch threads."""
+    """The `[engine]` section: `rebar.engine.engine_config.EngineConfig`'s fields plus torch
+    threads."""
 
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = (
         None  # None: torch's default
@@ -209,8 +211,8 @@ class StoreSettings(_Section):
     failure_threshold: int = Field(3, ge=1)  # consecutive failures that open the circuit
     open_for_s: float = Field(5.0, gt=0)  # how long the circuit stays open before a trial call
     on_store_error: Literal["allow", "deny"] = "allow"  # rate limiting while the store is down
-    # The in-process store's budget (caches, locks, counters); past either the oldest writes go first.
-    # Redis has its own (maxmemory with an eviction policy).
+    # The in-process store's budget (caches, locks, counters); past either the oldest writes go
+    # first. Redis has its own (maxmemory with an eviction policy).
     memory_max_entries: int = Field(100_000, ge=1)
     memory_max_bytes: int = Field(256 * 2**20, ge=2**16)
 
@@ -247,7 +249,8 @@ class RateLimitSettings(RateLimitEntry):
 
 
 class LoggingSettings(_Section):
-    """Log verbosity (case-insensitive) and shape: one JSON object per line, or plain text for a terminal."""
+    """Log verbosity (case-insensitive) and shape: one JSON object per line, or plain text for a
+    terminal."""
 
     level: Annotated[
         Literal["debug", "info", "warning", "error"],
@@ -259,7 +262,8 @@ class LoggingSettings(_Section):
 
 
 class TracingSettings(_Section):
-    """OpenTelemetry traces. With exporter "none" spans still get ids (logs, X-Trace-ID) but go nowhere."""
+    """OpenTelemetry traces. With exporter "none" spans still get ids (logs, X-Trace-ID) but go
+    nowhere."""
 
     exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str = Field(
@@ -313,7 +317,8 @@ class Settings(BaseSettings):
         return data
 
     def api_key_hashes(self) -> frozenset[str]:
-        """SHA-256 hex digests of `server.api_keys` plus the keys in `server.api_key_file` (read now).
+        """SHA-256 hex digests of `server.api_keys` plus the keys in `server.api_key_file` (read
+        now).
 
         Empty means authentication is off. An unreadable or keyless key file raises ConfigError.
         """
@@ -323,7 +328,8 @@ class Settings(BaseSettings):
         return frozenset(hash_api_key(key) for key in keys)
 
     def admin_key_hashes(self) -> frozenset[str]:
-        """SHA-256 hex digests of `server.admin_api_keys`; empty means the admin endpoints are closed."""
+        """SHA-256 hex digests of `server.admin_api_keys`; empty means the admin endpoints are
+        closed."""
         return frozenset(hash_api_key(key.get_secret_value()) for key in self.server.admin_api_keys)
 
 

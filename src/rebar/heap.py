@@ -1,4 +1,5 @@
-"""Give freed heap memory back to the operating system, where the C library can (glibc's malloc_trim).
+"""Give freed heap memory back to the operating system, where the C library can (glibc's
+malloc_trim).
 
 glibc raises its mmap threshold after a large block is freed, so later temporaries of that size come
 from the heap and stay resident after they are freed. Loading a model makes many such temporaries

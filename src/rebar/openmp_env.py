@@ -9,8 +9,9 @@ decode step measured ~18% slower with the default than with 30,000 loops, while 
 that prefill was ~10% slower (docs/benchmarks.md).
 
 libgomp reads its settings once, when it is loaded, so this only works when called before torch is
-imported; a value the user set is kept. Importing rebar never calls it: the `rebar` command does, first
-thing, and a program embedding rebar calls it itself (or sets GOMP_SPINCOUNT) if it wants the same.
+imported; a value the user set is kept. Importing rebar never calls it: the `rebar` command does,
+first thing, and a program embedding rebar calls it itself (or sets GOMP_SPINCOUNT) if it wants the
+same.
 """
 
 from __future__ import annotations

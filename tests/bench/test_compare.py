@@ -1,5 +1,6 @@
-"""`rebar bench compare`: ratios in each target's direction, finding and parsing llama.cpp's own tools,
-a peer that is absent, and a real (small) rebar run against stand-ins for the tools' output."""
+"""`rebar bench compare`: ratios in each target's direction, finding and parsing llama.cpp's own
+tools, a peer that is absent, and a real (small) rebar run against stand-ins for the tools'
+output."""
 
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def _stand_in(folder: Path, name: str, output: str) -> Path:
 
 @requires_smollm2
 def test_small_real_comparison(tmp_path: Path) -> None:
-    """rebar's side measured for real (defaults: quantized weights, the fused step), llama.cpp's read
-    from its tools' output; no HTTP."""
+    """rebar's side measured for real (defaults: quantized weights, the fused step), llama.cpp's
+    read from its tools' output; no HTTP."""
     tools = {
         "llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
         "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT)),

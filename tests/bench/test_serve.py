@@ -169,7 +169,8 @@ class FakeServer:
 
 def _free_socket() -> socket.socket:
     # proto=IPPROTO_TCP matters: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they
-    # are TCP, and with Nagle on, small SSE writes on a reused connection wait ~40 ms for delayed ACKs.
+    # are TCP, and with Nagle on, small SSE writes on a reused connection wait ~40 ms for delayed
+    # ACKs.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

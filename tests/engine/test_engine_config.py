@@ -1,4 +1,5 @@
-"""EngineConfig checks its settings from their one definition; SchedulerConfig and LLM(...) share it."""
+"""EngineConfig checks its settings from their one definition; SchedulerConfig and LLM(...) share
+it."""
 
 from __future__ import annotations
 

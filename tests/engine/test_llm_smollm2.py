@@ -1,4 +1,5 @@
-"""LLM.generate / chat / logits on the real bundled SmolLM2 GGUF: stop conditions, seeds, batching, errors."""
+"""LLM.generate / chat / logits on the real bundled SmolLM2 GGUF: stop conditions, seeds, batching,
+errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Profiling engine steps (rebar profile, AsyncEngine.profile): a Chrome trace with a named range per layer, top operators, and nothing left behind."""
+"""Profiling engine steps (rebar profile, AsyncEngine.profile): a Chrome trace with a named range
+per layer, top operators, and nothing left behind."""
 
 from __future__ import annotations
 

@@ -74,8 +74,8 @@ class Reference:
 
 
 def reference(x: torch.Tensor, weight) -> Reference:
-    """float64 references; the quantized activations come from the kernel's own quantizer. Every term
-    of the kernels (the offsets' too) multiplies the rounded activations."""
+    """float64 references; the quantized activations come from the kernel's own quantizer. Every
+    term of the kernels (the offsets' too) multiplies the rounded activations."""
     in_f = x.shape[1]
     q, d, _, _ = cpu_quant.quantize_activations(x)
     x_hat = (q.double().reshape(len(x), -1, 32) * d.double()[..., None]).reshape(len(x), -1)[

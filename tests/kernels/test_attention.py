@@ -225,7 +225,8 @@ def test_sliding_window_case_is_not_trivial() -> None:
 def test_unused_cache_slots_never_reach_outputs(
     backend: str, garbage: str, sliding_window: int | None
 ) -> None:
-    """Free blocks, table padding and the tails of partial blocks hold NaN or 3e38; outputs stay exact."""
+    """Free blocks, table padding and the tails of partial blocks hold NaN or 3e38; outputs stay
+    exact."""
     for batch in BATCHES.values():
         step = make_step(batch(5), 8, 2, 5, garbage=GARBAGE[garbage], seed=11)
         out = run_backend(backend, step, sliding_window)

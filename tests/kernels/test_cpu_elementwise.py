@@ -1,4 +1,5 @@
-"""The compiled SiLU-and-multiply and RoPE (rebar.kernels.cpu_elementwise) against float64 references."""
+"""The compiled SiLU-and-multiply and RoPE (rebar.kernels.cpu_elementwise) against float64
+references."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from needs import requires_hardware, skip_for_hardware
 from rebar.kernels import cpu_quant
 from rebar.kernels.cpu_quant.build import ISAS, cpu_flags
 
-# (out, in): the 1 B model's attention and MLP shapes scaled down, a partial last tile, one super-block.
+# (out, in): the 1 B model's attention and MLP shapes scaled down, a partial last tile, one
+# super-block.
 SHAPES = [(576, 512), (13, 256), (200, 1536), (64, 2048)]
 ROWS = [1, 3, 4, 5, 16, 67]
 
@@ -45,15 +46,16 @@ def test_kind_matches_reference(kind: str, out_f: int, in_f: int, rows: int) -> 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_packed_dequantize_is_the_weight(kind: str) -> None:
-    """PackedQuant.dequantize (the fallback's and the tests' view of the packed bytes) is the weight."""
+    """PackedQuant.dequantize (the fallback's and the tests' view of the packed bytes) is the
+    weight."""
     case = random_kind(kind, 21, 512, torch.Generator().manual_seed(1))
     assert torch.allclose(case.packed.dequantize().double(), case.dense, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_are_batch_invariant(kind: str) -> None:
-    """A row's bits do not depend on the batch, on the schedule (64+ rows take the prefill one) or on
-    the thread count."""
+    """A row's bits do not depend on the batch, on the schedule (64+ rows take the prefill one) or
+    on the thread count."""
     gen = torch.Generator().manual_seed(7)
     case = random_kind(kind, 40, 512, gen)
     x = random_activations(70, 512, gen)
@@ -99,9 +101,9 @@ def test_bad_layouts_raise_value_errors() -> None:
 
 @requires_hardware({"avx2", "fma", "f16c"} <= cpu_flags(), "needs an AVX2 CPU")
 def test_avx2_build_gives_the_same_bits() -> None:
-    """The AVX2 fallback (REBAR_CPU_ISA=avx2, its own build) computes every kind exactly as the build
-    for this CPU's widest instruction set: the integer dots are exact either way and the float steps
-    are the same."""
+    """The AVX2 fallback (REBAR_CPU_ISA=avx2, its own build) computes every kind exactly as the
+    build for this CPU's widest instruction set: the integer dots are exact either way and the float
+    steps are the same."""
     if cpu_quant.isa() == "avx2":
         skip_for_hardware("this CPU has no VNNI: the default build is the AVX2 one")
     script = textwrap.dedent(

@@ -195,8 +195,8 @@ def test_bad_inputs_raise_value_errors() -> None:
 
 
 def test_concurrent_prefill_calls_match_sequential_ones() -> None:
-    """Two Python threads running prefill-sized calls at once (each on torch's thread pool, each with
-    its own thread-local activation scratch) get exactly what they get one after the other."""
+    """Two Python threads running prefill-sized calls at once (each on torch's thread pool, each
+    with its own thread-local activation scratch) get exactly what they get one after the other."""
     from concurrent.futures import ThreadPoolExecutor
 
     gen = torch.Generator().manual_seed(6)

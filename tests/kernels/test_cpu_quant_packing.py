@@ -1,4 +1,5 @@
-"""Packing into the kernels' tile layout (pure torch), input validation, and the availability switch."""
+"""Packing into the kernels' tile layout (pure torch), input validation, and the availability
+switch."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def test_int4_layout_round_trips() -> None:
 
 
 def test_int8_is_stored_as_unsigned_codes_with_zero_point_128() -> None:
-    """Signed int8 weights become q + 128 with zero point 128 (one layout for every kind); a per-channel
-    row of 40 columns is padded to two blocks with the zero point, so the padding decodes to 0."""
+    """Signed int8 weights become q + 128 with zero point 128 (one layout for every kind); a
+    per-channel row of 40 columns is padded to two blocks with the zero point, so the padding
+    decodes to 0."""
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(-128, 128, (10, 40), generator=gen, dtype=torch.int8)
     scales = torch.rand(10, 1, generator=gen)
@@ -167,8 +169,8 @@ def test_prefill_calls_share_torchs_openmp_runtime() -> None:
 
 
 def test_packing_in_row_chunks_gives_the_same_tiles() -> None:
-    """pack_in_row_chunks (how GGUF tensors are repacked, a few MiB at a time) fills the same tensors
-    as packing the whole weight at once, including a partial last tile."""
+    """pack_in_row_chunks (how GGUF tensors are repacked, a few MiB at a time) fills the same
+    tensors as packing the whole weight at once, including a partial last tile."""
     gen = torch.Generator().manual_seed(9)
     codes = torch.randint(0, 32, (37, 512), generator=gen, dtype=torch.uint8)
     d, dmin = torch.rand(37, 2, generator=gen).half(), torch.rand(37, 2, generator=gen).half()
@@ -188,8 +190,8 @@ def test_packing_in_row_chunks_gives_the_same_tiles() -> None:
 
 
 def test_k_quant_scale_pairs_pack_into_96_bytes_per_super_block() -> None:
-    """Q4_K / Q5_K keep their 6-bit scales and mins at 6 bits: 96 bytes per tile and super-block (12 per
-    row, as in the GGUF file); every value survives, and 7-bit ones are refused."""
+    """Q4_K / Q5_K keep their 6-bit scales and mins at 6 bits: 96 bytes per tile and super-block (12
+    per row, as in the GGUF file); every value survives, and 7-bit ones are refused."""
     gen = torch.Generator().manual_seed(3)
     codes = torch.randint(0, 16, (16, 512), generator=gen, dtype=torch.uint8)
     d, dmin = torch.rand(16, 2, generator=gen).half(), torch.rand(16, 2, generator=gen).half()

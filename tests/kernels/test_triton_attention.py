@@ -186,7 +186,8 @@ def test_half_precision_caches(kernels: ModuleType, dtype: torch.dtype) -> None:
     step = make_step(specs, num_heads=8, num_kv_heads=2, block_size=16, head_dim=32, dtype=dtype)
     out = step.run(kernels.triton_paged_attention, None)
     assert out.dtype == dtype
-    # Outputs of size ~1: one bf16 ulp is 2^-7 (the interpreter truncates when narrowing), fp16's 2^-10.
+    # Outputs of size ~1: one bf16 ulp is 2^-7 (the interpreter truncates when narrowing), fp16's
+    # 2^-10.
     atol = 2e-2 if dtype == torch.bfloat16 else 2e-3
     torch.testing.assert_close(out.double(), reference(step, None), atol=atol, rtol=0)
 
@@ -208,7 +209,8 @@ def test_new_keys_and_values_land_in_the_cache(kernels: ModuleType) -> None:
 
 
 def test_steps_with_a_prompt_go_to_the_batched_backend(kernels: ModuleType) -> None:
-    """Prefill, a chunk after a cached prefix and decode rows in one step: the torch path, unchanged."""
+    """Prefill, a chunk after a cached prefix and decode rows in one step: the torch path,
+    unchanged."""
     specs = [(1, 33), (7, 7), (4, 38), (1, 16), (16, 48)]
     step = make_step(specs, num_heads=8, num_kv_heads=2, block_size=16, head_dim=16)
     out = step.run(kernels.triton_paged_attention, 20)

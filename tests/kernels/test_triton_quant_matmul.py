@@ -71,7 +71,8 @@ def assert_matches(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
         # fp32 accumulation over a few hundred terms of size ~0.1.
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     else:
-        # Dominated by rounding the output to 16 bits (the interpreter truncates bf16: up to one ulp).
+        # Dominated by rounding the output to 16 bits (the interpreter truncates bf16: up to one
+        # ulp).
         eps = torch.finfo(dtype).eps
         torch.testing.assert_close(out.double(), expected, rtol=eps, atol=eps)
 

@@ -1,4 +1,5 @@
-"""Tiny GGUF files for tests, written with `gguf.GGUFWriter` the way llama.cpp's converter writes them.
+"""Tiny GGUF files for tests, written with `gguf.GGUFWriter` the way llama.cpp's converter writes
+them.
 
 A model starts as random weights under Hugging Face names (`random_hf_state`), becomes GGUF tensors
 under llama.cpp names (`gguf_tensors`: Q/K rows permuted for the `llama` architecture, 1-D tensors
@@ -236,7 +237,8 @@ def gguf_tensors(
     storage: QT = QT.F32,
     permute_qk: bool | None = None,
 ) -> dict[str, Tensor]:
-    """HF weights -> llama.cpp tensors; Q/K rows are permuted for `llama` unless `permute_qk` says otherwise."""
+    """HF weights -> llama.cpp tensors; Q/K rows are permuted for `llama` unless `permute_qk` says
+    otherwise."""
     if permute_qk is None:
         permute_qk = cfg.arch == "llama"
     tensors = {}
@@ -251,7 +253,8 @@ def gguf_tensors(
 
 
 def model_metadata(cfg: TinyConfig, vocab: Vocab) -> dict[str, Any]:
-    """The keys llama.cpp's converter writes for a Llama/Qwen2 model (general.architecture comes from the writer)."""
+    """The keys llama.cpp's converter writes for a Llama/Qwen2 model (general.architecture comes
+    from the writer)."""
     a = cfg.arch
     meta: dict[str, Any] = {
         "general.name": f"tiny-{a}",
@@ -303,7 +306,8 @@ class GGUFContents:
 
 @dataclass(frozen=True)
 class Typed:
-    """A metadata value written as an explicit GGUF type (a negative INT32, an infinite FLOAT32, ...)."""
+    """A metadata value written as an explicit GGUF type (a negative INT32, an infinite FLOAT32,
+    ...)."""
 
     value: Any
     vtype: GGUFValueType

@@ -1,4 +1,5 @@
-"""transformers Qwen3 / Gemma 3 / Phi-3 models -> GGUF files, the way llama.cpp's converter writes them.
+"""transformers Qwen3 / Gemma 3 / Phi-3 models -> GGUF files, the way llama.cpp's converter writes
+them.
 
 What the converter does per family (convert_hf_to_gguf.py): tensor names in llama.cpp's scheme,
 Gemma's norm weights stored plus one (its RMSNorm multiplies by 1 + w), Phi-3's fused q/k/v and

@@ -149,7 +149,8 @@ def save_bert(
     normalize: bool = True,
     max_seq_length: int | None = None,
 ) -> Path:
-    """Write a sentence-transformers style folder; `pooling=None` writes no sentence-transformers files."""
+    """Write a sentence-transformers style folder; `pooling=None` writes no sentence-transformers
+    files."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     write_bert_tokenizer(folder, model.config.vocab_size)

@@ -49,7 +49,8 @@ def _fp16_bytes(values: np.ndarray) -> np.ndarray:
 
 
 def _low_nibbles_k(codes: np.ndarray) -> np.ndarray:
-    """[n, 256] codes -> [n, 128] bytes: per 64 values, value l in the low nibble of byte l, 32 + l high."""
+    """[n, 256] codes -> [n, 128] bytes: per 64 values, value l in the low nibble of byte l, 32 + l
+    high."""
     chunks = codes.reshape(-1, 4, 2, 32) & 0x0F
     return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(-1, 128).astype(np.uint8)
 

@@ -87,7 +87,8 @@ def test_long_texts_take_the_gil_free_path_with_the_same_ids(smollm2_tokenizer) 
     elapsed = time.perf_counter() - started
     stop.set()
     spinner.join()
-    # Another thread kept running while the tokenizer worked (it held the GIL for the whole call before).
+    # Another thread kept running while the tokenizer worked (it held the GIL for the whole call
+    # before).
     assert ticks > 0.3 * elapsed / 0.0011, (ticks, elapsed)
 
 

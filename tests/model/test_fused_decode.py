@@ -79,8 +79,8 @@ def decode_both(
     tables: list[list[int]] | None = None,
 ):
     """Prefill every sequence, then one decode step through the model and through the fused decoder
-    (each on its own copy of the cache). Returns (model hidden, fused hidden, model cache, fused cache, slots);
-    with `fused=False` only the model runs (fused hidden is None)."""
+    (each on its own copy of the cache). Returns (model hidden, fused hidden, model cache, fused
+    cache, slots); with `fused=False` only the model runs (fused hidden is None)."""
     gen = torch.Generator().manual_seed(seed)
     tables = tables or TABLES[: len(prompt_lens)]
     num_blocks = max(max(t) for t in tables) + 1 if tables is not TABLES else NUM_BLOCKS
@@ -112,7 +112,8 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def silence(model: torch.nn.Module, path: str) -> None:
-    """Make `path` (a quantized linear of layer 0) output zeros, in both paths (they share the codes)."""
+    """Make `path` (a quantized linear of layer 0) output zeros, in both paths (they share the
+    codes)."""
     packed = model.layers[0].get_submodule(path).kernels[0].kernel.packed
     packed.scales.zero_()
     if packed.offsets is not None:
@@ -234,8 +235,8 @@ def shuffled_tables(prompt_lens: list[int], seed: int = 0) -> list[list[int]]:
     ("prompt_lens", "window"), [([300, 5, 600], None), ([256, 257, 1100], None), ([700, 40], 300)]
 )
 def test_long_contexts_split_over_threads_match_the_model(prompt_lens, window, cache_dtype) -> None:
-    """Contexts over 256 positions are attended in pieces that are merged afterwards (exactly 256 and
-    257 straddle the split; a window longer than a piece splits the window, not the context)."""
+    """Contexts over 256 positions are attended in pieces that are merged afterwards (exactly 256
+    and 257 straddle the split; a window longer than a piece splits the window, not the context)."""
     model = quantized_model(num_layers=1, sliding_window=window)
     silence(model, "mlp.down_proj")
     expected, got, *_ = decode_both(
@@ -269,9 +270,9 @@ def test_unsupported_models_say_why() -> None:
 
 
 def test_row_limit_is_what_the_model_paths_kernels_serve() -> None:
-    """rebar's kernels serve any number of rows, int4 and int8 alike; a plan that caps a linear's rows
-    (a test pinning a kernel) caps the fused step's too, so decode rows take the path the model's
-    own forward would take on the same kernels."""
+    """rebar's kernels serve any number of rows, int4 and int8 alike; a plan that caps a linear's
+    rows (a test pinning a kernel) caps the fused step's too, so decode rows take the path the
+    model's own forward would take on the same kernels."""
     all_int4 = quantized_model(mixed_bits=False)
     mixed = quantized_model(mixed_bits=True)
     assert FusedDecoder.build(all_int4, new_cache(all_int4)).decoder.max_rows == math.inf
@@ -285,7 +286,8 @@ def test_row_limit_is_what_the_model_paths_kernels_serve() -> None:
 
 
 class TestBadStepsFailCleanly:
-    """Every cache address is checked before anything is computed: errors, and the cache is untouched."""
+    """Every cache address is checked before anything is computed: errors, and the cache is
+    untouched."""
 
     @pytest.fixture
     def setup(self):
@@ -499,8 +501,8 @@ def test_runner_sends_the_decode_rows_of_a_mixed_step_through_the_fused_step() -
 
 
 def test_a_fused_step_is_one_range_in_a_profile() -> None:
-    """Profiles (rebar profile, /admin/profile) show a fused decode step as one named range, where the
-    model's own forward shows one per layer."""
+    """Profiles (rebar profile, /admin/profile) show a fused decode step as one named range, where
+    the model's own forward shows one per layer."""
     from torch.profiler import profile
 
     from rebar.model.fused_decode import PROFILE_RANGE

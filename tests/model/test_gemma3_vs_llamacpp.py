@@ -2,8 +2,8 @@
 and greedy continuations of the same prompt ids that follow llama.cpp's own server.
 
 Fixtures come from `scripts/make_llamacpp_greedy_fixtures.py --model gemma3 --chat-template
-'<start_of_turn>user\\n{}<end_of_turn>\\n<start_of_turn>model\\n'` (llama.cpp's `llama-server`, built
-natively), run once on the file whose SHA-256 they record.
+'<start_of_turn>user\\n{}<end_of_turn>\\n<start_of_turn>model\\n'` (llama.cpp's `llama-server`,
+built natively), run once on the file whose SHA-256 they record.
 """
 
 from __future__ import annotations

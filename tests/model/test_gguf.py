@@ -61,7 +61,8 @@ def type_id(qtype: QT) -> str:
 
 
 def random_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
-    """Random raw bytes for `rows` rows of `qtype` blocks, with finite fp16 scales: [rows, row bytes] uint8."""
+    """Random raw bytes for `rows` rows of `qtype` blocks, with finite fp16 scales: [rows, row
+    bytes] uint8."""
     rng = np.random.default_rng(seed)
     _, type_size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, blocks_per_row, type_size), dtype=np.uint8)
@@ -191,7 +192,8 @@ def test_reader_finds_every_tensor(tmp_path: Path, alignment: int | None) -> Non
 
 
 def test_reader_parses_every_metadata_type(tmp_path: Path) -> None:
-    """Every GGUF value type, arrays (of strings, of 64-bit ints, nested) and UTF-8 strings read back as written."""
+    """Every GGUF value type, arrays (of strings, of 64-bit ints, nested) and UTF-8 strings read
+    back as written."""
     V = GGUFValueType
     values = {
         "t.u8": (200, V.UINT8),
@@ -271,7 +273,8 @@ def rebar_logits(path: Path, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("storage", [QT.F32, QT.F16, QT.Q8_0], ids=type_id)
 def test_llama_gguf_logits_match_transformers(tmp_path: Path, storage: QT, tied: bool) -> None:
-    """A converter-style `llama` GGUF (permuted Q/K, GQA) gives the HF model's logits on the stored weights."""
+    """A converter-style `llama` GGUF (permuted Q/K, GQA) gives the HF model's logits on the stored
+    weights."""
     cfg = TinyConfig(arch="llama", tied=tied)
     state = random_hf_state(cfg, seed=10)
     path = model_contents(cfg, state, storage).write(tmp_path / "tiny-llama.gguf")
@@ -290,7 +293,8 @@ def test_llama_gguf_logits_match_transformers(tmp_path: Path, storage: QT, tied:
     ("storage", "tied"), [(QT.F32, False), (QT.Q8_0, True)], ids=["F32-untied", "Q8_0-tied"]
 )
 def test_qwen2_gguf_logits_match_transformers(tmp_path: Path, storage: QT, tied: bool) -> None:
-    """A `qwen2` GGUF (Q/K not permuted, q/k/v biases) gives HF Qwen2's logits on the stored weights."""
+    """A `qwen2` GGUF (Q/K not permuted, q/k/v biases) gives HF Qwen2's logits on the stored
+    weights."""
     cfg = TinyConfig(arch="qwen2", tied=tied)
     state = random_hf_state(cfg, seed=11)
     path = model_contents(cfg, state, storage).write(tmp_path / "tiny-qwen2.gguf")
@@ -357,7 +361,8 @@ def copy_of(source: Path, tmp_path: Path, name: str = "copy.gguf") -> Path:
 
 
 def test_special_tokens_in_text_are_single_ids(tiny_llama: Path) -> None:
-    """Control tokens written in text encode to their own id and are marked special; BOS/EOS come from metadata."""
+    """Control tokens written in text encode to their own id and are marked special; BOS/EOS come
+    from metadata."""
     tokenizer = open_checkpoint(tiny_llama).tokenizer
     vocab = byte_level_vocab()
     ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|>")
@@ -365,7 +370,8 @@ def test_special_tokens_in_text_are_single_ids(tiny_llama: Path) -> None:
     assert ids[1:-1] == tokenizer.encode("user\nhi")
     assert tokenizer.is_special(ids[0]) and not any(tokenizer.is_special(i) for i in ids[1:-1])
     assert tokenizer.vocab_size == len(vocab.tokens)
-    # generation ends at EOS and, as in llama.cpp, at ChatML's end of turn though the file names only EOS
+    # generation ends at EOS and, as in llama.cpp, at ChatML's end of turn though the file names
+    # only EOS
     assert tokenizer.special.bos_token_id == vocab.bos_id
     assert tokenizer.special.eos_token_ids == (vocab.eos_id, vocab.id("<|im_end|>"))
     assert tokenizer.special.eos_token == "<|endoftext|>" and not tokenizer.special.add_bos
@@ -528,7 +534,8 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path, qtype: QT) -> None:
 
 
 def test_block_type_on_a_norm_is_named(tmp_path: Path) -> None:
-    """Block-quantized types hold 2-D weights: a norm stored as Q8_0 is a ModelFormatError naming it."""
+    """Block-quantized types hold 2-D weights: a norm stored as Q8_0 is a ModelFormatError naming
+    it."""
     contents = model_contents(TinyConfig())
     contents.tensors["blk.0.attn_norm.weight"] = Tensor(
         encode(np.ones(64, np.float32), QT.Q8_0), QT.Q8_0
@@ -547,8 +554,9 @@ def mapped_resident_kib(path: Path) -> int:
 
 
 def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
-    """GGUFFile.release drops a tensor's pages from the process's resident set (the build releases each
-    weight once it is repacked, so a load never holds the file and its repacked copy at once)."""
+    """GGUFFile.release drops a tensor's pages from the process's resident set (the build releases
+    each weight once it is repacked, so a load never holds the file and its repacked copy at
+    once)."""
     cfg = TinyConfig(hidden=256, intermediate=4096)
     path = model_contents(cfg, random_hf_state(cfg, seed=1), QT.Q8_0).write(tmp_path / "big.gguf")
     gguf = GGUFFile(path)
@@ -570,9 +578,9 @@ def test_released_tensor_pages_leave_resident_memory(tmp_path: Path) -> None:
 def test_packing_a_mapped_weight_releases_it_chunk_by_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A weight packed for the CPU kernels a chunk of rows at a time gives each chunk's file pages back
-    as it goes: a vocabulary-sized embedding never has all its file pages resident beside its packed
-    copy (a Gemma 3 load peaked 150 MiB higher without this)."""
+    """A weight packed for the CPU kernels a chunk of rows at a time gives each chunk's file pages
+    back as it goes: a vocabulary-sized embedding never has all its file pages resident beside its
+    packed copy (a Gemma 3 load peaked 150 MiB higher without this)."""
     from rebar.weights import qlinear
     from rebar.weights.block_weight import BlockWeight
 
@@ -621,7 +629,8 @@ def header_field_offset(path: Path, tensor_name: str) -> tuple[int, int]:
 
 
 def test_unknown_type_id_is_named(tiny_llama: Path, tmp_path: Path) -> None:
-    """A type id that GGML itself does not know is an UnsupportedModelError naming the tensor and id."""
+    """A type id that GGML itself does not know is an UnsupportedModelError naming the tensor and
+    id."""
     path = copy_of(tiny_llama, tmp_path)
     data = bytearray(path.read_bytes())
     struct.pack_into("<I", data, header_field_offset(path, "blk.0.ffn_up.weight")[1], 250)
@@ -765,7 +774,8 @@ def test_bin_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_bundled_smollm2_opens_quickly() -> None:
-    """The real SmolLM2 Q4_1 GGUF opens (header, vocab, index) fast with the expected config and types."""
+    """The real SmolLM2 Q4_1 GGUF opens (header, vocab, index) fast with the expected config and
+    types."""
     try:
         path = resolve_model_path("smollm2")
     except ModelNotFoundError:

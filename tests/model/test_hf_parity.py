@@ -38,7 +38,8 @@ LLAMA3_ROPE = {
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
-# name -> (architecture, config overrides, config.json edit that removes the feature under test or None)
+# name -> (architecture, config overrides, config.json edit that removes the feature under test or
+# None)
 DECODER_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
     "llama-mha-untied": ("LlamaForCausalLM", {}, None),
     "llama-gqa-tied": (
@@ -81,8 +82,8 @@ DECODER_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
         None,
     ),
     # Gemma 3: scaled embedding, GeGLU, four norms per layer (stored as w - 1), q/k norms, a
-    # query_pre_attn_scalar of its own, and local sliding-window layers (their own RoPE base) between
-    # global ones.
+    # query_pre_attn_scalar of its own, and local sliding-window layers (their own RoPE base)
+    # between global ones.
     "gemma3-local-global": (
         "Gemma3ForCausalLM",
         {
@@ -154,7 +155,8 @@ def test_decoder_logits_match_hf(case: str, tmp_path: Path) -> None:
     "case", [c for c, (_, _, ablation) in DECODER_CASES.items() if ablation is not None]
 )
 def test_decoder_features_under_test_change_logits(case: str, tmp_path: Path) -> None:
-    """The parity cases have teeth: dropping the feature (window, rope scaling) from config.json breaks parity.
+    """The parity cases have teeth: dropping the feature (window, rope scaling) from config.json
+    breaks parity.
 
     Shows that rebar's agreement in those cases comes from reading and applying the feature,
     not from the feature being a no-op at these sizes.
@@ -169,7 +171,8 @@ def test_decoder_features_under_test_change_logits(case: str, tmp_path: Path) ->
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 def test_a_float32_folder_is_mapped_once_for_all_its_tensors(tmp_path: Path) -> None:
-    """Weights already in float32 are used in place from one mapping of the file, not one per tensor."""
+    """Weights already in float32 are used in place from one mapping of the file, not one per
+    tensor."""
     from rebar.model.loader import open_checkpoint
 
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM")
@@ -216,8 +219,8 @@ def test_qwen2_sliding_window_on_every_layer_matches_hf(tmp_path: Path) -> None:
 
 
 def test_qwen2_mixed_window_layers_match_hf(tmp_path: Path) -> None:
-    """Qwen2 whose layers mix windowed and full attention (max_window_layers=1) runs each layer with its
-    own pattern, from layer_types (transformers 5) or from max_window_layers alone (4.x)."""
+    """Qwen2 whose layers mix windowed and full attention (max_window_layers=1) runs each layer with
+    its own pattern, from layer_types (transformers 5) or from max_window_layers alone (4.x)."""
     model, folder = _decoder_folder(
         tmp_path,
         "Qwen2ForCausalLM",
@@ -268,7 +271,8 @@ def _hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -
 def test_batched_greedy_generation_matches_hf(
     arch: str, overrides: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Greedy decoding of a batch of 3 prompts (lengths straddling KV block edges) equals HF token for token.
+    """Greedy decoding of a batch of 3 prompts (lengths straddling KV block edges) equals HF token
+    for token.
 
     rebar prefills the batch together and decodes from its paged KV cache; HF runs each prompt
     alone with its own cache, so this checks the decode path, not only the prefill.
@@ -352,7 +356,8 @@ def _assert_embeddings_close(got: torch.Tensor, expected: torch.Tensor) -> None:
     ids=["mean-normalized", "cls-normalized", "mean-no-normalize-module"],
 )
 def test_bert_embeddings_match_hf(pooling: str, normalize: bool, tmp_path: Path) -> None:
-    """embed() equals HF BertModel + sentence-transformers pooling for a padded batch of mixed lengths.
+    """embed() equals HF BertModel + sentence-transformers pooling for a padded batch of mixed
+    lengths.
 
     The batch mixes 3 to 15 tokens, so padded positions must be masked out of attention and of the
     mean. Without a Normalize module in modules.json the vectors must come back unnormalised.
@@ -387,7 +392,8 @@ def test_bert_without_sentence_transformers_files_mean_pools_and_normalizes(tmp_
 
 
 def test_bert_truncates_to_max_seq_length(tmp_path: Path) -> None:
-    """sentence_bert_config.json's max_seq_length truncates inputs ([CLS]/[SEP] included), as HF would see them."""
+    """sentence_bert_config.json's max_seq_length truncates inputs ([CLS]/[SEP] included), as HF
+    would see them."""
     model = hf_tiny.build_bert(seed=24)
     folder = hf_tiny.save_bert(model, tmp_path / "bert", max_seq_length=6)
     long_text = " ".join(hf_tiny.word(i) for i in range(10, 30))
@@ -414,7 +420,8 @@ def test_sharded_checkpoint_loads_every_shard(tmp_path: Path) -> None:
 
 
 def test_index_naming_a_missing_shard_is_a_format_error(tmp_path: Path) -> None:
-    """An index whose weight_map names a shard that is not on disk raises ModelFormatError naming it."""
+    """An index whose weight_map names a shard that is not on disk raises ModelFormatError naming
+    it."""
     folder = hf_tiny.save_decoder(
         hf_tiny.build_decoder("LlamaForCausalLM", 32), tmp_path / "model", max_shard_size="40KB"
     )
@@ -469,7 +476,8 @@ def test_truncated_safetensors_is_a_format_error(keep_fraction: float, tmp_path:
 
 
 def test_misshapen_tensor_is_named_with_both_shapes(tmp_path: Path) -> None:
-    """A tensor whose shape disagrees with config.json raises ModelFormatError naming it and both shapes."""
+    """A tensor whose shape disagrees with config.json raises ModelFormatError naming it and both
+    shapes."""
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=38)
     weights = folder / "model.safetensors"
     tensors = load_file(weights)
@@ -505,7 +513,8 @@ def test_pytorch_bin_only_folder_is_refused_without_unpickling(tmp_path: Path) -
 
 
 def test_tied_checkpoint_without_lm_head_loads_and_untied_without_it_fails(tmp_path: Path) -> None:
-    """Tied models need no lm_head.weight; an untied config missing it is a ModelFormatError naming it."""
+    """Tied models need no lm_head.weight; an untied config missing it is a ModelFormatError naming
+    it."""
     _, folder = _decoder_folder(tmp_path, "LlamaForCausalLM", seed=40, tie_word_embeddings=True)
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
     float_llm(folder)

@@ -1,6 +1,6 @@
-"""A corpus of malformed Hugging Face folders, each a good tiny folder with one file spoiled: every one
-must fail to open with a typed error naming the key (or the file) at fault, never a bare ValueError,
-KeyError, AttributeError or ZeroDivisionError. GGUF files: test_malformed_models.py.
+"""A corpus of malformed Hugging Face folders, each a good tiny folder with one file spoiled: every
+one must fail to open with a typed error naming the key (or the file) at fault, never a bare
+ValueError, KeyError, AttributeError or ZeroDivisionError. GGUF files: test_malformed_models.py.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def copy_with(
     file: str = "config.json",
     text: str | bytes | None = None,
 ) -> Path:
-    """A copy of `folder` whose `file` has `changes` applied to its JSON object (or is `text` outright)."""
+    """A copy of `folder` whose `file` has `changes` applied to its JSON object (or is `text`
+    outright)."""
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
     path = copy / file

@@ -1,7 +1,8 @@
-"""A corpus of malformed GGUF files, built here from one good tiny model: every one must fail to open
-with a typed error (ModelFormatError, or UnsupportedModelError for a well-formed variant rebar
+"""A corpus of malformed GGUF files, built here from one good tiny model: every one must fail to
+open with a typed error (ModelFormatError, or UnsupportedModelError for a well-formed variant rebar
 lacks) whose message names what is wrong: the key, the tensor, or the part of the file that was cut.
-Never a RecursionError, ZeroDivisionError, ValueError, MemoryError or a hang. HF folders: test_malformed_hf.py.
+Never a RecursionError, ZeroDivisionError, ValueError, MemoryError or a hang. HF folders:
+test_malformed_hf.py.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def test_the_good_file_opens(good: Path) -> None:
     assert open_checkpoint(good).config.num_layers == 2
 
 
-# ----- truncation ----------------------------------------------------------------------------------
+# ----- truncation ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cut", [0, 2, 4, 6, 8, 12, 16, 20])
@@ -90,7 +91,7 @@ def test_cut_in_tensor_data_names_the_tensor(
     raises(ModelFormatError, lambda: open_checkpoint(path), "truncated", repr(name))
 
 
-# ----- forged counts, lengths and nesting ----------------------------------------------------------
+# ----- forged counts, lengths and nesting ---------------------------------------------------------
 
 
 def _string(text: str) -> bytes:
@@ -122,7 +123,8 @@ def test_deeply_nested_arrays_are_refused_by_key(good: Path, tmp_path: Path, dep
 
 
 def test_modest_nesting_still_reads(good: Path, tmp_path: Path) -> None:
-    """Arrays of arrays within the bound are legal GGUF and read back (padded so the data stays aligned)."""
+    """Arrays of arrays within the bound are legal GGUF and read back (padded so the data stays
+    aligned)."""
     entry = nested_arrays("ok.nesting", MAX_ARRAY_DEPTH)
     key = "ok.nesting" + "x" * (-len(entry) % 32)
     path = written(with_entry(good, nested_arrays(key, MAX_ARRAY_DEPTH)), tmp_path)
@@ -175,7 +177,8 @@ def _offset_field(data: bytes, name: str) -> int:
 
 
 def _patch_index(good: Path, name: str, edit: Callable[[bytearray, int, int], None]) -> bytes:
-    """The good file with `edit(data, where the dimension count is, where the data offset is)` applied."""
+    """The good file with `edit(data, where the dimension count is, where the data offset is)`
+    applied."""
     data = bytearray(good.read_bytes())
     edit(data, index_entry(bytes(data), name), _offset_field(bytes(data), name))
     return bytes(data)
@@ -354,7 +357,7 @@ def test_partial_rotary_is_still_refused_as_unsupported(tmp_path: Path) -> None:
     raises(UnsupportedModelError, lambda: open_checkpoint(path), "partial rotary")
 
 
-# ----- through the loader `rebar serve` uses --------------------------------------------------------
+# ----- through the loader `rebar serve` uses ------------------------------------------------------
 
 
 def load(path: Path) -> LLM:
@@ -379,7 +382,8 @@ def test_the_engine_loader_raises_the_typed_error(
     elif case == "cut-data":
         name, offset, _ = layout["tensors"][-1]
         path, culprit = written(good.read_bytes()[: offset + 10], tmp_path), repr(name)
-    else:  # in bounds, but the tensors are for another shape: the build names the first mismatched tensor
+    # in bounds, but the tensors are for another shape: the build names the first mismatched tensor
+    else:
         path, culprit = (
             with_metadata(tmp_path, {"llama.feed_forward_length": 2**20}),
             "from the model config",

@@ -1,4 +1,5 @@
-"""all-MiniLM-L6-v2 embeddings against an independent reference: transformers' BertModel + mean pooling."""
+"""all-MiniLM-L6-v2 embeddings against an independent reference: transformers' BertModel + mean
+pooling."""
 
 from __future__ import annotations
 

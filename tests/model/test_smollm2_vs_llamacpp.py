@@ -81,7 +81,8 @@ def test_teacher_forced_top1_agrees_with_llamacpp(our_logits: list) -> None:
 
 
 def test_top5_sets_and_logit_values_are_close(our_logits: list) -> None:
-    """Beyond the argmax: our top-1 lies in llama.cpp's top-5 everywhere, and its logit is close to theirs."""
+    """Beyond the argmax: our top-1 lies in llama.cpp's top-5 everywhere, and its logit is close to
+    theirs."""
     differences = []
     for case, logits in zip(FIXTURES["logits"], our_logits):
         for row, (ids, values) in enumerate(zip(case["top5_ids"], case["top5_logits"])):
@@ -127,8 +128,8 @@ def test_default_greedy_continuations_follow_llamacpps(smollm2) -> None:
             continue
         split = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
         logits = smollm2.logits(case["prompt_ids"] + theirs[:split])[-1]
-        # (teacher-forced logits come from the prefill path, decoding from the fused step: a near-tie
-        # may lean either way between them)
+        # (teacher-forced logits come from the prefill path, decoding from the fused step: a
+        # near-tie may lean either way between them)
         gap = float(logits[ours[split]] - logits[theirs[split]])
         assert abs(gap) < NEAR_TIE, (case["text"][:40], split, gap)
     assert identical >= len(cases) // 2, f"{identical} of {len(cases)} continuations identical"

@@ -1,4 +1,5 @@
-"""Log records as JSON lines: standard fields, request and trace ids from the context, extra fields, exceptions."""
+"""Log records as JSON lines: standard fields, request and trace ids from the context, extra fields,
+exceptions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ServerMetrics without a model: per-request timing from outputs, registry isolation, route templates."""
+"""ServerMetrics without a model: per-request timing from outputs, registry isolation, route
+templates."""
 
 from __future__ import annotations
 

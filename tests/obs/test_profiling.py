@@ -1,4 +1,5 @@
-"""ProfileSession on a plain torch module: one named range per layer, operators ranked, no hooks left."""
+"""ProfileSession on a plain torch module: one named range per layer, operators ranked, no hooks
+left."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tracing set-up from settings: exporters, sampling, traceparent parsing, engine phases on the wall clock."""
+"""Tracing set-up from settings: exporters, sampling, traceparent parsing, engine phases on the wall
+clock."""
 
 from __future__ import annotations
 

@@ -191,8 +191,9 @@ def test_error_feedback_leaves_the_weights_on_their_grids_and_closer_to_the_floa
 
 
 def test_weights_on_their_grids_are_what_the_checkpoint_stores(tiny_float_model) -> None:
-    """The next layer is calibrated on the weights the checkpoint will hold, so `_quantized` must put
-    each weight exactly where `quantize_int4_on_grid` decodes, and restore the float weights after."""
+    """The next layer is calibrated on the weights the checkpoint will hold, so `_quantized` must
+    put each weight exactly where `quantize_int4_on_grid` decodes, and restore the float weights
+    after."""
     model = tiny_float_model()
     result = apply_awq(model, [IDS[:16], IDS[16:32]], group_size=32, error_feedback=False)
     name = "layers.1.mlp.down_proj.weight"

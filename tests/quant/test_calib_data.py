@@ -1,4 +1,5 @@
-"""The mmap JSONL reader: index built once and saved, zero-copy records, bad lines, deterministic sampling, streaming."""
+"""The mmap JSONL reader: index built once and saved, zero-copy records, bad lines, deterministic
+sampling, streaming."""
 
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def test_missing_file_and_unwritable_index(tmp_path: Path) -> None:
 
 
 def test_streams_a_file_larger_than_the_memory_it_may_allocate(tmp_path: Path) -> None:
-    """With the data segment capped below the file size, reading the file fails but indexing and sampling work."""
+    """With the data segment capped below the file size, reading the file fails but indexing and
+    sampling work."""
     path = tmp_path / "big.jsonl"
     line = (json.dumps({"text": "x" * 900}) + "\n").encode()
     with open(path, "wb") as out:

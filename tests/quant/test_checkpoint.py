@@ -139,7 +139,8 @@ def test_tokenizer_and_template_survive(made: dict) -> None:
 
 
 def mapped_file(tensor: torch.Tensor) -> str | None:
-    """The path of the mapping that holds `tensor`'s data, from /proc/self/maps ("[heap]", a file, or None)."""
+    """The path of the mapping that holds `tensor`'s data, from /proc/self/maps ("[heap]", a file,
+    or None)."""
     address = tensor.data_ptr()
     with open("/proc/self/maps", encoding="ascii") as maps:
         for line in maps:

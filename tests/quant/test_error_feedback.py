@@ -32,8 +32,8 @@ def reference_rounding(
     weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int
 ) -> torch.Tensor:
     """The same method written out directly: round the loudest remaining column to its nearest grid
-    point, move the remaining columns by the optimal correction -e * Hinv[j, rest] / Hinv[j, j] using
-    the explicit inverse of H over the columns not yet rounded, then drop column j from it."""
+    point, move the remaining columns by the optimal correction -e * Hinv[j, rest] / Hinv[j, j]
+    using the explicit inverse of H over the columns not yet rounded, then drop column j from it."""
     h = moments.clone()
     h += DAMPING * h.diagonal().mean() * torch.eye(h.shape[0], dtype=h.dtype)
     inverse = torch.linalg.inv(h)

@@ -55,8 +55,8 @@ def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tie
             module = llm.model.get_submodule(f"layers.{layer}.{linear}")
             assert isinstance(module, QuantLinear) and module.weight_q.describe() == storage.name
             assert module.kernel_for(1).name == "native"
-            # the codes decode to exactly what the float loader produces (Q/K row order included), and
-            # the packed bytes the kernels read decode to the same
+            # the codes decode to exactly what the float loader produces (Q/K row order included),
+            # and the packed bytes the kernels read decode to the same
             expected = checkpoint.load_tensor(f"layers.{layer}.{linear}.weight", torch.float32)
             assert torch.equal(module.weight_q.dequantize(), expected)
             assert torch.equal(module.kernels[0].kernel.packed.dequantize(), expected)
@@ -71,9 +71,10 @@ def test_block_weights_stay_quantized_and_exact(tmp_path: Path, storage: QT, tie
     assert type(reference.model.layers[0].attn.q_proj) is torch.nn.Linear
     for ids in (IDS[:6], IDS):
         got, expected = llm.logits(ids), reference.logits(ids)
-        # activations rounded to int8 per block of 32: this random model's nearly flat logits move by
-        # 8-20% (relative norm, more in the 256-wide model the K-quants need; a wrong kernel moves them
-        # by ~100%) and near-ties flip, but predictions stay among the reference's top three
+        # activations rounded to int8 per block of 32: this random model's nearly flat logits move
+        # by 8-20% (relative norm, more in the 256-wide model the K-quants need; a wrong kernel
+        # moves them by ~100%) and near-ties flip, but predictions stay among the reference's top
+        # three
         assert (got - expected).norm() < 0.25 * expected.norm()
         top3 = expected.topk(3, dim=-1).indices
         assert sum(int(p) in top3[i].tolist() for i, p in enumerate(got.argmax(-1))) >= 0.9 * len(

@@ -1,4 +1,5 @@
-"""Sliding-window perplexity: every token scored once, and the numbers of an independent computation."""
+"""Sliding-window perplexity: every token scored once, and the numbers of an independent
+computation."""
 
 from __future__ import annotations
 

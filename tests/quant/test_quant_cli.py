@@ -1,4 +1,5 @@
-"""`rebar quantize`, `rebar inspect DIR`, `rebar eval ppl` and `rebar serve --model DIR` as a user runs them."""
+"""`rebar quantize`, `rebar inspect DIR`, `rebar eval ppl` and `rebar serve --model DIR` as a user
+runs them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The quantize pipeline's choices and refusals (the numbers themselves are tested in test_checkpoint.py)."""
+"""The quantize pipeline's choices and refusals (the numbers themselves are tested in
+test_checkpoint.py)."""
 
 from __future__ import annotations
 

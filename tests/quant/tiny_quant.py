@@ -1,4 +1,5 @@
-"""Tiny models for quantization tests: a GGUF file from seeded weights, and what quantizing it should give."""
+"""Tiny models for quantization tests: a GGUF file from seeded weights, and what quantizing it
+should give."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ TEMPLATE = (
 
 def use_reference_kernels(model: torch.nn.Module) -> torch.nn.Module:
     """Pin every QuantLinear of `model` to dequantize-then-matmul, the float reference arithmetic:
-    for tests of what a checkpoint holds (the kernels' own accuracy is tested against it elsewhere)."""
+    for tests of what a checkpoint holds (the kernels' own accuracy is tested against it
+    elsewhere)."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.kernels = (KernelChoice(math.inf, DequantizedMatmul(module.weight_q)),)

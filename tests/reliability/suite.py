@@ -9,7 +9,8 @@ FULL = os.environ.get("RELIABILITY_MODE", "short") == "full"
 
 
 def scaled(short: float, full: float) -> float:
-    """`full` under `make reliability`, `short` otherwise; RELIABILITY_SOAK_S overrides soak lengths."""
+    """`full` under `make reliability`, `short` otherwise; RELIABILITY_SOAK_S overrides soak
+    lengths."""
     return full if FULL else short
 
 

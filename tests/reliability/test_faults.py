@@ -1,4 +1,5 @@
-"""Faults: an engine step that throws, a storm of clients leaving, SIGTERM under load, no room for logs.
+"""Faults: an engine step that throws, a storm of clients leaving, SIGTERM under load, no room for
+logs.
 
 (Redis killed and restarted under load is tests/server/test_redis_failover.py.)
 """

@@ -1,10 +1,9 @@
 """A soak: mixed streaming, non-streaming, aborted and embedding traffic at 16 concurrent clients.
 
-Short under `make test` (45 s of warm-up, then 30 s measured); `make reliability` measures 20 minutes
-(RELIABILITY_SOAK_S overrides the measured part).
-Below the admission limit no request may fail; resident memory must stay flat after warm-up and
-every KV block must be free at the end. The figures are printed, and written as JSON to
-$RELIABILITY_REPORT when that is set.
+Short under `make test` (45 s of warm-up, then 30 s measured); `make reliability` measures 20
+minutes (RELIABILITY_SOAK_S overrides the measured part). Below the admission limit no request may
+fail; resident memory must stay flat after warm-up and every KV block must be free at the end. The
+figures are printed, and written as JSON to $RELIABILITY_REPORT when that is set.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The access log of a live server: one JSON line per request with its ids, route, status and tokens; no prompt text
-unless `logging.log_prompts` is on."""
+"""The access log of a live server: one JSON line per request with its ids, route, status and
+tokens; no prompt text unless `logging.log_prompts` is on."""
 
 from __future__ import annotations
 

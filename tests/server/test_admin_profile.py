@@ -1,4 +1,5 @@
-"""POST /admin/profile: closed without admin keys, its own keys, a Chrome trace of live engine steps."""
+"""POST /admin/profile: closed without admin keys, its own keys, a Chrome trace of live engine
+steps."""
 
 from __future__ import annotations
 

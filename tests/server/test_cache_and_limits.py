@@ -109,7 +109,8 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
 
 
 class StoreView:
-    """Read the server's store from the test thread: raw redis for redis, the MemoryStore's dict otherwise."""
+    """Read the server's store from the test thread: raw redis for redis, the MemoryStore's dict
+    otherwise."""
 
     def __init__(self, app, backend: dict) -> None:
         self.inner = app.state.rebar.store.inner
@@ -261,7 +262,8 @@ def test_aborted_stream_is_not_cached(served_models, backend) -> None:
             next(data), next(data)  # the role chunk, then the first content
         core = app.state.rebar.models.engine.core
         assert wait_until(lambda: not core.has_unfinished_requests())
-        # Neither an entry nor a leftover lock, and no identical request is left waiting on the aborted one.
+        # Neither an entry nor a leftover lock, and no identical request is left waiting on the
+        # aborted one.
         assert wait_until(lambda: view.keys("rebar:cache:llm:") == [] and not cache._local), (
             view.keys("rebar:cache:llm:"),
             cache._local,

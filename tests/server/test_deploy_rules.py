@@ -1,5 +1,5 @@
-"""The shipped Prometheus rules and Grafana dashboard: promtool's own unit tests pass, and every metric they name
-is one a live rebar actually exports."""
+"""The shipped Prometheus rules and Grafana dashboard: promtool's own unit tests pass, and every
+metric they name is one a live rebar actually exports."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""EmbeddingQueue: admission, round-robin batches, cancellation, failures and shutdown, on a fake model."""
+"""EmbeddingQueue: admission, round-robin batches, cancellation, failures and shutdown, on a fake
+model."""
 
 from __future__ import annotations
 

@@ -164,7 +164,8 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
 
 
 def test_metrics_is_open_and_unknown_paths_are_other() -> None:
-    """With API keys configured /metrics needs none; a 401 and an unknown path are counted with bounded labels."""
+    """With API keys configured /metrics needs none; a 401 and an unknown path are counted with
+    bounded labels."""
     from fastapi.testclient import TestClient
 
     from rebar.server.app import create_app

@@ -55,7 +55,8 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 def error_of(exc: openai.APIStatusError) -> dict:
-    """The `error` object of an SDK exception, checked to be OpenAI-shaped (and the same as `.body`)."""
+    """The `error` object of an SDK exception, checked to be OpenAI-shaped (and the same as
+    `.body`)."""
     error = exc.response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert exc.body == error and exc.code == error["code"] and exc.param == error["param"]
@@ -190,8 +191,8 @@ def test_chat_logprobs_leave_out_the_eos_token(client) -> None:
 
 
 def test_chat_logprobs_end_at_the_token_a_stop_string_cuts(client) -> None:
-    """The stop string " Paris" starts inside the token " Paris": that token is reported (its leading
-    space is in the content), the tokens after it are not."""
+    """The stop string " Paris" starts inside the token " Paris": that token is reported (its
+    leading space is in the content), the tokens after it are not."""
     completion = client.chat.completions.create(
         **GREEDY, stop=["Paris"], logprobs=True, top_logprobs=1
     )

@@ -207,6 +207,7 @@ def test_redis_crash_under_load_costs_no_request_and_the_cache_comes_back(
         assert not store.circuit_open
         keys = redis_server.cli("--scan", "--pattern", "rebar:cache:llm:smollm2:*").split()
         assert len(keys) >= 1 and not any(k.endswith(":lock") for k in keys)
-        # The rate limiter counts in Redis again (its fallback reports the whole limit as remaining).
+        # The rate limiter counts in Redis again (its fallback reports the whole limit as
+        # remaining).
         assert int(second.headers["x-ratelimit-remaining-requests"]) < 10_000
         assert redis_server.cli("GET", "rebar:rl:addr-127.0.0.1:req") not in ("", "0")

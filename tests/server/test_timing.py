@@ -1,4 +1,5 @@
-"""Each answer reports where its time went: `x-rebar-timing` (non-streaming) or `timing` in the usage chunk (streaming)."""
+"""Each answer reports where its time went: `x-rebar-timing` (non-streaming) or `timing` in the
+usage chunk (streaming)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Traces of real requests, captured with an in-memory exporter: structure, attributes, continued traceparent."""
+"""Traces of real requests, captured with an in-memory exporter: structure, attributes, continued
+traceparent."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def raw_pttl(backend: Backend, key: str) -> int | None:
-    """The key's PTTL read straight from the server (redis-cli), bypassing the store; None for memory."""
+    """The key's PTTL read straight from the server (redis-cli), bypassing the store; None for
+    memory."""
     return None if backend.server is None else int(backend.server.cli("PTTL", key))
 
 

@@ -1,4 +1,5 @@
-"""Drive the chat page the way a user does (by labels and button names), and read the server's metrics."""
+"""Drive the chat page the way a user does (by labels and button names), and read the server's
+metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ GENERATION_TIMEOUT_MS = 90_000  # a shared 2-core machine can be slow
 
 
 def expect(actual, message: str | None = None):
-    """Playwright's `expect`, imported on first use so that test modules load (and skip) without Playwright."""
+    """Playwright's `expect`, imported on first use so that test modules load (and skip) without
+    Playwright."""
     from playwright.sync_api import expect as playwright_expect
 
     return playwright_expect(actual, message)
@@ -78,7 +80,8 @@ class ChatPage:
         return self.answers().last
 
     def record_answer_texts(self) -> None:
-        """From now on, log every text the newest answer shows (read back with `recorded_answer_texts`)."""
+        """From now on, log every text the newest answer shows (read back with
+        `recorded_answer_texts`)."""
         self.page.evaluate(
             """() => {
                 window.answerTexts = [];

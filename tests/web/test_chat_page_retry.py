@@ -26,7 +26,8 @@ def limited_server(served_models):
 
 
 def use_up_requests_until(app, seconds: float) -> None:
-    """Spend the key's one request of a minute whose window closes in `seconds`, as if sent a minute ago.
+    """Spend the key's one request of a minute whose window closes in `seconds`, as if sent a minute
+    ago.
 
     The counter is written where the rate limiter keeps it (`{prefix}:rl:{client}:req`, the client
     being the key's hash), so the server answers 429 with a Retry-After of about `seconds`.

@@ -1,4 +1,5 @@
-"""The committed chat page build (src/rebar/web/static) matches web/'s sources, and the page is served."""
+"""The committed chat page build (src/rebar/web/static) matches web/'s sources, and the page is
+served."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def files_under(root: Path, entry: str) -> list[Path]:
 
 
 def source_hash(sources: list[str]) -> str:
-    """The hash web/build.mjs writes: sha256 over "<posix path>\\n<sha256 of its bytes>\\n" in path order."""
+    """The hash web/build.mjs writes: sha256 over "<posix path>\\n<sha256 of its bytes>\\n" in path
+    order."""
     paths = sorted(
         p.relative_to(WEB_DIR).as_posix() for entry in sources for p in files_under(WEB_DIR, entry)
     )
@@ -72,7 +74,8 @@ def test_page_and_static_files_are_served_without_an_api_key() -> None:
 
 
 def test_node_unit_tests_pass(npm: str) -> None:
-    """SSE parser, retry policy and streaming client (web/test), type-checked and run with `node --test`."""
+    """SSE parser, retry policy and streaming client (web/test), type-checked and run with `node
+    --test`."""
     result = subprocess.run([npm, "test"], cwd=WEB_DIR, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "# fail 0" in result.stdout

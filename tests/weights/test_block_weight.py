@@ -1,5 +1,6 @@
-"""GGUF block formats decode exactly as llama.cpp does (gguf's numpy decoder is the reference), and a
-BlockWeight's row views (reordering, slicing, lookups) pick the right rows without copying the file."""
+"""GGUF block formats decode exactly as llama.cpp does (gguf's numpy decoder is the reference), and
+a BlockWeight's row views (reordering, slicing, lookups) pick the right rows without copying the
+file."""
 
 from __future__ import annotations
 

@@ -63,13 +63,15 @@ def test_int4_error_is_at_most_half_a_step(group_size: int) -> None:
     codes = unpack_int4(q.qweight)
     assert codes.max() <= INT4_MAX
     step = per_element(q.scales, group_size)
-    # fp16 offsets may shift the grid by a fraction of a step; allow that rounding on top of half a step
+    # fp16 offsets may shift the grid by a fraction of a step; allow that rounding on top of half a
+    # step
     slack = per_element(q.offsets.float().abs(), group_size) * 2**-10
     assert ((q.dequantize() - w).abs() <= step / 2 + slack + 1e-7).all()
 
 
 def test_int4_is_exact_on_weights_already_on_its_grid() -> None:
-    """A group of values d*q + m (fp16 d and m, codes spanning 0..15) comes back unchanged, as from GGUF Q4_1."""
+    """A group of values d*q + m (fp16 d and m, codes spanning 0..15) comes back unchanged, as from
+    GGUF Q4_1."""
     generator = torch.Generator().manual_seed(2)
     codes = torch.randint(0, 16, (16, 64), generator=generator)
     codes[:, ::32] = 0

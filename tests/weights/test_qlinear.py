@@ -37,7 +37,8 @@ WEIGHTS = {
 
 
 def bf16_emulation(weight: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
-    """What a bf16 packed kernel should compute: bf16 inputs, scales and zeros, float32 sums, a bf16 result."""
+    """What a bf16 packed kernel should compute: bf16 inputs, scales and zeros, float32 sums, a bf16
+    result."""
 
     def per_element(values: torch.Tensor) -> torch.Tensor:
         return values.to(torch.bfloat16).float().repeat_interleave(weight.group_size, 1)

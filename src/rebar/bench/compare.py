@@ -1,4 +1,5 @@
-"""`rebar bench compare`: rebar and llama.cpp side by side, in one run, on the same GGUF and threads.
+"""`rebar bench compare`: rebar and llama.cpp side by side, in one run, on the same GGUF and
+threads.
 
 The peer is llama.cpp as its users run it (`rebar.bench.llamacpp`: `llama-bench`,
 `llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
@@ -128,7 +129,7 @@ def random_prompt(allowed: list[int], length: int, rng: random.Random) -> list[i
     return [rng.choice(allowed) for _ in range(length)]
 
 
-# ----- rebar, in process ----------------------------------------------------------------------------
+# ----- rebar, in process --------------------------------------------------------------------------
 
 
 def _token_times(core, requests: dict[str, list[int]], max_tokens: int) -> dict[str, list[float]]:
@@ -184,7 +185,7 @@ def medians(runs: list[Figures]) -> Figures:
     return kind(*(statistics.median(getattr(r, name) for r in runs) for name in names))
 
 
-# ----- rebar's memory, in a fresh process -----------------------------------------------------------
+# ----- rebar's memory, in a fresh process ---------------------------------------------------------
 
 _MEMORY_CHILD = """
 import json, sys
@@ -227,7 +228,7 @@ def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
     return MemoryFigures(values["VmHWM"], path.stat().st_size, values["kv_bytes"])
 
 
-# ----- HTTP -----------------------------------------------------------------------------------------
+# ----- HTTP ---------------------------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -246,7 +247,8 @@ class HttpFigures:
 
 
 def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
-    """The median over `repeats` runs of `rebar bench serve` at `concurrency` (fresh prompts each run)."""
+    """The median over `repeats` runs of `rebar bench serve` at `concurrency` (fresh prompts each
+    run)."""
     from rebar.bench.serve import ServeBenchConfig, run_serve_bench
 
     runs = []
@@ -271,7 +273,8 @@ def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
 
 
 def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
-    """`rebar serve` with its defaults (only the thread count and a quiet log set) under the HTTP load."""
+    """`rebar serve` with its defaults (only the thread count and a quiet log set) under the HTTP
+    load."""
     import httpx
 
     port = _free_port()
@@ -327,7 +330,7 @@ def measure_peer_http(path: Path, config: CompareConfig) -> HttpFigures:
         return _serve_bench(server.url, config)
 
 
-# ----- the comparison -------------------------------------------------------------------------------
+# ----- the comparison -----------------------------------------------------------------------------
 
 
 def _peer(notes: list[str], what: str, measure):

@@ -145,13 +145,14 @@ def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
 
 
 def measure_cold_start(model: str, threads: int) -> tuple[float, float]:
-    """(seconds to the first token of a fresh process, its peak RSS above a libraries-only one, MiB)."""
+    """(seconds to the first token of a fresh process, its peak RSS above a libraries-only one,
+    MiB)."""
     _bare_s, bare_rss = _child(model, threads, load=False)
     loaded_s, loaded_rss = _child(model, threads, load=True)
     return loaded_s, loaded_rss - bare_rss
 
 
-# ----- the engine figures: `rebar bench offline`'s measuring code ----------------------------------
+# ----- the engine figures: `rebar bench offline`'s measuring code ---------------------------------
 
 
 def measure_engine(llm: LLM, workload: Workload) -> dict[str, float]:
@@ -227,7 +228,7 @@ def measure(model: str, workload: Workload, threads: int) -> Measurement:
     return Measurement(calibration, seconds, rss, fused)
 
 
-# ----- the gate ------------------------------------------------------------------------------------
+# ----- the gate -----------------------------------------------------------------------------------
 
 
 def run_gate(

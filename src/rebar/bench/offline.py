@@ -1,4 +1,5 @@
-"""`rebar bench offline`: drive the engine core directly with a fixed concurrency and report latency and throughput.
+"""`rebar bench offline`: drive the engine core directly with a fixed concurrency and report latency
+and throughput.
 
 Prompts are random token ids (seeded) of exactly `input_len` tokens, and every request generates
 exactly `output_len` tokens (EOS ignored), so runs are comparable across models and machines.

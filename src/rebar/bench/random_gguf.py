@@ -58,7 +58,8 @@ def _tokenizer_fields(source: Path) -> dict:
 def write_random_llama(
     path: Path, shape: LlamaShape, tokenizer_source: Path, seed: int = 0
 ) -> Path:
-    """Write an F16 `llama` GGUF of `shape` with random weights (normal, std 0.02; norms 1) to `path`."""
+    """Write an F16 `llama` GGUF of `shape` with random weights (normal, std 0.02; norms 1) to
+    `path`."""
     from gguf import GGUFWriter
 
     tokenizer = _tokenizer_fields(tokenizer_source)

@@ -195,7 +195,8 @@ def parse_concurrency_levels(text: str) -> list[int]:
 
 
 def make_prompts(num_prompts: int, input_words: int, seed: int, level: int = 0) -> list[str]:
-    """`num_prompts` prompts of exactly `input_words` words; the same arguments give the same prompts."""
+    """`num_prompts` prompts of exactly `input_words` words; the same arguments give the same
+    prompts."""
     rng = random.Random(f"rebar-bench-serve:{seed}:{level}")
     return [" ".join(rng.choices(WORDS, k=input_words)) for _ in range(num_prompts)]
 
@@ -291,7 +292,8 @@ class _StreamReader:
         if self.endpoint == "completions":
             return choice.get("text") or ""
         delta = choice.get("delta") or {}
-        # Reasoning models stream their thinking in `reasoning_content`; those are output tokens too.
+        # Reasoning models stream their thinking in `reasoning_content`; those are output tokens
+        # too.
         return delta.get("content") or delta.get("reasoning_content") or ""
 
     def _content_arrived(self, now: float) -> None:
@@ -354,7 +356,8 @@ async def _stream(
             result.error_message = error_message(await response.aread())
             return
         reader, decoder = _StreamReader(result, config.endpoint, start), SseDecoder()
-        # Keep reading after `[DONE]` so the body ends cleanly and the connection goes back to the pool.
+        # Keep reading after `[DONE]` so the body ends cleanly and the connection goes back to the
+        # pool.
         async for line in response.aiter_lines():
             now = time.perf_counter()
             if not reader.handle_all(decoder.feed(line), now):

@@ -1,1 +1,2 @@
-"""The engine: requests, paged KV cache, scheduler, runner, sampler, detokenizer, async bridge, offline LLM."""
+"""The engine: requests, paged KV cache, scheduler, runner, sampler, detokenizer, async bridge,
+offline LLM."""

@@ -64,7 +64,8 @@ _STOP = object()
 
 
 class AsyncEngine:
-    """Thread-owning front of an EngineCore. Create it inside a running event loop, or call `start()` there."""
+    """Thread-owning front of an EngineCore. Create it inside a running event loop, or call
+    `start()` there."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -96,7 +97,8 @@ class AsyncEngine:
 
     # ----- public API ----------------------------------------------------------------------------
     def admit(self, prompt: Prompt, params: SamplingParams) -> AdmittedRequest:
-        """The request's one check, in the caller's thread (`EngineCore.admit`); text is tokenized first.
+        """The request's one check, in the caller's thread (`EngineCore.admit`); text is tokenized
+        first.
 
         Raises InvalidRequestError naming the parameter.
         """
@@ -120,7 +122,8 @@ class AsyncEngine:
         timeout: float | None = None,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Stream the outputs of an admitted request until each of its `params.n` choices has finished.
+        """Stream the outputs of an admitted request until each of its `params.n` choices has
+        finished.
 
         `timeout` (seconds) finishes it with reason "timeout" if it runs longer. `cache_salt`: only
         requests with the same salt share prefix-cache blocks (see `EngineCore.add_admitted`).
@@ -152,7 +155,8 @@ class AsyncEngine:
                 self.abort(engine_id)
 
     def _engine_id(self, label: str | None) -> str:
-        """A new id, never used before by this engine: the caller's label (shortened) + prefix + counter.
+        """A new id, never used before by this engine: the caller's label (shortened) + prefix +
+        counter.
 
         Unique whatever the label holds: the counter is unique, and the text after the last "@" is
         always this engine's prefix and counter.
@@ -167,7 +171,8 @@ class AsyncEngine:
         self._inbox.put(_Abort(request_id))
 
     async def profile(self, num_steps: int, timeout_s: float, top: int = 20) -> ProfileResult:
-        """Profile the next `num_steps` engine steps (fewer if `timeout_s` passes first) in the core thread.
+        """Profile the next `num_steps` engine steps (fewer if `timeout_s` passes first) in the core
+        thread.
 
         Raises RebarError if a profile is already being taken.
         """
@@ -177,7 +182,7 @@ class AsyncEngine:
         self._inbox.put(_Profile(num_steps, time.monotonic() + timeout_s, loop, future, top))
         return await future
 
-    # ----- the core thread -------------------------------------------------------------------------
+    # ----- the core thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
             idle = not self.core.has_unfinished_requests()

@@ -30,7 +30,8 @@ class KVBlock:
 
 
 def salt_hash(cache_salt: str | None) -> bytes:
-    """The parent hash of a request's first block: only requests with equal salts (or both None) share blocks."""
+    """The parent hash of a request's first block: only requests with equal salts (or both None)
+    share blocks."""
     if cache_salt is None:
         return _UNSALTED
     return hashlib.sha256(

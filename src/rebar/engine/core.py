@@ -159,10 +159,12 @@ class EngineCore:
         deadline: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue an admitted request (n > 1 becomes n scheduler requests sharing the prompt's blocks).
+        """Queue an admitted request (n > 1 becomes n scheduler requests sharing the prompt's
+        blocks).
 
-        Prefix-cache blocks are shared only between requests with equal `cache_salt` (None included),
-        so a per-tenant salt keeps one tenant from reusing, or timing, another's cached prompts.
+        Prefix-cache blocks are shared only between requests with equal `cache_salt` (None
+        included), so a per-tenant salt keeps one tenant from reusing, or timing, another's cached
+        prompts.
         """
         if request_id in self._children:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
@@ -226,7 +228,8 @@ class EngineCore:
 
     # ----- aborts and the single finish path ------------------------------------------------------
     def abort_request(self, request_id: str) -> list[RequestOutput]:
-        """Finish every choice of `request_id` as aborted and free its blocks now; unknown ids are ignored."""
+        """Finish every choice of `request_id` as aborted and free its blocks now; unknown ids are
+        ignored."""
         return [
             self._finish(child, RequestStatus.FINISHED_ABORTED)
             for child in self._live_children(request_id)
@@ -314,7 +317,8 @@ class EngineCore:
         return outputs + self._sample_and_append(sampling, logits)
 
     def _execute(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
-        """The step's logits (one row per surviving item with `sample`, in order) and the failed request ids.
+        """The step's logits (one row per surviving item with `sample`, in order) and the failed
+        request ids.
 
         When the batch fails, each item runs alone, in order, so only the requests that fail by
         themselves fail. Rerunning an item is harmless: the runner writes K/V only at the item's own
@@ -362,7 +366,8 @@ class EngineCore:
         return item.block_ids[first : last + 1]
 
     def _fail(self, request: Request) -> RequestOutput:
-        """Finish a request the engine could not serve; its K/V may be missing or garbage, so it is not cached."""
+        """Finish a request the engine could not serve; its K/V may be missing or garbage, so it is
+        not cached."""
         return self._finish(
             request, RequestStatus.FINISHED_ERROR, error=ENGINE_FAULT, keep_cached=False
         )

@@ -18,7 +18,8 @@ REPLACEMENT_CHAR = "\ufffd"
 
 @functools.lru_cache(maxsize=64)
 def _borders(stop: str) -> array:
-    """KMP prefix function: entry i is the length of the longest proper prefix of stop[: i + 1] that is also its suffix.
+    """KMP prefix function: entry i is the length of the longest proper prefix of stop[: i + 1] that
+    is also its suffix.
 
     Cached because every choice of a request, and most requests of a chat model, share their stop
     strings; callers must not modify the result.
@@ -49,7 +50,8 @@ class _StopMatcher:
         self._borders = _borders(stop)
 
     def feed(self, text: str) -> int | None:
-        """Advance over `text`; returns the end (in `text`) of the stop's first occurrence ending in it, or None."""
+        """Advance over `text`; returns the end (in `text`) of the stop's first occurrence ending in
+        it, or None."""
         stop, borders, state = self.stop, self._borders, self.state
         first_end = None
         for index, char in enumerate(text):
@@ -112,7 +114,8 @@ class IncrementalDetokenizer:
         return self._release(final=False)
 
     def _append(self, new_text: str) -> None:
-        """Extend `text`; cut it before the earliest-starting stop string that the new text completes.
+        """Extend `text`; cut it before the earliest-starting stop string that the new text
+        completes.
 
         Every earlier occurrence was found when it completed, so only occurrences ending in the new
         text can be new; among them the one starting first wins (ties: the first in `stop`).
@@ -135,7 +138,8 @@ class IncrementalDetokenizer:
         return max((m.state for m in self._matchers), default=0)
 
     def _find_stop(self) -> None:
-        """Search the final text, which `finish` decodes afresh, for a stop string (once per request)."""
+        """Search the final text, which `finish` decodes afresh, for a stop string (once per
+        request)."""
         # A stop string can only newly appear in the tail that was not yet released.
         search_from = max(0, self._emitted - max((len(s) for s in self._stop), default=0))
         best: tuple[int, str] | None = None

@@ -137,7 +137,8 @@ class LLM:
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> Iterator[RequestOutput]:
-        """Generate for every prompt as one continuous batch, yielding outputs as each step produces them.
+        """Generate for every prompt as one continuous batch, yielding outputs as each step produces
+        them.
 
         Outputs carry `request_id` = the prompt's position as a string. Every prompt is checked
         before any starts (InvalidRequestError names the parameter). Stopping the iteration early
@@ -150,7 +151,8 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
-        """Complete each prompt (text, or a list of token ids); returns one output per prompt, in order."""
+        """Complete each prompt (text, or a list of token ids); returns one output per prompt, in
+        order."""
         admitted = self._admit(self._as_batch(prompts), params)
         collected = [OutputAccumulator() for _ in admitted]
         for output in self._run(admitted):
@@ -202,7 +204,8 @@ class LLM:
     def chat(
         self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None
     ) -> list[CompletionOutput]:
-        """Answer one conversation (a list of messages) or several; renders the model's own template."""
+        """Answer one conversation (a list of messages) or several; renders the model's own
+        template."""
         single = bool(conversations) and isinstance(conversations[0], Mapping)
         batch = cast(Sequence[Messages], [conversations] if single else conversations)
         return self.generate([self.chat_prompt_ids(c) for c in batch], params)
@@ -234,7 +237,8 @@ class LLM:
 
     # ----- encoder models -----------------------------------------------------------------
     def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> torch.Tensor:
-        """One L2-normalised vector per text (float32 [len(texts), hidden]); inputs past the limit are truncated."""
+        """One L2-normalised vector per text (float32 [len(texts), hidden]); inputs past the limit
+        are truncated."""
         if self.config.architecture != "bert":
             raise InvalidRequestError(
                 f"{self.config.source_architecture} is not an embedding model", "model"

@@ -18,7 +18,8 @@ def profile_engine(
     top: int = 20,
     seed: int = 0,
 ) -> ProfileResult:
-    """Profile `num_steps` steps of `core` (an `EngineCore`) running `batch` requests of `input_len` random tokens.
+    """Profile `num_steps` steps of `core` (an `EngineCore`) running `batch` requests of `input_len`
+    random tokens.
 
     The first steps are prefill; with `max_num_batched_tokens` >= batch x input_len the rest are
     decode steps. `warmup_steps` run before the profiler starts (first-call allocations, lazy

@@ -60,10 +60,12 @@ class AdmittedRequest:
 
 @dataclass(eq=False)
 class Request:
-    """Tokens known so far (`token_ids` = prompt + outputs) and how many of them have KV in the cache.
+    """Tokens known so far (`token_ids` = prompt + outputs) and how many of them have KV in the
+    cache.
 
     The scheduler's one invariant: `num_computed_tokens <= num_tokens`; a step computes tokens
-    `[num_computed_tokens, num_computed_tokens + n)` and, when that reaches `num_tokens`, samples one more.
+    `[num_computed_tokens, num_computed_tokens + n)` and, when that reaches `num_tokens`, samples
+    one more.
     """
 
     request_id: str

@@ -1,4 +1,5 @@
-"""Turn a scheduler's plain-data plan into tensors, run the model once, return logits to sample from."""
+"""Turn a scheduler's plain-data plan into tensors, run the model once, return logits to sample
+from."""
 
 from __future__ import annotations
 
@@ -80,12 +81,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
-        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU, in order.
+        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU,
+        in order.
 
-        With the fused decoder, a step's decode rows (one new token each; at most `max_rows` of them,
-        else everything takes the model) go through it, and the prompt chunks beside them through the
-        model: sequences are independent, so the two passes compute what one would, and a decode row's
-        numbers do not depend on whether a prefill shares its step.
+        With the fused decoder, a step's decode rows (one new token each; at most `max_rows` of
+        them, else everything takes the model) go through it, and the prompt chunks beside them
+        through the model: sequences are independent, so the two passes compute what one would, and
+        a decode row's numbers do not depend on whether a prefill shares its step.
         """
         decode = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
         if self.fused_decoder is None or not 0 < len(decode) <= self.fused_decoder.max_rows:
@@ -116,7 +118,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """Logits at every position of one sequence, using a private cache (the shared pool is untouched)."""
+        """Logits at every position of one sequence, using a private cache (the shared pool is
+        untouched)."""
         c = self.config
         num_blocks = -(-len(token_ids) // self.block_size)
         cache = KVCache(

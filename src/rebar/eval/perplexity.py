@@ -95,7 +95,8 @@ def perplexity(
 
 
 def read_text(path: Path, text_field: str = "text") -> str:
-    """A .jsonl file's texts joined by blank lines (bad lines reported and skipped); any other file as UTF-8 text."""
+    """A .jsonl file's texts joined by blank lines (bad lines reported and skipped); any other file
+    as UTF-8 text."""
     if path.suffix == ".jsonl":
         with JsonlDataset(path, text_field) as dataset:
             return DOCUMENT_SEPARATOR.join(dataset.texts())

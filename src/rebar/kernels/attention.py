@@ -37,8 +37,9 @@ class StepScratch:
 class AttentionMetadata:
     """Plain description of one model step, built by the runner.
 
-    query_lens[i] new tokens of sequence i sit contiguously in the flattened batch, in sequence order;
-    after this step sequence i has context_lens[i] tokens in the cache (the new ones included, at the end).
+    query_lens[i] new tokens of sequence i sit contiguously in the flattened batch, in sequence
+    order; after this step sequence i has context_lens[i] tokens in the cache (the new ones
+    included, at the end).
     """
 
     query_lens: tuple[int, ...]
@@ -63,7 +64,8 @@ def pad_block_tables(tables: list[list[int]], device: torch.device | str = "cpu"
 
 
 class KVCache:
-    """Preallocated K and V blocks for every layer: [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """Preallocated K and V blocks for every layer: [num_blocks, block_size, num_kv_heads,
+    head_dim]."""
 
     def __init__(
         self,
@@ -78,8 +80,9 @@ class KVCache:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # Uninitialised on purpose: attention only ever reads slots this sequence has written (padding
-        # points at its own tokens and is masked), so zero-filling gigabytes at start buys nothing.
+        # Uninitialised on purpose: attention only ever reads slots this sequence has written
+        # (padding points at its own tokens and is masked), so zero-filling gigabytes at start buys
+        # nothing.
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
@@ -95,7 +98,8 @@ def write_kv(
     v: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots, in the cache's dtype."""
+    """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots, in the cache's
+    dtype."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k.to(key_cache.dtype))
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v.to(value_cache.dtype))

@@ -68,7 +68,8 @@ _autotune = triton.autotune(
 def int8_matmul(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int
 ) -> torch.Tensor:
-    """x [M, K] @ dequantized(qweight [N, K] int8, scales [N, K // group_size]).T -> [M, N] in x.dtype."""
+    """x [M, K] @ dequantized(qweight [N, K] int8, scales [N, K // group_size]).T -> [M, N] in
+    x.dtype."""
     num_out, num_in = qweight.shape
     _check_common(x, num_in, group_size, scales, num_out)
     if qweight.dtype != torch.int8:
@@ -83,7 +84,8 @@ def int4_matmul(
     offsets: torch.Tensor,
     group_size: int,
 ) -> torch.Tensor:
-    """x [M, K] @ dequantized(qweight [N, K // 2] packed uint8, scales, offsets [N, K // group_size]).T.
+    """x [M, K] @ dequantized(qweight [N, K // 2] packed uint8, scales, offsets [N, K //
+    group_size]).T.
 
     Returns [M, N] in x.dtype.
     """

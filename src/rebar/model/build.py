@@ -89,7 +89,8 @@ def build_model(
 
 
 def _rope_freq_factors(checkpoint: Checkpoint) -> torch.Tensor | None:
-    """The file's per-frequency RoPE divisors (GGUF `rope_freqs`), one positive factor per rotated pair."""
+    """The file's per-frequency RoPE divisors (GGUF `rope_freqs`), one positive factor per rotated
+    pair."""
     if "rope_freq_factors" not in checkpoint.tensors:
         return None
     info = checkpoint.tensors["rope_freq_factors"]

@@ -25,7 +25,8 @@ def chat_prompt_ids(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The ids of `messages` rendered by `template` (no BOS added: callers decide, as for any prompt)."""
+    """The ids of `messages` rendered by `template` (no BOS added: callers decide, as for any
+    prompt)."""
     special = tokenizer.special
     contents = [message.get("content") for message in messages]
     if not any(isinstance(text, str) and tokenizer.holds_special_text(text) for text in contents):

@@ -70,7 +70,8 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
 ) -> str:
-    """The prompt text for `messages`; errors are typed (no template, bad messages, template refusal)."""
+    """The prompt text for `messages`; errors are typed (no template, bad messages, template
+    refusal)."""
     if template is None:
         raise UnsupportedModelError(
             "this model has no chat template; use a plain completion instead"

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 # The largest value each dimension may take: well past every published model, small enough that a
-# corrupt or hostile file cannot make rebar plan an absurd model (or divide by zero) from its numbers.
+# corrupt or hostile file cannot make rebar plan an absurd model (or divide by zero) from its
+# numbers.
 DIMENSION_LIMITS = {
     "vocab_size": 2**24,
     "hidden_size": 2**20,
@@ -36,7 +37,8 @@ def dimension_problem(value: object, field: str) -> str | None:
 
 
 def number_problem(value: object) -> str | None:
-    """Why `value` cannot be a scale such as an epsilon, a RoPE base or a factor, or None when it can."""
+    """Why `value` cannot be a scale such as an epsilon, a RoPE base or a factor, or None when it
+    can."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "must be a number"
     if (
@@ -99,13 +101,14 @@ class RopeScaling:
 class ModelConfig:
     """Everything the model math needs; loaders build it, nothing mutates it.
 
-    `architecture` is "llama" (the Llama family of decoders: Llama, Mistral, Qwen2/3, SmolLM, Gemma 3,
-    Phi-3) or "bert" (encoder). Decoder-only fields that do not apply to BERT keep their defaults, and
-    vice versa; the family's variations are flags whose defaults are Llama's.
+    `architecture` is "llama" (the Llama family of decoders: Llama, Mistral, Qwen2/3, SmolLM, Gemma
+    3, Phi-3) or "bert" (encoder). Decoder-only fields that do not apply to BERT keep their
+    defaults, and vice versa; the family's variations are flags whose defaults are Llama's.
 
     Construction checks what any model must satisfy: every dimension a positive integer within
-    DIMENSION_LIMITS, every scale finite and positive, heads that divide evenly, one sliding flag per
-    layer. A violation is an InvalidModelConfig naming the fields (loaders translate them to their keys).
+    DIMENSION_LIMITS, every scale finite and positive, heads that divide evenly, one sliding flag
+    per layer. A violation is an InvalidModelConfig naming the fields (loaders translate them to
+    their keys).
     """
 
     architecture: str
@@ -128,7 +131,8 @@ class ModelConfig:
     sliding_window: int | None = None
     # Family variations. `sliding_layers[i]` says whether layer i attends over the sliding window
     # (None: every layer does when `sliding_window` is set); those layers rotate with
-    # `rope_local_theta` when it is set (Gemma 3: local layers at 10,000, global ones at rope_theta).
+    # `rope_local_theta` when it is set (Gemma 3: local layers at 10,000, global ones at
+    # rope_theta).
     sliding_layers: tuple[bool, ...] | None = None
     rope_local_theta: float | None = None
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen 3, Gemma 3)
@@ -212,7 +216,8 @@ class ModelConfig:
         return self.sliding_window
 
     def layer_is_local(self, layer: int) -> bool:
-        """Whether layer `layer` rotates with `rope_local_theta` (a sliding layer, when that is set)."""
+        """Whether layer `layer` rotates with `rope_local_theta` (a sliding layer, when that is
+        set)."""
         return self.rope_local_theta is not None and self.layer_window(layer) is not None
 
     @property

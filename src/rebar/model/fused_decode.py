@@ -54,9 +54,9 @@ class FusedDecoder:
         operands = [
             [_native_operands(layer, path) for path in _LINEARS] for layer in model.decoder_layers()
         ]
-        # The runner sends steps of at most this many one-token rows: as many as every layer linear's
-        # CPU kernel serves in the model's own path (any number, unless a test pins another plan), so
-        # a decode row's numbers do not depend on which path its step took.
+        # The runner sends steps of at most this many one-token rows: as many as every layer
+        # linear's CPU kernel serves in the model's own path (any number, unless a test pins another
+        # plan), so a decode row's numbers do not depend on which path its step took.
         self.max_rows = min(linear.max_rows for layer in operands for linear in layer)
         self._decoder = extension.FusedDecoder(
             config.hidden_size,
@@ -105,12 +105,13 @@ class FusedDecoder:
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's K/V.
-        Every row of `meta` must add one token."""
+        """Hidden states [rows, hidden] after the final norm, like `model(...)`; writes this step's
+        K/V. Every row of `meta` must add one token."""
         model = self.model
         x = model.embed(input_ids).float().contiguous()
         (cos, sin), (local_cos, local_sin) = model.rope_tables(positions, torch.float32)
-        # One range in a profile (rebar profile, /admin/profile) where the model's path has one per layer.
+        # One range in a profile (rebar profile, /admin/profile) where the model's path has one per
+        # layer.
         with torch.profiler.record_function(PROFILE_RANGE):
             self._decoder.step(
                 x,

@@ -84,7 +84,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU)."""
+    """The gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU
+    (GeGLU)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -179,7 +180,8 @@ class LlamaModel(nn.Module):
         return x if self.config.embedding_scale == 1.0 else x * self.config.embedding_scale
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        """(cos, sin) of the global layers and of the local ones (the same tables when they share a base)."""
+        """(cos, sin) of the global layers and of the local ones (the same tables when they share a
+        base)."""
         tables = rope_cos_sin(self.inv_freq, positions, dtype)
         if not any(self.is_local):
             return tables, tables

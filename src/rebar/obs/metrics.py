@@ -1,4 +1,5 @@
-"""Prometheus metrics for one server, on a registry of its own (several apps in one process never collide).
+"""Prometheus metrics for one server, on a registry of its own (several apps in one process never
+collide).
 
 Three sources feed `/metrics`:
 
@@ -28,7 +29,8 @@ from prometheus_client.registry import Collector
 
 from rebar.timing import RequestTiming
 
-# A CPU server: first tokens in tens of milliseconds to tens of seconds, decode steps of milliseconds to seconds.
+# A CPU server: first tokens in tens of milliseconds to tens of seconds, decode steps of
+# milliseconds to seconds.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
@@ -204,7 +206,9 @@ class StateCollector(Collector):
         self.state = state
 
     def describe(self) -> list[Metric]:
-        return []  # names vary with what is loaded; skip the registry's duplicate check instead of scraping at registration
+        # names vary with what is loaded; skip the registry's duplicate check instead of scraping at
+        # registration
+        return []
 
     def collect(self) -> Iterator[Metric]:
         yield from self._engine()

@@ -1,9 +1,10 @@
 """Profiling model steps with the torch profiler: a Chrome trace with a named range per layer.
 
-`ProfileSession` wraps a number of model steps (`EngineCore.step()` calls; the engine drives it). While it is open, forward hooks put
-every layer (`layers.3`, `layers.3.attn`, `layers.3.mlp`, norms, embeddings, head) in a
-`record_function` range — and an NVTX range on CUDA, for Nsight — so the trace reads like the
-model. The hooks exist only while profiling: the serving path pays nothing otherwise.
+`ProfileSession` wraps a number of model steps (`EngineCore.step()` calls; the engine drives it).
+While it is open, forward hooks put every layer (`layers.3`, `layers.3.attn`, `layers.3.mlp`, norms,
+embeddings, head) in a `record_function` range — and an NVTX range on CUDA, for Nsight — so the
+trace reads like the model. The hooks exist only while profiling: the serving path pays nothing
+otherwise.
 """
 
 from __future__ import annotations

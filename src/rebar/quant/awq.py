@@ -90,8 +90,8 @@ class _Recording:
 
 
 class ActivationRecorder:
-    """Forward pre-hooks on `modules` (path -> module) summing, over every row they see, |x| per input
-    channel and x^T x (float32)."""
+    """Forward pre-hooks on `modules` (path -> module) summing, over every row they see, |x| per
+    input channel and x^T x (float32)."""
 
     def __init__(self, modules: dict[str, nn.Module]) -> None:
         self.modules = modules
@@ -213,8 +213,8 @@ def round_to_nearest(weight: torch.Tensor, _moments: torch.Tensor, group_size: i
 
 
 def round_fed_back(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when the
-    weights will be rounded that way: it favours other scales than round-to-nearest does)."""
+    """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when
+    the weights will be rounded that way: it favours other scales than round-to-nearest does)."""
     groups = weight.float().reshape(weight.shape[0], -1, group_size)
     return round_with_error_feedback(weight, moments, *int4_scales_offsets(groups), group_size)
 
@@ -228,8 +228,8 @@ def search_scales(
     rounding: Rounding = round_to_nearest,
     num_alphas: int = NUM_ALPHAS,
 ) -> ScaleSearch:
-    """The s = mean_abs^alpha, alpha in {0, 1/num_alphas, ...}, whose `rounding` of W*s, read back as
-    Q(W s) / s, leaves the least output error; `unscaled_error` is the error at alpha = 0."""
+    """The s = mean_abs^alpha, alpha in {0, 1/num_alphas, ...}, whose `rounding` of W*s, read back
+    as Q(W s) / s, leaves the least output error; `unscaled_error` is the error at alpha = 0."""
     best: ScaleSearch | None = None
     unscaled_error = math.inf
     for step in range(num_alphas):
@@ -248,7 +248,8 @@ def search_scales(
 
 
 def diagonal_blocks(moments: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The [num_groups, g, g] diagonal blocks of `moments`: what one weight group's error depends on."""
+    """The [num_groups, g, g] diagonal blocks of `moments`: what one weight group's error depends
+    on."""
     starts = range(0, moments.shape[0], group_size)
     return torch.stack([moments[i : i + group_size, i : i + group_size] for i in starts])
 
@@ -261,7 +262,8 @@ def group_errors(delta: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Grid:
-    """Per-group int4 grid of one weight, as stored: w ~ scales * q + offsets, [out, num_groups] fp16."""
+    """Per-group int4 grid of one weight, as stored: w ~ scales * q + offsets, [out, num_groups]
+    fp16."""
 
     scales: torch.Tensor
     offsets: torch.Tensor
@@ -412,9 +414,9 @@ def apply_awq(
     progress: Callable[[str, int], Callable[[], None]] | None = None,
     error_feedback: bool = True,
 ) -> AwqResult:
-    """Search and fold scales (in place) and search grids for every decoder-layer linear, calibrated on
-    `sequences` layer by layer: each layer's inputs come from the layers before it with their weights
-    on their grids, the inputs it will see once quantized.
+    """Search and fold scales (in place) and search grids for every decoder-layer linear, calibrated
+    on `sequences` layer by layer: each layer's inputs come from the layers before it with their
+    weights on their grids, the inputs it will see once quantized.
 
     With `error_feedback`, each linear's weights are then rounded onto their grids column by column,
     each column's error compensated by the columns after it (rebar.quant.error_feedback), and left
@@ -443,7 +445,8 @@ def apply_awq(
         found = _search_layer(model, groups, recorder, group_size, error_feedback)
         result.grids.update(found.grids)
         result.searches.update(found.searches)
-        # With error feedback the weights already sit on their grids; otherwise put them there for this pass.
+        # With error feedback the weights already sit on their grids; otherwise put them there for
+        # this pass.
         with nullcontext() if error_feedback else _quantized(model, found.grids, group_size):
             hidden = [run.run_layer(layer, h) for run, h in zip(runs, hidden)]
         tick()

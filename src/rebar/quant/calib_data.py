@@ -1,10 +1,12 @@
-"""Calibration (and evaluation) text from JSONL files: memory-mapped, indexed once, sampled deterministically.
+"""Calibration (and evaluation) text from JSONL files: memory-mapped, indexed once, sampled
+deterministically.
 
-The file is never read into memory: it is `mmap`ed, and a line-offset index is built in one streaming
-pass (a chunk at a time, so files larger than RAM work) and saved beside it as `FILE.idx`. The index
-is itself memory-mapped and rebuilt only when the file's size or modification time changes. A record
-is a zero-copy `memoryview` of its line until it is parsed. Lines that are not a JSON object with a
-string under the text field are reported (file and line number) and skipped; blank lines are ignored.
+The file is never read into memory: it is `mmap`ed, and a line-offset index is built in one
+streaming pass (a chunk at a time, so files larger than RAM work) and saved beside it as `FILE.idx`.
+The index is itself memory-mapped and rebuilt only when the file's size or modification time
+changes. A record is a zero-copy `memoryview` of its line until it is parsed. Lines that are not a
+JSON object with a string under the text field are reported (file and line number) and skipped;
+blank lines are ignored.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class JsonlDataset:
         )  # not truncated
 
     def _write_index(self, header: np.ndarray, scan_chunk_bytes: int) -> None:
-        """Stream the file once, writing the offset where each line starts (plus the end of the file)."""
+        """Stream the file once, writing the offset where each line starts (plus the end of the
+        file)."""
         temporary = self.index_path.with_name(self.index_path.name + f".tmp{os.getpid()}")
         count = 0
         try:
@@ -145,7 +148,8 @@ class JsonlDataset:
         return view[:-1] if view[-1:] == b"\r" else view
 
     def text(self, index: int) -> str:
-        """The text field of line `index`; raises BadRecordError (with the line number) if it has none."""
+        """The text field of line `index`; raises BadRecordError (with the line number) if it has
+        none."""
         line_number = index + 1
         try:
             record = json.loads(bytes(self.raw(index)))
@@ -196,7 +200,8 @@ class JsonlDataset:
                 yield text
 
     def sample(self, num_records: int, seed: int) -> list[str]:
-        """`num_records` good texts drawn without replacement, the same ones for the same seed and file."""
+        """`num_records` good texts drawn without replacement, the same ones for the same seed and
+        file."""
         if num_records < 0:
             raise InvalidRequestError("the number of records to sample must be >= 0", "num_records")
         sampled: list[str] = []

@@ -19,8 +19,10 @@ import torch
 from rebar.weights.int_formats import onto_int4_grid
 
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
-ACT_ORDER = True  # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
-BLOCK = 128  # columns updated together before their error is passed to the rest (same result, fewer ops)
+# columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
+ACT_ORDER = True
+# columns updated together before their error is passed to the rest (same result, fewer ops)
+BLOCK = 128
 
 
 def _inverse_cholesky(moments: torch.Tensor) -> torch.Tensor:

@@ -212,7 +212,8 @@ class QuantizeResult:
 def quantize(
     model: str | Path, spec: QuantizeSpec, out: Path, progress: bool = True
 ) -> QuantizeResult:
-    """Quantize `model` (alias, GGUF file, HF folder) as `spec` says and write the checkpoint to `out`."""
+    """Quantize `model` (alias, GGUF file, HF folder) as `spec` says and write the checkpoint to
+    `out`."""
     started = time.perf_counter()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidRequestError(f"output folder {out} already exists and is not empty", "out")

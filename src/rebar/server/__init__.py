@@ -1,1 +1,2 @@
-"""The OpenAI-compatible HTTP service: app, routes, schemas, middleware, streaming, caches and limits."""
+"""The OpenAI-compatible HTTP service: app, routes, schemas, middleware, streaming, caches and
+limits."""

@@ -93,7 +93,8 @@ async def warm_up(models: ServedModels) -> None:
 def create_app(
     settings: Settings, models: ServedModels | None = None, tracing: Tracing | None = None
 ) -> FastAPI:
-    """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load in the background.
+    """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load
+    in the background.
 
     `tracing` replaces the one built from `settings.tracing` (tests pass an in-memory exporter).
     """
@@ -142,7 +143,8 @@ def create_app(
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
         app.add_middleware(ApiKeyMiddleware, checker=checker)
-    # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be readable.
+    # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be
+    # readable.
     if server.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -151,7 +153,8 @@ def create_app(
             allow_headers=["*"],
             expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"],
         )
-    # Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body > routes.
+    # Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body >
+    # routes.
     app.add_middleware(AccessLogMiddleware, routes=lambda: app.routes, clock=state.metrics.clock)
     app.add_middleware(TracingMiddleware, tracer=state.tracing.tracer, routes=lambda: app.routes)
     app.add_middleware(RequestIdMiddleware)
@@ -160,7 +163,8 @@ def create_app(
 
 
 def install_store(state: ServerState, settings: Settings) -> None:
-    """The shared store (memory or Redis, behind a circuit breaker), the caches and the rate limiter."""
+    """The shared store (memory or Redis, behind a circuit breaker), the caches and the rate
+    limiter."""
     from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
     s = settings.store

@@ -67,7 +67,8 @@ class ApiKeyChecker:
         return not self._digests or self.matching_digest(authorization_header) is not None
 
     def matching_digest(self, authorization_header: str | None) -> str | None:
-        """The SHA-256 digest of the configured key the header carries, or None (always None when auth is off)."""
+        """The SHA-256 digest of the configured key the header carries, or None (always None when
+        auth is off)."""
         token = bearer_token(authorization_header)
         if token is None or not self._digests:
             return None

@@ -84,7 +84,8 @@ class Completion:
 
 def client_id(request: Request) -> str:
     """Rate-limit identity, which a client cannot mint: the checked API key when keys are on, else
-    the client's address (the socket's peer, or X-Forwarded-For only from `server.trusted_proxies`)."""
+    the client's address (the socket's peer, or X-Forwarded-For only from
+    `server.trusted_proxies`)."""
     key_id = request_context(request.scope).api_key_id
     if key_id:
         return key_id
@@ -92,7 +93,8 @@ def client_id(request: Request) -> str:
 
 
 def tenant(state: ServerState, request: Request) -> str | None:
-    """Whose caches this request may share: its client's when tenants are isolated, else everyone's (None)."""
+    """Whose caches this request may share: its client's when tenants are isolated, else everyone's
+    (None)."""
     return client_id(request) if state.isolate_tenants else None
 
 
@@ -119,7 +121,8 @@ async def check_rate_limit(state: ServerState, request: Request, num_tokens: int
 
 
 def token_spender(state: ServerState, request: Request) -> Callable[[int], Awaitable[bool]] | None:
-    """Charges generated tokens to the client's tokens-per-minute limit while it generates; None without one."""
+    """Charges generated tokens to the client's tokens-per-minute limit while it generates; None
+    without one."""
     limiter, identity = state.rate_limiter, client_id(request)
     if limiter is None or limiter.limits_for(identity).tokens_per_minute is None:
         return None

@@ -76,7 +76,8 @@ class EmbeddingQueue:
         try:
             return await job.future
         finally:
-            job.cancelled.set()  # a no-op once done; otherwise the worker drops it before its next batch
+            # a no-op once done; otherwise the worker drops it before its next batch
+            job.cancelled.set()
             self.num_waiting_inputs -= len(texts)
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -103,7 +104,8 @@ class EmbeddingQueue:
                 return
             if item is not None:
                 active.append(item)
-                continue  # take everything queued before the next batch, so new requests join the rotation
+                # take everything queued before the next batch, so new requests join the rotation
+                continue
             job = active.popleft()
             if job.cancelled.is_set():
                 continue

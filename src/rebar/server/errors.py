@@ -1,4 +1,5 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`, for every 4xx/5xx we send."""
+"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`, for every 4xx/5xx
+we send."""
 
 from __future__ import annotations
 

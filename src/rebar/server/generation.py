@@ -112,7 +112,8 @@ async def collect(
 async def unless_disconnected(
     request: Request, work: Awaitable[T], timeout_s: float | None = None
 ) -> T:
-    """The result of `work`, cancelled (499) if the client disconnects first or (504) when `timeout_s` passes."""
+    """The result of `work`, cancelled (499) if the client disconnects first or (504) when
+    `timeout_s` passes."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s

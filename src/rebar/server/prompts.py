@@ -34,7 +34,8 @@ async def chat_prompt(
     add_generation_prompt: bool = True,
     bos: bool = True,
 ) -> list[int]:
-    """`LLM.chat_prompt_ids`, off the loop for long conversations (/tokenize passes bos=False: bare ids)."""
+    """`LLM.chat_prompt_ids`, off the loop for long conversations (/tokenize passes bos=False: bare
+    ids)."""
     return await off_loop(
         _chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos
     )

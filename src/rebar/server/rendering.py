@@ -24,7 +24,8 @@ from rebar.server.state import ServerState
 
 
 class Renderer:
-    """One response's shapes. Subclasses give the JSON body and the chunks; the sequencing lives here."""
+    """One response's shapes. Subclasses give the JSON body and the chunks; the sequencing lives
+    here."""
 
     object_name = ""
 
@@ -194,7 +195,8 @@ def note_for_access_log(
     prompt_ids: list[int],
     completion: Completion,
 ) -> None:
-    """Token counts (and, only when `log_prompts` is on, the texts) for this request's access-log line."""
+    """Token counts (and, only when `log_prompts` is on, the texts) for this request's access-log
+    line."""
     fields = {
         "prompt_tokens": completion.num_prompt_tokens,
         "completion_tokens": completion.num_completion_tokens,

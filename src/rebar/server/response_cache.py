@@ -119,8 +119,8 @@ class ResponseCache:
                 )  # the leader gave up: look again, one of the waiters leads next
             self.stats.hits += 1
             return waited, None
-        # No await between the check above and this registration: identical requests arriving from now
-        # on wait for this one instead of each becoming a leader while the store answers.
+        # No await between the check above and this registration: identical requests arriving from
+        # now on wait for this one instead of each becoming a leader while the store answers.
         future = asyncio.get_running_loop().create_future()
         self._local[key] = future
         try:
@@ -145,7 +145,8 @@ class ResponseCache:
         )
 
     async def _wait_for_other_process(self, key: str) -> dict | None:
-        """Another process holds the lock: poll (bounded) for its result; None if it gave up or took too long."""
+        """Another process holds the lock: poll (bounded) for its result; None if it gave up or took
+        too long."""
         self.stats.waits += 1
         deadline = time.monotonic() + self.lock_timeout_s
         while time.monotonic() < deadline:

@@ -72,7 +72,8 @@ def now() -> int:
 
 
 def timing_fields(timing: RequestTiming | None, num_cached: int) -> dict:
-    """The engine's time split of one answer, in milliseconds, and the prompt tokens the prefix cache served."""
+    """The engine's time split of one answer, in milliseconds, and the prompt tokens the prefix
+    cache served."""
     if timing is None:
         return {
             "queue_ms": 0.0,

@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI-compatible API. Unknown fields and wrong types are 400s, never ignored."""
+"""Request bodies of the OpenAI-compatible API. Unknown fields and wrong types are 400s, never
+ignored."""
 
 from __future__ import annotations
 

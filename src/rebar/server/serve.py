@@ -47,7 +47,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE:
-            self._arm_header_deadline()  # the first bytes of a new request on a kept-alive connection
+            # the first bytes of a new request on a kept-alive connection
+            self._arm_header_deadline()
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm_header_deadline()
@@ -109,7 +110,8 @@ def uvicorn_config(
     """uvicorn's settings for `settings`: connection limit and header deadline, forwarded headers
     believed only from `trusted_proxies`, and the drain timeout."""
     trusted = list(settings.trusted_proxies)
-    # log_config=None: logging is configured by `rebar.obs.logs` (JSON lines); rebar.access replaces uvicorn's access log.
+    # log_config=None: logging is configured by `rebar.obs.logs` (JSON lines); rebar.access replaces
+    # uvicorn's access log.
     return uvicorn.Config(
         app,
         host=settings.host,

@@ -40,7 +40,8 @@ def response(events: AsyncIterator[str], headers: dict[str, str]) -> StreamingRe
 
 
 async def with_pings(stream: AsyncGenerator[T, None], interval_s: float) -> AsyncIterator[T | None]:
-    """Yield the stream's items, and None whenever `interval_s` passes without one (time for a ping).
+    """Yield the stream's items, and None whenever `interval_s` passes without one (time for a
+    ping).
 
     Closes `stream` when done or abandoned.
     """

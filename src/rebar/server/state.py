@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # types only: app.install_store and app._load_and_warm build 
 
 
 class Admission:
-    """Bounded waiting queue: requests admitted but not yet producing output, and their prompt tokens.
+    """Bounded waiting queue: requests admitted but not yet producing output, and their prompt
+    tokens.
 
     Beyond either limit a request gets 503 with Retry-After instead of queueing without bound.
     """

@@ -123,7 +123,8 @@ class AccessLogMiddleware:
             if cache:
                 fields["cache"] = cache
             fields.update(request_context(scope).log)
-            # 500: a fault of ours. 503/504 (loading, overloaded, timed out) are expected under load.
+            # 500: a fault of ours. 503/504 (loading, overloaded, timed out) are expected under
+            # load.
             level = (
                 logging.ERROR
                 if status == 500

@@ -17,9 +17,9 @@ from rebar.store.base import RateDecision, StoreError, check_rate_args, check_tt
 
 T = TypeVar("T")
 
-# KEYS[1] = counter; ARGV = cost, limit, window_ms, clamp (0/1). Returns {allowed, remaining, reset_ms}.
-# The whole check-and-add runs inside Redis, so concurrent callers on any number of connections or
-# processes can never push the counter past the limit together.
+# KEYS[1] = counter; ARGV = cost, limit, window_ms, clamp (0/1). Returns {allowed, remaining,
+# reset_ms}. The whole check-and-add runs inside Redis, so concurrent callers on any number of
+# connections or processes can never push the counter past the limit together.
 _RATE_LIMIT_LUA = """
 local cost = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])

@@ -82,7 +82,8 @@ class ResilientStore:
 
     @property
     def state(self) -> Literal["closed", "open", "half_open"]:
-        """'closed' (calls go through), 'open' (calls short-circuit), or 'half_open' (a trial is due)."""
+        """'closed' (calls go through), 'open' (calls short-circuit), or 'half_open' (a trial is
+        due)."""
         if self._open_until is None:
             return "closed"
         return "open" if self._clock() < self._open_until else "half_open"

@@ -12,8 +12,8 @@ Block layouts (ggml-common.h; fp16 little-endian; 32 values per block, 256 per K
 - Q8_0  (34 bytes): d, int8 qs[32]; w = d * q
 - Q5_0  (22 bytes): d, qh (32 high bits), qs[16] (nibbles as Q4_0); w = d * (q - 16)
 - Q5_1  (24 bytes): d, m, qh, qs[16]; w = d * q + m
-- Q4_K (144 bytes): d, dmin, 12 bytes of 6-bit (sc, m) pairs for the 8 sub-blocks, qs[128] (64 values
-  per 32 bytes: low nibbles first); w = d * sc * q - dmin * m
+- Q4_K (144 bytes): d, dmin, 12 bytes of 6-bit (sc, m) pairs for the 8 sub-blocks, qs[128] (64
+  values per 32 bytes: low nibbles first); w = d * sc * q - dmin * m
 - Q5_K (176 bytes): as Q4_K, plus qh[32] before qs (bit s of qh[l]: value l of sub-block s)
 - Q6_K (210 bytes): ql[128], qh[64], int8 scales[16] (one per 16 values), d;
   w = d * scale * (q - 32)
@@ -50,8 +50,8 @@ class DecodedBlocks:
     - "sym" (Q4_0, Q5_0, Q8_0): w = scales * (q - zero_point), scales float16 `[rows, in // 32]`;
       Q8_0's signed codes are stored plus 128, with zero point 128
     - "affine" (Q4_1, Q5_1): w = scales * q + offsets, per block of 32 (float16 `[rows, in // 32]`)
-    - "super_affine" (Q4_K, Q5_K): w = d * sub_scales * q - dmin * sub_mins; d = scales, dmin = offsets
-      float16 `[rows, in // 256]`, sub_scales / sub_mins uint8 `[rows, in // 32]`
+    - "super_affine" (Q4_K, Q5_K): w = d * sub_scales * q - dmin * sub_mins; d = scales, dmin =
+      offsets float16 `[rows, in // 256]`, sub_scales / sub_mins uint8 `[rows, in // 32]`
     - "super_sym" (Q6_K): w = d * sub_scales * (q - zero_point); sub_scales int8 `[rows, in // 16]`
     """
 
@@ -94,7 +94,8 @@ def _bits_of(words: torch.Tensor) -> torch.Tensor:
 
 
 def _legacy_codes(blocks: torch.Tensor, bits: int, start: int) -> torch.Tensor:
-    """The 32 codes [n, 32] of Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks whose code bytes (qh, qs) start at `start`."""
+    """The 32 codes [n, 32] of Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks whose code bytes (qh, qs) start at
+    `start`."""
     if bits == 5:
         high = _bits_of(blocks[:, start : start + 4])
         start += 4
@@ -258,7 +259,8 @@ class BlockWeight:
         return decoded.dequantize().to(device=self.raw.device, dtype=dtype)
 
     def select_rows(self, rows: torch.Tensor) -> BlockWeight:
-        """The same weight with output rows reordered: row o becomes row rows[o] (no copy of the bytes)."""
+        """The same weight with output rows reordered: row o becomes row rows[o] (no copy of the
+        bytes)."""
         order = rows if self.row_order is None else self.row_order.index_select(0, rows)
         return BlockWeight(self.type_name, self.raw, self.in_features, order, self.release_pages)
 
@@ -276,9 +278,9 @@ class BlockWeight:
         )
 
     def drop_resident(self) -> None:
-        """Let this weight's file pages leave resident memory once its bytes are copied elsewhere (a later
-        read maps them in again). Only rows in file order are released: a reordered weight's rows are
-        scattered, and its owner releases the whole tensor instead."""
+        """Let this weight's file pages leave resident memory once its bytes are copied elsewhere (a
+        later read maps them in again). Only rows in file order are released: a reordered weight's
+        rows are scattered, and its owner releases the whole tensor instead."""
         if self.release_pages is not None and self.row_order is None:
             self.release_pages(self.raw)
 

@@ -4,9 +4,9 @@ Two formats cover every quantized weight rebar runs:
 
 - int8, symmetric: `w = scale * q`, q in [-127, 127], one scale per output channel or per group of
   `group_size` consecutive input channels.
-- int4, asymmetric: `w = scale * q + offset`, q in [0, 15], one (scale, offset) per group. The offset
-  is a float (the value code 0 decodes to), so GGUF Q4_1 (`w = d*q + m`) maps onto it exactly and
-  Q4_0 (`w = d*(q - 8)`) as offset = -8d. Two codes share a byte: column 2j in the low nibble,
+- int4, asymmetric: `w = scale * q + offset`, q in [0, 15], one (scale, offset) per group. The
+  offset is a float (the value code 0 decodes to), so GGUF Q4_1 (`w = d*q + m`) maps onto it exactly
+  and Q4_0 (`w = d*(q - 8)`) as offset = -8d. Two codes share a byte: column 2j in the low nibble,
   column 2j+1 in the high one.
 
 These canonical layouts are what checkpoints store; kernels repack them as they need (qlinear.py).
@@ -139,7 +139,8 @@ def quantize_int8(weight: torch.Tensor, group_size: int | None = None) -> Quanti
 def int4_scales_offsets(
     groups: torch.Tensor, clip_ratio: torch.Tensor | float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scales, offsets) `[out, num_groups]` mapping each group's (clipped) [min, max] onto codes 0..15.
+    """(scales, offsets) `[out, num_groups]` mapping each group's (clipped) [min, max] onto codes
+    0..15.
 
     `clip_ratio` (scalar or `[out, num_groups]`) shrinks the range towards zero: min*r, max*r.
     """
@@ -157,7 +158,8 @@ def int4_range_grid(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor
 def _nearest_codes(
     groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
 ) -> torch.Tensor:
-    """Nearest codes 0..15 in `groups`' float dtype; scales/offsets `[...]` cover `groups` `[..., g]`."""
+    """Nearest codes 0..15 in `groups`' float dtype; scales/offsets `[...]` cover `groups` `[...,
+    g]`."""
     scale = scales.to(groups.dtype).unsqueeze(-1)
     divisor = torch.where(scale > 0, scale, 1.0)  # a constant group: every weight is its offset
     return (
@@ -173,8 +175,9 @@ def int4_codes(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
 def onto_int4_grid(
     groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
 ) -> torch.Tensor:
-    """Each value of `groups` `[..., g]` moved to its nearest point of its grid `scales * q + offsets`
-    (`[...]`, q in 0..15), in `groups`' dtype: the dequantized value of the code it would get."""
+    """Each value of `groups` `[..., g]` moved to its nearest point of its grid `scales * q +
+    offsets` (`[...]`, q in 0..15), in `groups`' dtype: the dequantized value of the code it would
+    get."""
     codes = _nearest_codes(groups, scales, offsets)
     return codes.mul_(scales.to(groups.dtype).unsqueeze(-1)).add_(
         offsets.to(groups.dtype).unsqueeze(-1)
@@ -193,7 +196,8 @@ def quantize_int4(
 def quantize_int4_on_grid(
     weight: torch.Tensor, group_size: int, scales: torch.Tensor, offsets: torch.Tensor
 ) -> QuantizedWeight:
-    """Grouped int4 with given (scales, offsets) `[out, num_groups]`: each weight gets its nearest code."""
+    """Grouped int4 with given (scales, offsets) `[out, num_groups]`: each weight gets its nearest
+    code."""
     check_group_size(weight.shape[1], group_size, 4, "the weight")
     scales, offsets = scales.to(SCALE_DTYPE), offsets.to(SCALE_DTYPE)
     codes = int4_codes(_grouped(weight, group_size), scales, offsets).reshape(weight.shape)

@@ -104,7 +104,8 @@ class Int8PackedMatmul:
 
 
 class Int4PackedMatmul:
-    """torch._weight_int4pack_mm_for_cpu: codes repacked into its layout, (scale, zero) pairs in bf16.
+    """torch._weight_int4pack_mm_for_cpu: codes repacked into its layout, (scale, zero) pairs in
+    bf16.
 
     The kernel decodes `(q - 8) * scale + zero`, so zero = offset + 8 * scale.
     """
@@ -131,8 +132,8 @@ class Int4PackedMatmul:
 
 
 class NativeMatmul:
-    """rebar's CPU kernels: the weight repacked once into 8-row tiles (`packed`, which the fused decode
-    step reads too), activations rounded to int8 per block of 32."""
+    """rebar's CPU kernels: the weight repacked once into 8-row tiles (`packed`, which the fused
+    decode step reads too), activations rounded to int8 per block of 32."""
 
     name = "native"
 
@@ -194,7 +195,8 @@ def _pack_rows(weight: AnyQuantWeight) -> PackedQuant:
 
     if isinstance(weight, BlockWeight):
         packed = _pack_decoded(weight.decode())
-        weight.drop_resident()  # the chunk's file pages: packing a whole embedding never holds them all
+        # the chunk's file pages: packing a whole embedding never holds them all
+        weight.drop_resident()
         return packed
     if isinstance(weight, QuantizedWeight):
         if weight.bits == 4:
@@ -255,7 +257,8 @@ class KernelChoice:
 
 
 def has_packed_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
-    """Whether `weight` can run through a small-batch kernel (rebar's or torch's packed) on `device`."""
+    """Whether `weight` can run through a small-batch kernel (rebar's or torch's packed) on
+    `device`."""
     if device.type != "cpu":
         return False
     if has_native_kernel(weight, device):
@@ -271,8 +274,8 @@ def has_packed_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
 
 
 def packed_kernel(weight: AnyQuantWeight, device: torch.device) -> KernelChoice | None:
-    """The small-batch kernel for `weight` on `device`, with the most rows it should serve, if one exists:
-    rebar's CPU kernel where it runs, else torch's packed kernel."""
+    """The small-batch kernel for `weight` on `device`, with the most rows it should serve, if one
+    exists: rebar's CPU kernel where it runs, else torch's packed kernel."""
     if not has_packed_kernel(weight, device):
         return None
     if has_native_kernel(weight, device):

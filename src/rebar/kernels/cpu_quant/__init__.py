@@ -82,12 +82,14 @@ def _extension():
 
 
 def isa() -> str:
-    """The integer dot-product instruction set the kernels were built for ("avx512-vnni", "avx-vnni" or "avx2")."""
+    """The integer dot-product instruction set the kernels were built for ("avx512-vnni", "avx-vnni"
+    or "avx2")."""
     return _extension().isa()
 
 
 def linear_packed(x: torch.Tensor, packed: PackedQuant) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out] float32 = x @ w.T for a weight packed by a `pack_*` function.
+    """x [..., in] float32 -> [..., out] float32 = x @ w.T for a weight packed by a `pack_*`
+    function.
 
     Raises ValueError for a wrong dtype, device or width of x.
     """
@@ -101,7 +103,8 @@ def int4_linear(
     offsets: torch.Tensor,
     group_size: int,
 ) -> torch.Tensor:
-    """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g] (layout: `pack_int4`).
+    """x @ w.T with w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g] (layout:
+    `pack_int4`).
 
     Packs the weights on every call; pack once and use `linear_packed` on a hot path.
     """

@@ -45,8 +45,9 @@ HEADERS = ("kernels.h", "simd.h", "block_dots.h", "decoder.h", "elementwise.h", 
 # OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
 # thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
 BASE_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp")
-# Integer dot-product instruction sets, widest first: (name, /proc/cpuinfo flags needed, extra compiler flags).
-# AVX-512 is used on 256-bit vectors (VL), which keeps the AVX2 kernels' layout and clock speed.
+# Integer dot-product instruction sets, widest first: (name, /proc/cpuinfo flags needed, extra
+# compiler flags). AVX-512 is used on 256-bit vectors (VL), which keeps the AVX2 kernels' layout and
+# clock speed.
 ISAS: tuple[tuple[str, set[str], tuple[str, ...]], ...] = (
     (
         "avx512-vnni",
@@ -97,7 +98,8 @@ def missing_requirement() -> str:
 
 
 def chosen_isa(flags: set[str] | None = None) -> str:
-    """The instruction set to build for: the widest the CPU has, or the narrower one REBAR_CPU_ISA asks for."""
+    """The instruction set to build for: the widest the CPU has, or the narrower one REBAR_CPU_ISA
+    asks for."""
     flags = cpu_flags() if flags is None else flags
     available = [name for name, needs, _ in ISAS if needs <= flags]
     wanted = os.environ.get(ISA_ENV, "").strip().lower()

@@ -115,12 +115,12 @@ def _tile_sub_scales(values: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 
 def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4, 5, 6 or 8) ->
-    `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits.
+    """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4, 5, 6 or 8)
+    -> `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits.
 
-    Byte `4 * row + j` of code vector k is the code of column `4k + j` of that row; chunk c holds code
-    vectors c (low nibble) and 4 + c (high nibble); the e = bits - 4 high bits of code vector k sit in
-    high vector `k // (8 // e)` at bit `e * (k % (8 // e))`.
+    Byte `4 * row + j` of code vector k is the code of column `4k + j` of that row; chunk c holds
+    code vectors c (low nibble) and 4 + c (high nibble); the e = bits - 4 high bits of code vector k
+    sit in high vector `k // (8 // e)` at bit `e * (k % (8 // e))`.
     """
     if bits not in (4, 5, 6, 8):
         raise ValueError(f"codes have 4, 5, 6 or 8 bits, got {bits}")
@@ -178,9 +178,9 @@ def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
 def pack_affine(
     codes: torch.Tensor, bits: int, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
 ) -> PackedQuant:
-    """Unsigned `codes` uint8 `[out, in]` (4 or 5 bits) with `scales`, `offsets` `[out, in // group_size]`:
-    w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g]. Scales keep their dtype (float16 or
-    float32; mixed dtypes become float32)."""
+    """Unsigned `codes` uint8 `[out, in]` (4 or 5 bits) with `scales`, `offsets` `[out, in //
+    group_size]`: w[o, c] = scales[o, c // g] * q[o, c] + offsets[o, c // g]. Scales keep their
+    dtype (float16 or float32; mixed dtypes become float32)."""
     if codes.dim() != 2 or bits not in (4, 5):
         raise ValueError(
             f"affine codes must be 2-D with 4 or 5 bits, got {list(codes.shape)}, {bits} bits"
@@ -208,8 +208,8 @@ def pack_affine(
 def pack_int4(
     qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
 ) -> PackedQuant:
-    """rebar's int4 layout: `qweight` uint8 [out, in // 2] (column 2j in the low nibble, 2j+1 in the high
-    one) with `scales` and `offsets` [out, in // group_size]."""
+    """rebar's int4 layout: `qweight` uint8 [out, in // 2] (column 2j in the low nibble, 2j+1 in the
+    high one) with `scales` and `offsets` [out, in // group_size]."""
     if qweight.dim() != 2 or qweight.dtype != torch.uint8:
         raise ValueError(
             f"qweight must be uint8 [out, in // 2], got {qweight.dtype} {list(qweight.shape)}"
@@ -227,7 +227,8 @@ def pack_super_affine(
     sub_mins: torch.Tensor,
 ) -> PackedQuant:
     """Q4_K / Q5_K: w = d[o, s] * sc[o, b] * q - dmin[o, s] * m[o, b], with `d`, `dmin` float16
-    `[out, in // 256]` per super-block s and `sub_scales`, `sub_mins` uint8 `[out, in // 32]` per block b."""
+    `[out, in // 256]` per super-block s and `sub_scales`, `sub_mins` uint8 `[out, in // 32]` per
+    block b."""
     out_features, in_features = codes.shape
     _check_group_size(in_features, SUPER_BLOCK)
     num_groups = in_features // SUPER_BLOCK
@@ -338,9 +339,9 @@ def pack_sym(
 
 
 def pack_int8(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedQuant:
-    """Signed `qweight` int8 [out, in] with `scales` [out, in // group_size], w = scales[o, c // g] * q,
-    stored as q + 128 with zero point 128. `group_size` is `in` (per output channel; any `in`) or a
-    multiple of 32 dividing `in`."""
+    """Signed `qweight` int8 [out, in] with `scales` [out, in // group_size], w = scales[o, c // g]
+    * q, stored as q + 128 with zero point 128. `group_size` is `in` (per output channel; any `in`)
+    or a multiple of 32 dividing `in`."""
     if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.shape[1] == 0:
         raise ValueError(
             f"qweight must be int8 [out, in > 0], got {qweight.dtype} {list(qweight.shape)}"
@@ -355,10 +356,10 @@ _TILED_FIELDS = ("codes", "scales", "offsets", "sub_scales")  # [tiles, ...] eac
 def pack_in_row_chunks(
     out_features: int, chunk_rows: int, pack_rows: Callable[[int, int], PackedQuant]
 ) -> PackedQuant:
-    """The weight `pack_rows(0, out_features)` would give, packed `chunk_rows` output rows at a time (a
-    multiple of 8) into tensors allocated once, in huge pages (weight_memory.py): decoding and tiling
-    then hold one chunk's temporaries, not the whole weight's (a vocabulary-sized embedding's would be
-    several times its packed size)."""
+    """The weight `pack_rows(0, out_features)` would give, packed `chunk_rows` output rows at a time
+    (a multiple of 8) into tensors allocated once, in huge pages (weight_memory.py): decoding and
+    tiling then hold one chunk's temporaries, not the whole weight's (a vocabulary-sized embedding's
+    would be several times its packed size)."""
     if chunk_rows <= 0 or chunk_rows % TILE_ROWS:
         raise ValueError(f"chunk_rows must be a positive multiple of {TILE_ROWS}, got {chunk_rows}")
     first = pack_rows(0, min(out_features, chunk_rows))

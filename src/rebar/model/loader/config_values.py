@@ -127,7 +127,8 @@ class ConfigValues:
         return ConfigValues(value, f"{self.source} {key!r}")
 
     def list_of(self, key: str, kind: str, default: Any = _MISSING) -> list[Any]:
-        """A list whose items are all `kind`: "strings", "integers", "numbers" or "flags" (booleans or integers)."""
+        """A list whose items are all `kind`: "strings", "integers", "numbers" or "flags" (booleans
+        or integers)."""
         if default is not _MISSING and not self.has(key):
             return default
         value = self.raw(key)
@@ -143,7 +144,8 @@ class ConfigValues:
         return self.integer(key, low=0, high=vocab_size - 1)
 
     def head_dim(self, key: str, hidden: int, num_heads: int) -> int:
-        """The head size `key` gives, or hidden / heads when the file gives none (which must then divide)."""
+        """The head size `key` gives, or hidden / heads when the file gives none (which must then
+        divide)."""
         if self.has(key):
             return self.dimension(key, "head_dim")
         hidden_key, heads_key = (
@@ -159,7 +161,8 @@ class ConfigValues:
         return hidden // num_heads
 
     def model_config(self, **fields: Any) -> ModelConfig:
-        """A ModelConfig of `fields`; fields that cannot go together are named by the keys they came from."""
+        """A ModelConfig of `fields`; fields that cannot go together are named by the keys they came
+        from."""
         try:
             return ModelConfig(**fields)
         except InvalidModelConfig as exc:

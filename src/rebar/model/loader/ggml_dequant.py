@@ -1,4 +1,5 @@
-"""Dequantization of GGUF tensors into torch tensors (the float path: `--dequantize`, norms, biases).
+"""Dequantization of GGUF tensors into torch tensors (the float path: `--dequantize`, norms,
+biases).
 
 Block formats go through rebar's own decoders (`rebar.weights.block_weight`, vectorised torch ops
 that agree bit for bit with llama.cpp's and the `gguf` package's); BF16 goes through `gguf`'s

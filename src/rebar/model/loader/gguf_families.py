@@ -1,5 +1,5 @@
-"""The Llama-family architectures of GGUF files: metadata -> ModelConfig, llama.cpp's tensor names ->
-rebar's, and the tensors stored fused.
+"""The Llama-family architectures of GGUF files: metadata -> ModelConfig, llama.cpp's tensor names
+-> rebar's, and the tensors stored fused.
 
 What llama.cpp's converter does per family, undone here: `llama` files have their Q/K rows
 interleaved for llama.cpp's pairwise RoPE (the other families use the half-split layout rebar uses);
@@ -80,7 +80,8 @@ _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 
 @dataclass(frozen=True)
 class Part:
-    """A rebar tensor's source: GGUF tensor `file_name`, rows [start, end) of it when fused (None: all)."""
+    """A rebar tensor's source: GGUF tensor `file_name`, rows [start, end) of it when fused (None:
+    all)."""
 
     file_name: str
     rows: tuple[int, int] | None = None
@@ -132,7 +133,8 @@ def _gemma3(
         raise UnsupportedModelError("Gemma 3 with final_logit_softcapping is not supported")
     specifics: dict[str, Any] = {
         "embedding_scale": math.sqrt(hidden),
-        # llama.cpp (after gemma_pytorch): 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 27B model
+        # llama.cpp (after gemma_pytorch): 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 27B
+        # model
         "attention_scale": (hidden / num_heads if num_layers == 62 else head_dim) ** -0.5,
     }
     window_key, pattern_key = (

@@ -1,4 +1,5 @@
-"""GGUF v3 loader for Llama-family checkpoints (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`: gguf_families.py).
+"""GGUF v3 loader for Llama-family checkpoints (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`:
+gguf_families.py).
 
 Metadata becomes a `ModelConfig` and a `Tokenizer`. Quantized 2-D tensors are handed over as
 `BlockWeight`s, views of the memory-mapped file that rebar's kernels repack; everything else (and

@@ -15,7 +15,8 @@ from typing import Any
 
 from rebar.errors import ModelFormatError
 
-# llama.cpp reads arrays of scalars and strings only; a little nesting is tolerated, more is an attack.
+# llama.cpp reads arrays of scalars and strings only; a little nesting is tolerated, more is an
+# attack.
 MAX_ARRAY_DEPTH = 8
 
 # GGUF metadata value types -> struct format (scalars); 8 = string, 9 = array.
@@ -43,8 +44,8 @@ _LENGTH = struct.Struct("<Q")
 
 
 class Cursor:
-    """A read position in a mapped file. Every read stays inside the file or raises a ModelFormatError
-    naming the file and `what` was being read when it ended."""
+    """A read position in a mapped file. Every read stays inside the file or raises a
+    ModelFormatError naming the file and `what` was being read when it ended."""
 
     def __init__(self, data: mmap.mmap, path: Path) -> None:
         self.data, self.pos, self.path = data, 0, path
@@ -68,8 +69,8 @@ class Cursor:
         return value
 
     def count(self, item_bytes: int, what: str) -> int:
-        """A uint64 count of things that take at least `item_bytes` each; refused when the rest of the
-        file could not hold that many (so no loop or allocation ever follows a forged count)."""
+        """A uint64 count of things that take at least `item_bytes` each; refused when the rest of
+        the file could not hold that many (so no loop or allocation ever follows a forged count)."""
         count = self.unpack("<Q", what)
         self.check_fits(count, item_bytes, what)
         return count

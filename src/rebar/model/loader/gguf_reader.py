@@ -47,7 +47,8 @@ class GGUFTensor:
     num_bytes: int
 
     def data(self, buffer: np.ndarray) -> np.ndarray:
-        """The tensor's bytes as GGML readers expect them: typed for F32/F16, else [rows..., bytes per row] uint8."""
+        """The tensor's bytes as GGML readers expect them: typed for F32/F16, else [rows..., bytes
+        per row] uint8."""
         raw = buffer[self.offset : self.offset + self.num_bytes]
         if self.qtype == GGMLQuantizationType.F32:
             return raw.view(np.float32).reshape(self.shape)
@@ -57,7 +58,8 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """An open GGUF file: `metadata` (key -> value), `tensors` (name -> GGUFTensor), `buffer` (the mapping)."""
+    """An open GGUF file: `metadata` (key -> value), `tensors` (name -> GGUFTensor), `buffer` (the
+    mapping)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -127,8 +129,8 @@ class GGUFFile:
         return tensors
 
     def raw_rows(self, tensor: GGUFTensor) -> torch.Tensor:
-        """The tensor's bytes as uint8 `[rows, bytes per row]`, a view of the mapping (no copy; read-only
-        memory: never write to it)."""
+        """The tensor's bytes as uint8 `[rows, bytes per row]`, a view of the mapping (no copy;
+        read-only memory: never write to it)."""
         rows = math.prod(tensor.shape[:-1])
         with (
             warnings.catch_warnings()
@@ -140,8 +142,8 @@ class GGUFFile:
         return flat.view(rows, -1)
 
     def release(self, tensor: GGUFTensor) -> None:
-        """Drop the tensor's pages from this process's resident memory (once its bytes have been copied
-        or packed elsewhere); a later read maps them in again from the page cache."""
+        """Drop the tensor's pages from this process's resident memory (once its bytes have been
+        copied or packed elsewhere); a later read maps them in again from the page cache."""
         self._release_bytes(tensor.offset, tensor.offset + tensor.num_bytes)
 
     def release_view(self, view: torch.Tensor) -> None:

@@ -1,9 +1,10 @@
 """The Llama-family decoders of Hugging Face folders: their config.json -> ModelConfig, their tensor
 names -> rebar's, and the tensors that need reshaping on the way in.
 
-Llama, Mistral, Qwen2 and Qwen3 map one file tensor to one rebar tensor. Gemma 3 stores every RMSNorm
-weight as w - 1 (its norm multiplies by 1 + w), so they are read plus one. Phi-3 fuses q/k/v into one
-projection and gate/up into another; their rows are read as the separate tensors the model has.
+Llama, Mistral, Qwen2 and Qwen3 map one file tensor to one rebar tensor. Gemma 3 stores every
+RMSNorm weight as w - 1 (its norm multiplies by 1 + w), so they are read plus one. Phi-3 fuses q/k/v
+into one projection and gate/up into another; their rows are read as the separate tensors the model
+has.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 @dataclass(frozen=True)
 class Part:
-    """Where a rebar tensor's values come from: `file_name`'s rows [start, end) (all: None), plus one
-    when `add_one` (Gemma's norm weights)."""
+    """Where a rebar tensor's values come from: `file_name`'s rows [start, end) (all: None), plus
+    one when `add_one` (Gemma's norm weights)."""
 
     file_name: str
     rows: tuple[int, int] | None = None
@@ -160,7 +161,8 @@ def _rope_config(config: ConfigValues) -> tuple[float, RopeScaling | None, float
 
 
 def _layer_types(config: ConfigValues, arch: str, num_layers: int) -> list[str] | None:
-    """Each layer's attention ("sliding_attention" or "full_attention"), or None when every layer slides."""
+    """Each layer's attention ("sliding_attention" or "full_attention"), or None when every layer
+    slides."""
     if config.has("layer_types"):
         config.keys["sliding_layers"] = "layer_types"
         return config.list_of("layer_types", "strings")

@@ -105,7 +105,8 @@ def encoder_config(config: ConfigValues, folder: Path) -> ModelConfig:
 
 
 def _sentence_transformers_head(folder: Path) -> tuple[str, bool, int | None]:
-    """(pooling mode, L2-normalise?, max_seq_length) from a sentence-transformers folder; defaults otherwise."""
+    """(pooling mode, L2-normalise?, max_seq_length) from a sentence-transformers folder; defaults
+    otherwise."""
     pooling = "mean"
     pooling_file = folder / "1_Pooling" / "config.json"
     if pooling_file.is_file():

@@ -1,4 +1,5 @@
-"""Safetensors files opened once each, so that all tensors read from a file share one memory mapping."""
+"""Safetensors files opened once each, so that all tensors read from a file share one memory
+mapping."""
 
 from __future__ import annotations
 

@@ -124,8 +124,8 @@ def write_checkpoint(
     header: dict[str, Any],
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
-    """Write `tensors` (rebar names) into `folder` with a manifest; `header` holds method, group size,
-    source and calibration details. Files are sharded at about `max_shard_bytes`."""
+    """Write `tensors` (rebar names) into `folder` with a manifest; `header` holds method, group
+    size, source and calibration details. Files are sharded at about `max_shard_bytes`."""
     folder.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0

@@ -1,4 +1,5 @@
-"""Admin endpoints, behind their own keys (`server.admin_api_keys`, checked by AdminKeyMiddleware): POST /admin/profile."""
+"""Admin endpoints, behind their own keys (`server.admin_api_keys`, checked by AdminKeyMiddleware):
+POST /admin/profile."""
 
 from __future__ import annotations
 

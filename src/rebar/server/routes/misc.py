@@ -97,7 +97,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
 async def _embed_with_cache(
     state: ServerState, cache_model: str, texts: list[str]
 ) -> tuple[list[np.ndarray], str]:
-    """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text once).
+    """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text
+    once).
 
     `cache_model` names the model, and the tenant when caches are isolated.
     """
