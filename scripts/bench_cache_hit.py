@@ -89,7 +89,8 @@ def main() -> None:
         fresh_ms = statistics.median(t for t, _ in fresh) * 1000
         hit_ms = statistics.median(t for t, _ in hits) * 1000
         print(
-            f"fresh generation p50 {fresh_ms:.1f} ms, cache hit p50 {hit_ms:.1f} ms, ratio {fresh_ms / hit_ms:.0f}x"
+            f"fresh generation p50 {fresh_ms:.1f} ms, cache hit "
+            f"p50 {hit_ms:.1f} ms, ratio {fresh_ms / hit_ms:.0f}x"
         )
     finally:
         server.terminate()

@@ -111,7 +111,8 @@ def time_single(linear: Linear, x: torch.Tensor, repeats: int, stat: Stat) -> fl
 
 
 def time_packing(layers: int) -> float:
-    """Seconds to pack SmolLM2-135M's int4 weights (every layer and the lm_head), as at model load."""
+    """Seconds to pack SmolLM2-135M's int4 weights (every layer and the lm_head), as at model
+    load."""
     shapes = [(out_f, in_f) for _, out_f, in_f in LAYER_SHAPES] * layers + [LM_HEAD[1:]]
     raw = [
         (
@@ -148,7 +149,8 @@ def main() -> None:
         f"{name:>6s}" for name, _, _ in LAYER_SHAPES
     )
     print(
-        f"{args.stat} µs per call, {args.threads} threads, {args.layers} layer copies; token ms = layers x layer + lm_head\n"
+        f"{args.stat} µs per call, {args.threads} threads, {args.layers} "
+        "layer copies; token ms = layers x layer + lm_head\n"
     )
     print(header + f" {'layer':>7s} {'lm_head':>8s} {'token ms':>8s}")
     for method, make in METHODS.items():

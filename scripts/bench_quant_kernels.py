@@ -89,8 +89,8 @@ def main() -> None:
     torch.manual_seed(0)
     batches = [int(b) for b in args.batch.split(",")]
     print(
-        f"torch {torch.__version__}, {args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-        f"weights cycled through {args.cold_mib} MiB"
+        f"torch {torch.__version__}, {args.threads} threads, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, weights cycled through {args.cold_mib} MiB"
     )
     header = None
     for in_features, out_features in SHAPES:

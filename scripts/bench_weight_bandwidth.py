@@ -76,8 +76,8 @@ def main() -> None:
             best = min(best, (time.perf_counter() - started) / len(weights))
         nbytes = weights[0].num_bytes
         print(
-            f"{kind:5s} {out}x{inn}: {best * 1e6:8.1f} us per call, {nbytes / best / 1e9:6.2f} GB/s "
-            f"({nbytes / 2**20:.1f} MiB)"
+            f"{kind:5s} {out}x{inn}: {best * 1e6:8.1f} us per call, "
+            f"{nbytes / best / 1e9:6.2f} GB/s ({nbytes / 2**20:.1f} MiB)"
         )
 
 

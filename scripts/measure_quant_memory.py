@@ -33,8 +33,10 @@ model, how = sys.argv[1], sys.argv[2]
 if model == "-":
     print(json.dumps(status()))
     raise SystemExit
-llm = LLM(model=model, device="cpu", dequantize=how == "dequantize", max_model_len=256, engine_config=EngineConfig(kv_cache_memory=16 * 2**20))
-llm.generate("The capital of France is", SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+llm = LLM(model=model, device="cpu", dequantize=how == "dequantize", max_model_len=256, \
+engine_config=EngineConfig(kv_cache_memory=16 * 2**20))
+llm.generate("The capital of France is", \
+SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
 print(json.dumps(status()))
 """
 
@@ -62,11 +64,13 @@ def main() -> None:
         model, _, flag = spec.partition(":")
         if flag not in LOAD_FLAGS:
             raise SystemExit(
-                f"{argument}: unknown flag {flag!r}; use one of {', '.join(f for f in LOAD_FLAGS if f)}"
+                f"{argument}: unknown flag {flag!r}; use one of "
+                f"{', '.join(f for f in LOAD_FLAGS if f)}"
             )
         values = measure(model, flag)
         print(
-            f"| {label} | {values['VmRSS']:.0f} | {values['VmHWM']:.0f} | {values['VmRSS'] - baseline['VmRSS']:.0f} |",
+            f"| {label} | {values['VmRSS']:.0f} | {values['VmHWM']:.0f} "
+            f"| {values['VmRSS'] - baseline['VmRSS']:.0f} |",
             flush=True,
         )
 

@@ -32,7 +32,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dequantize",
         action="store_true",
-        help="expand quantized (GGUF) weights to --dtype at load: the float reference, slower and larger",
+        help="expand quantized (GGUF) weights to --dtype "
+        "at load: the float reference, slower and larger",
     )
 
 
@@ -93,7 +94,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     llm = _load(args)
     print(
-        f"rebar chat — {args.model} loaded in {llm.load_seconds:.1f}s. /reset clears, /exit or Ctrl-D quits.",
+        f"rebar chat — {args.model} loaded in {llm.load_seconds:.1f}s. "
+        "/reset clears, /exit or Ctrl-D quits.",
         file=sys.stderr,
     )
     messages: list[dict[str, str]] = (
@@ -179,7 +181,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     num_bytes = sum(t.num_bytes for t in infos)
     storage = Counter(t.storage for t in infos)
     print(
-        f"tensors:       {len(checkpoint.tensors)}, {num_params / 1e6:.1f}M parameters, {num_bytes / 2**20:.1f} MiB stored"
+        f"tensors:       {len(checkpoint.tensors)}, {num_params / 1e6:.1f}M "
+        f"parameters, {num_bytes / 2**20:.1f} MiB stored"
     )
     print(
         "storage types: " + ", ".join(f"{kind} x{count}" for kind, count in storage.most_common())
@@ -191,7 +194,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     special = tokenizer.special
     print(
         f"tokenizer:     {tokenizer.kind}, vocab {tokenizer.vocab_size}, bos {special.bos_token!r} "
-        f"(add_bos={special.add_bos}), eos {[tokenizer.id_to_token(i) for i in special.eos_token_ids]}"
+        f"(add_bos={special.add_bos}), eos "
+        f"{[tokenizer.id_to_token(i) for i in special.eos_token_ids]}"
     )
     template = checkpoint.chat_template
     if template is None:

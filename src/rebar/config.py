@@ -139,7 +139,8 @@ class ServerSettings(_Section):
 
 
 class ModelsSettings(_Section):
-    """Which models to serve: an alias, a .gguf file or an HF folder. None disables that endpoint."""
+    """Which models to serve: an alias, a .gguf file or an HF folder. None disables that
+    endpoint."""
 
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
@@ -347,7 +348,8 @@ def read_api_key_file(path: Path) -> list[str]:
             continue
         if any(char.isspace() for char in key):
             raise ConfigError(
-                f"server.api_key_file {str(path)!r} line {line_number}: a key must not contain whitespace"
+                f"server.api_key_file {str(path)!r} line "
+                f"{line_number}: a key must not contain whitespace"
             )
         keys.append(key)
     if not keys:
@@ -380,7 +382,8 @@ def load_settings(
 
 
 def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
-    """`masked_dict()`-shaped data as TOML text that loads back to the same settings (None as "")."""
+    """`masked_dict()`-shaped data as TOML text that loads back to the same settings (None
+    as "")."""
     lines: list[str] = []
     for section, values in data.items():
         lines.append(f"[{section}]")
@@ -476,13 +479,15 @@ def _read_env() -> dict[str, Any]:
             except json.JSONDecodeError as exc:
                 # the message never echoes the value: it may be a key
                 raise ConfigError(
-                    f"environment variable {name} is not valid JSON ({exc.msg}); {'.'.join(path)} expects {expected}"
+                    f"environment variable {name} is not valid JSON "
+                    f"({exc.msg}); {'.'.join(path)} expects {expected}"
                 ) from None
     try:
         return EnvSettingsSource(Settings)()
     except SettingsError as exc:
         raise ConfigError(
-            f"cannot parse a {ENV_PREFIX}* environment variable: {exc} (lists and sections are JSON)"
+            f"cannot parse a {ENV_PREFIX}* environment "
+            f"variable: {exc} (lists and sections are JSON)"
         ) from None
 
 
@@ -560,7 +565,10 @@ def _describe_error(error: Any, origins: _Origins) -> str:
         return f"invalid setting {dotted} {origin}: {message}"
     value = "***" if dotted in SECRET_KEYS else repr(error["input"])
     message = error["msg"].removeprefix("Value error, ")
-    return f"invalid setting {dotted} = {value} {origin}: {message}; allowed: {describe_allowed(field)}"
+    return (
+        f"invalid setting {dotted} = {value} {origin}: "
+        f"{message}; allowed: {describe_allowed(field)}"
+    )
 
 
 def _field(path: tuple[str, ...]) -> FieldInfo | None:

@@ -31,4 +31,5 @@ class InvalidRequestError(RebarError, ValueError):
 
 
 class ConfigError(RebarError):
-    """A setting is unknown or invalid, or a config file cannot be read; the message names the key."""
+    """A setting is unknown or invalid, or a config file cannot be read; the message names the
+    key."""

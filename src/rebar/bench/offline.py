@@ -46,7 +46,8 @@ class OfflineResult:
         rows = [
             (
                 "requests x (input, output)",
-                f"{self.num_prompts} x ({self.input_len}, {self.output_len}), concurrency {self.concurrency}",
+                f"{self.num_prompts} x ({self.input_len}, "
+                f"{self.output_len}), concurrency {self.concurrency}",
             ),
             ("duration", f"{self.duration_s:.2f} s"),
             ("prompt throughput", f"{self.prompt_tokens_per_s:.1f} tok/s"),

@@ -72,7 +72,8 @@ WORDS = tuple(
 
 
 class BenchConfigError(RebarError, ValueError):
-    """A benchmark setting that cannot be used (bad concurrency list, non-positive count, bad URL)."""
+    """A benchmark setting that cannot be used (bad concurrency list, non-positive count, bad
+    URL)."""
 
 
 class ServerUnreachableError(RebarError):
@@ -202,7 +203,8 @@ def make_prompts(num_prompts: int, input_words: int, seed: int, level: int = 0) 
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99 (linear interpolation between closest ranks) and mean; all None without samples."""
+    """p50/p90/p99 (linear interpolation between closest ranks) and mean; all None without
+    samples."""
     if not samples:
         return {"p50": None, "p90": None, "p99": None, "mean": None}
     ordered = sorted(samples)
@@ -366,7 +368,10 @@ async def _stream(
             return
     if not reader.finished:
         result.error = "incomplete_stream"
-        result.error_message = f"body ended without data: [DONE] (content-type {response.headers.get('content-type')!r})"
+        result.error_message = (
+            "body ended without data: [DONE] (content-type "
+            f"{response.headers.get('content-type')!r})"
+        )
         return
     result.ok = True
     reported = result.usage_output_tokens
@@ -459,7 +464,8 @@ async def list_models(client: httpx.AsyncClient, config: ServeBenchConfig) -> li
     if response.status_code != 200:
         hint = " (check --api-key)" if response.status_code in (401, 403) else ""
         raise ServerUnreachableError(
-            f"GET {url} answered HTTP {response.status_code}{hint}: {error_message(response.content)}"
+            f"GET {url} answered HTTP {response.status_code}{hint}: "
+            f"{error_message(response.content)}"
         )
     try:
         entries = response.json().get("data") or []

@@ -73,7 +73,8 @@ class BlockPool:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def allocate(self, count: int) -> list[int]:
-        """Take `count` free blocks (evicting whatever prefix they cached), each with ref_count 1."""
+        """Take `count` free blocks (evicting whatever prefix they cached), each with
+        ref_count 1."""
         if count > len(self._free):
             raise RuntimeError(
                 f"asked for {count} blocks, {len(self._free)} free"

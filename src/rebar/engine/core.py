@@ -96,8 +96,8 @@ class EngineCore:
         num_blocks = num_kv_blocks(config, model_config, kv_dtype, device)
         if num_blocks * config.block_size < self.max_model_len:
             raise InvalidRequestError(
-                f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len={self.max_model_len}; "
-                "raise kv_cache_memory or lower max_model_len",
+                f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
+                f"max_model_len={self.max_model_len}; raise kv_cache_memory or lower max_model_len",
                 "kv_cache_memory",
             )
         kv_cache = KVCache(
@@ -211,7 +211,8 @@ class EngineCore:
             )
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context window of {self.max_model_len} leaves no room to generate",
+                f"prompt has {len(prompt)} tokens; the context window "
+                f"of {self.max_model_len} leaves no room to generate",
                 "prompt",
             )
         return prompt
@@ -221,7 +222,8 @@ class EngineCore:
             return self.max_model_len
         if num_prompt + params.max_tokens > self.max_model_len:
             raise InvalidRequestError(
-                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the context window of {self.max_model_len}",
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds the context window of {self.max_model_len}",
                 "max_tokens",
             )
         return num_prompt + params.max_tokens

@@ -134,7 +134,8 @@ class IncrementalDetokenizer:
             self.stop_string = best[1]
 
     def _held_back_length(self) -> int:
-        """Characters at the end of `text` that may begin a stop string: held back until resolved."""
+        """Characters at the end of `text` that may begin a stop string: held back until
+        resolved."""
         return max((m.state for m in self._matchers), default=0)
 
     def _find_stop(self) -> None:

@@ -118,7 +118,8 @@ class LLM:
         return self.engine
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Teacher-forced next-token logits: float32 [len(ids), vocab], row i predicts token i + 1."""
+        """Teacher-forced next-token logits: float32 [len(ids), vocab], row i predicts token
+        i + 1."""
         engine = self._require_decoder()
         ids = list(ids)
         vocab = self.tokenizer.vocab_size

@@ -127,7 +127,8 @@ class OutputAccumulator:
 
     @property
     def num_cached_tokens(self) -> int:
-        """Prompt tokens the prefix cache served the first choice (its siblings reuse its blocks)."""
+        """Prompt tokens the prefix cache served the first choice (its siblings reuse its
+        blocks)."""
         first = self._choices.get(0)
         return first.last.num_cached_tokens if first is not None else 0
 
@@ -136,7 +137,8 @@ class OutputAccumulator:
         return sum(len(c.token_ids) for c in self._choices.values())
 
     def choices(self) -> tuple[Choice, ...]:
-        """Every choice seen, by index; one whose last output did not finish it counts as aborted."""
+        """Every choice seen, by index; one whose last output did not finish it counts as
+        aborted."""
         return tuple(_finished(i, c) for i, c in sorted(self._choices.items()))
 
     def timing(self) -> RequestTiming | None:

@@ -1,4 +1,5 @@
-"""One generation request's state as the scheduler and engine core see it (plain Python, no torch)."""
+"""One generation request's state as the scheduler and engine core see it (plain Python, no
+torch)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ logger = logging.getLogger("rebar.engine")
 
 
 class ModelRunner:
-    """Owns the model and its KV cache tensors; knows nothing about requests beyond a step's plan."""
+    """Owns the model and its KV cache tensors; knows nothing about requests beyond a step's
+    plan."""
 
     def __init__(
         self,

@@ -32,7 +32,8 @@ def setting(
 
 
 def same_setting(config_class: type, name: str) -> Any:
-    """A dataclass field defined exactly as `config_class`'s field `name` (default, help, bounds)."""
+    """A dataclass field defined exactly as `config_class`'s field `name` (default, help,
+    bounds)."""
     source = next(field for field in dataclasses.fields(config_class) if field.name == name)
     return dataclasses.field(default=source.default, metadata=source.metadata)
 

@@ -14,8 +14,9 @@ def add_eval_parser(commands: Any, add_model_args: Any) -> None:
     ppl = evaluations.add_parser(
         "ppl",
         help="perplexity over a text or JSONL file with a sliding window",
-        description="Windows of --context tokens; after the first, each scores the next --stride tokens, so every "
-        "token is predicted once with at least context - stride tokens of history.",
+        description="Windows of --context tokens; after the first, each scores the next --stride "
+        "tokens, so every token is predicted once with at least context - stride tokens of "
+        "history.",
     )
     add_model_args(ppl)
     ppl.add_argument(
@@ -55,9 +56,11 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     result = perplexity(llm.logits, ids, args.context, args.stride)
     print(f"perplexity: {result.perplexity:.4f}")
     print(
-        f"tokens:     {result.num_scored} scored in {result.num_windows} windows (context {result.context}, stride {result.stride})"
+        f"tokens:     {result.num_scored} scored in {result.num_windows} "
+        f"windows (context {result.context}, stride {result.stride})"
     )
     print(
-        f"time:       {result.seconds:.1f}s ({result.num_scored / result.seconds:.0f} tokens/s), load {llm.load_seconds:.1f}s"
+        f"time:       {result.seconds:.1f}s ({result.num_scored / result.seconds:.0f} "
+        f"tokens/s), load {llm.load_seconds:.1f}s"
     )
     return 0

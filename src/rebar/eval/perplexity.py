@@ -38,7 +38,8 @@ def sliding_windows(num_tokens: int, context: int, stride: int) -> list[Window]:
         raise InvalidRequestError(f"context must be at least 2 tokens, got {context}", "context")
     if not 1 <= stride < context:
         raise InvalidRequestError(
-            f"stride must be at least 1 and less than the context ({context}), so every scored token has history; got {stride}",
+            "stride must be at least 1 and less than the context "
+            f"({context}), so every scored token has history; got {stride}",
             "stride",
         )
     if num_tokens < 2:
@@ -68,7 +69,8 @@ def perplexity(
     context: int,
     stride: int,
 ) -> PerplexityResult:
-    """`logits_of(ids)` must return next-token logits [len(ids), vocab] (row i predicts ids[i + 1])."""
+    """`logits_of(ids)` must return next-token logits [len(ids), vocab] (row i predicts
+    ids[i + 1])."""
     started = time.perf_counter()
     ids = list(token_ids)
     windows = sliding_windows(len(ids), context, stride)

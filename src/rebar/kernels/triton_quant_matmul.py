@@ -115,7 +115,8 @@ def _check_common(
         raise ValueError(f"group_size {group_size} must divide the {num_in} input channels")
     if group_size != num_in and group_size % _MIN_BLOCK_K:
         raise ValueError(
-            f"group_size {group_size} must be the input width {num_in} or a multiple of {_MIN_BLOCK_K}"
+            f"group_size {group_size} must be the input "
+            f"width {num_in} or a multiple of {_MIN_BLOCK_K}"
         )
     if scales.shape != (num_out, num_in // group_size):
         raise ValueError(
@@ -194,7 +195,8 @@ def _int8_kernel(
         partial = tl.dot(x.to(DOT_DTYPE), q.to(DOT_DTYPE), input_precision=INPUT_PRECISION)
         acc += partial * scale.to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
-             acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])  # fmt: skip
+             acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])  # fmt: skip
 
 
 @_autotune
@@ -247,4 +249,5 @@ def _int4_kernel(
             + row_sums[:, None] * offset.to(tl.float32)[None, :]
         )
     tl.store(out_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
-             acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])  # fmt: skip
+             acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])  # fmt: skip

@@ -107,7 +107,8 @@ class BertEncoder(nn.Module):
 
 
 class BertModel(nn.Module):
-    """Encoder + pooling. `embed` returns one vector per input row, L2-normalised when configured."""
+    """Encoder + pooling. `embed` returns one vector per input row, L2-normalised when
+    configured."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

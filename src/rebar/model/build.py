@@ -65,8 +65,8 @@ def build_model(
         found = checkpoint.tensors[name].shape
         if found != shape:
             raise ModelFormatError(
-                f"{checkpoint.path}: tensor {checkpoint.tensors[name].file_name!r} has shape {list(found)}, "
-                f"expected {list(shape)} from the model config"
+                f"{checkpoint.path}: tensor {checkpoint.tensors[name].file_name!r} "
+                f"has shape {list(found)}, expected {list(shape)} from the model config"
             )
 
     device = torch.device(device)

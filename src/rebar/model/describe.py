@@ -37,7 +37,10 @@ def family_lines(config: ModelConfig) -> list[str]:
     if not sliding:
         layers = f"all {config.num_layers} attend over the whole context"
     elif len(sliding) == config.num_layers:
-        layers = f"all {config.num_layers} attend over a sliding window of {config.sliding_window} tokens"
+        layers = (
+            f"all {config.num_layers} attend over a sliding "
+            f"window of {config.sliding_window} tokens"
+        )
     else:
         layers = (
             f"{len(sliding)} sliding (window {config.sliding_window}), "
@@ -58,8 +61,8 @@ def family_lines(config: ModelConfig) -> list[str]:
     )
     lines = [
         f"layers: {layers}",
-        f"attention: {config.num_heads} query heads, {config.num_kv_heads} key/value heads of {config.head_dim}, "
-        f"softmax scale {scale}",
+        f"attention: {config.num_heads} query heads, {config.num_kv_heads} "
+        f"key/value heads of {config.head_dim}, softmax scale {scale}",
         f"rope: {rope}",
         f"norms: {norms}",
         f"mlp: {_MLPS.get(config.activation, config.activation)}, {config.intermediate_size} wide",

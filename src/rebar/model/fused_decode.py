@@ -141,9 +141,15 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
         kv_cache.keys[0].dtype not in (torch.float32, torch.float16)
         or kv_cache.keys[0].device.type != "cpu"
     ):
-        return f"the KV cache is {kv_cache.keys[0].dtype} on {kv_cache.keys[0].device}, not float32 or float16 on the CPU"
+        return (
+            f"the KV cache is {kv_cache.keys[0].dtype} on "
+            f"{kv_cache.keys[0].device}, not float32 or float16 on the CPU"
+        )
     if model.config.head_dim % 8:
-        return f"head_dim {model.config.head_dim} is not a multiple of 8 (the attention's vector width)"
+        return (
+            f"head_dim {model.config.head_dim} is not a "
+            "multiple of 8 (the attention's vector width)"
+        )
     dtype = model.decoder_layers()[0].input_norm.weight.dtype
     if dtype != torch.float32:
         return f"the model runs in {dtype}, not float32"

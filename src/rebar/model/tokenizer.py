@@ -213,8 +213,8 @@ class Tokenizer:
             kind = "SentencePiece (GGUF 'llama'), byte fallback"
         else:
             raise UnsupportedModelError(
-                f"GGUF tokenizer model {model!r} is not supported (rebar reads 'gpt2' byte-level BPE and "
-                "'llama' SentencePiece vocabularies)"
+                f"GGUF tokenizer model {model!r} is not supported (rebar reads "
+                "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
             )
         types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * len(tokens)
         backend.add_special_tokens(

@@ -103,7 +103,8 @@ class ProfileResult:
 
 
 class ProfileSession:
-    """Open with `start()`, call `step_done()` after each profiled step, `finish()` for the result."""
+    """Open with `start()`, call `step_done()` after each profiled step, `finish()` for the
+    result."""
 
     def __init__(self, model: nn.Module, device: torch.device, top: int = 20) -> None:
         cuda = device.type == "cuda"

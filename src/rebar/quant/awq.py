@@ -255,7 +255,8 @@ def diagonal_blocks(moments: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def group_errors(delta: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """E|x_g delta_g^T|^2 of each group's partial product: delta [out, groups, g] -> [out, groups]."""
+    """E|x_g delta_g^T|^2 of each group's partial product: delta [out, groups, g] ->
+    [out, groups]."""
     weighted = torch.einsum("ogk,gkl->ogl", delta, blocks)
     return (weighted * delta).sum(-1)
 

@@ -12,10 +12,12 @@ METHOD_CHOICES = ("int8", "int4-rtn", "int4-awq")
 def add_quantize_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "quantize",
-        help="write an int8 / int4 quantized checkpoint (safetensors + manifest) that --model accepts",
-        description="Quantize a decoder's linear layers. int8: symmetric, per output channel unless --group-size; "
-        "int4-rtn: grouped asymmetric, round to nearest; int4-awq: activation-aware scales and clipping "
-        "searched on --calib text. The token embedding (and an untied output head) is stored int8.",
+        help="write an int8 / int4 quantized checkpoint "
+        "(safetensors + manifest) that --model accepts",
+        description="Quantize a decoder's linear layers. int8: symmetric, per output channel "
+        "unless --group-size; int4-rtn: grouped asymmetric, round to nearest; int4-awq: "
+        "activation-aware scales and clipping searched on --calib text. The token embedding (and "
+        "an untied output head) is stored int8.",
     )
     parser.add_argument("model", help="alias (smollm2), a .gguf file or an HF folder")
     parser.add_argument("--method", required=True, choices=METHOD_CHOICES)
@@ -61,7 +63,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     result = quantize(args.model, spec, args.out, progress=args.progress)
     sizes = sum(p.stat().st_size for p in result.folder.iterdir() if p.suffix == ".safetensors")
     print(
-        f"wrote {result.folder} ({args.method}, {sizes / 2**20:.1f} MiB of weights) in {result.seconds:.1f}s"
+        f"wrote {result.folder} ({args.method}, {sizes / 2**20:.1f} "
+        f"MiB of weights) in {result.seconds:.1f}s"
     )
     if result.awq is not None:
         searches = result.awq.searches.values()
@@ -69,6 +72,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             len(searches), 1
         )
         print(
-            f"activation-aware scales: layer output error {gain:.2f}x that of unscaled weights on average (same rounding)"
+            f"activation-aware scales: layer output error {gain:.2f}x "
+            "that of unscaled weights on average (same rounding)"
         )
     return 0

@@ -76,7 +76,8 @@ class QuantizeSpec:
             )
         if self.method == "int4-awq" and self.calib_path is None:
             raise InvalidRequestError(
-                "int4-awq needs calibration text: pass --calib FILE.jsonl (e.g. data/corpus/calib.jsonl)",
+                "int4-awq needs calibration text: pass --calib "
+                "FILE.jsonl (e.g. data/corpus/calib.jsonl)",
                 "calib",
             )
         if self.method != "int4-awq" and self.calib_path is not None:
@@ -121,7 +122,8 @@ def source_digest(path: Path) -> str:
 def calibration_sequences(
     dataset: JsonlDataset, tokenizer: Tokenizer, num_sequences: int, seq_len: int, seed: int
 ) -> list[list[int]]:
-    """`num_sequences` windows of `seq_len` tokens cut from seeded-random records joined end to end."""
+    """`num_sequences` windows of `seq_len` tokens cut from seeded-random records joined end to
+    end."""
     buffer: list[int] = []
     sequences: list[list[int]] = []
     for text in dataset.shuffled_texts(seed):
@@ -132,8 +134,8 @@ def calibration_sequences(
         if len(sequences) == num_sequences:
             return sequences
     raise InvalidRequestError(
-        f"{dataset.path} holds too little usable text for {num_sequences} sequences of {seq_len} tokens "
-        f"(got {len(sequences)}); lower --calib-samples or --calib-seq-len",
+        f"{dataset.path} holds too little usable text for {num_sequences} sequences of "
+        f"{seq_len} tokens (got {len(sequences)}); lower --calib-samples or --calib-seq-len",
         "calib",
     )
 
@@ -220,7 +222,8 @@ def quantize(
     checkpoint = open_checkpoint(model)
     if not checkpoint.config.is_decoder:
         raise InvalidRequestError(
-            f"{checkpoint.config.source_architecture} is an embedding model; rebar quantizes decoders",
+            f"{checkpoint.config.source_architecture} is "
+            "an embedding model; rebar quantizes decoders",
             "model",
         )
     float_model = build_model(checkpoint, torch.float32, "cpu", dequantize=True)

@@ -25,7 +25,8 @@ async def chat_input(engine: AsyncEngine, llm: LLM, body: ChatCompletionRequest)
 async def completion_input(
     engine: AsyncEngine, llm: LLM, body: CompletionRequest
 ) -> tuple[AdmittedRequest, str]:
-    """The completions request as the engine runs it, and the text `echo` puts before each answer."""
+    """The completions request as the engine runs it, and the text `echo` puts before each
+    answer."""
     params = completion_params(body)
     prompt = single_prompt(body.prompt)
     admitted = engine.admit(await prompts.text_prompt(llm, prompt), params)

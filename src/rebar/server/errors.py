@@ -76,7 +76,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(location) or None
     if first.get("type") == "json_invalid":
         return (
-            f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}",
+            "request body is not valid JSON: "
+            f"{first.get('ctx', {}).get('error', first.get('msg'))}",
             None,
         )
     if first.get("type") == INVALID_UNICODE:  # the message names the field inside the body

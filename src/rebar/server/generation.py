@@ -79,7 +79,8 @@ def start(
 
 
 def _out_of_tokens(last: RequestOutput, index: int) -> RequestOutput:
-    """The end of choice `index` when the client's tokens-per-minute budget ran out mid-generation."""
+    """The end of choice `index` when the client's tokens-per-minute budget ran out
+    mid-generation."""
     return RequestOutput(
         last.request_id,
         index,

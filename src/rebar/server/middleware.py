@@ -256,7 +256,8 @@ def _flat_routes(routes: Sequence[BaseRoute]) -> Iterator[tuple[BaseRoute, str]]
 
 
 def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
-    """The matching route's path template ("/v1/chat/completions"), or "other": labels stay bounded."""
+    """The matching route's path template ("/v1/chat/completions"), or "other": labels stay
+    bounded."""
     routed = _path_of(scope.get("route"))  # set by the router once it matched
     if routed is not None:
         return routed

@@ -42,7 +42,8 @@ async def chat_prompt(
 
 
 async def text_prompt(llm: LLM, prompt: Prompt) -> list[int]:
-    """Ids of a completions prompt (text or ids); control tokens written in the text are honoured."""
+    """Ids of a completions prompt (text or ids); control tokens written in the text are
+    honoured."""
     return await off_loop(
         len(prompt) if isinstance(prompt, str) else 0, prompt_token_ids, llm.tokenizer, prompt
     )

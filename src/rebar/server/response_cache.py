@@ -90,7 +90,8 @@ class ResponseCache:
         return f"{key}:lock"
 
     async def lookup(self, key: str) -> tuple[dict | None, Lead | None]:
-        """(value, None) for a hit; (None, lead) when the caller must generate and fill the entry."""
+        """(value, None) for a hit; (None, lead) when the caller must generate and fill the
+        entry."""
         value, fresh = await self._read(key)
         if value is not None and fresh:
             self.stats.hits += 1

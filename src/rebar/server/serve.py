@@ -75,8 +75,8 @@ class GuardedH11Protocol(H11Protocol):
         message = f"the request headers did not arrive within {self.header_timeout_s:g}s"
         body = json.dumps(error_body(408, message, None, "request_timeout")).encode()
         head = (
-            f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n"
+            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         ).encode()
         self.transport.write(head + body)
         self.transport.close()
@@ -139,7 +139,8 @@ def raise_file_limit(max_connections: int) -> int:
             soft = target
     if soft != resource.RLIM_INFINITY and soft < wanted:
         logger.warning(
-            "the open-file limit (%d) is below max_connections + %d; new connections may fail first",
+            "the open-file limit (%d) is below "
+            "max_connections + %d; new connections may fail first",
             soft,
             _SPARE_FILES,
         )

@@ -106,7 +106,8 @@ class ServerState:
         if self.models.chat is None or self.models.engine is None or name != self.models.chat_name:
             raise APIError(
                 400,
-                f"model {name!r} is not served for generation; available: {self.models.chat_name!r}",
+                f"model {name!r} is not served for generation; "
+                f"available: {self.models.chat_name!r}",
                 "model",
                 "model_not_found",
             )
@@ -117,7 +118,8 @@ class ServerState:
         if self.models.embedding is None or name != self.models.embedding_name:
             raise APIError(
                 400,
-                f"model {name!r} is not served for embeddings; available: {self.models.embedding_name!r}",
+                f"model {name!r} is not served for embeddings; "
+                f"available: {self.models.embedding_name!r}",
                 "model",
                 "model_not_found",
             )

@@ -105,7 +105,8 @@ def check_ttl(ttl_ms: int | None) -> None:
 
 
 def check_value(value: bytes) -> None:
-    """Raise TypeError unless `value` is bytes, so every backend stores and returns the same type."""
+    """Raise TypeError unless `value` is bytes, so every backend stores and returns the same
+    type."""
     if not isinstance(value, bytes):
         raise TypeError(f"store values must be bytes, got {type(value).__name__}")
 

@@ -78,7 +78,8 @@ class MemoryStore:
     def _write(self, key: str, value: bytes, expires_at: float | None) -> None:
         if self._size(key, value) > self.max_bytes:
             raise StoreError(
-                f"a value of {len(value)} bytes exceeds the store's budget of {self.max_bytes} bytes"
+                f"a value of {len(value)} bytes exceeds the "
+                f"store's budget of {self.max_bytes} bytes"
             )
         self._drop(key)
         self._entries[key] = (value, expires_at)

@@ -109,7 +109,8 @@ class ResilientStore:
                 "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             )
             logger.warning(
-                "store %s failed (%s); serving fallbacks (on_error=%s, %d errors so far, circuit %s)",
+                "store %s failed (%s); serving fallbacks "
+                "(on_error=%s, %d errors so far, circuit %s)",
                 op,
                 reason,
                 self.on_error,

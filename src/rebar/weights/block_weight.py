@@ -254,7 +254,8 @@ class BlockWeight:
     def dequantize_rows(
         self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
-        """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding lookup."""
+        """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding
+        lookup."""
         decoded = decode_blocks(self.type_name, self._rows(rows).cpu())
         return decoded.dequantize().to(device=self.raw.device, dtype=dtype)
 

@@ -70,7 +70,8 @@ class QuantizedWeight:
     def dequantize_rows(
         self, rows: torch.Tensor | None, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
-        """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding lookup."""
+        """Rows `rows` (int64 indices; None for all) of the float weight, e.g. an embedding
+        lookup."""
         pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
         codes = pick(self.qweight)
         num_rows = codes.shape[0]

@@ -237,7 +237,8 @@ def _part(tensor: torch.Tensor | None) -> torch.Tensor:
 
 
 def has_native_kernel(weight: AnyQuantWeight, device: torch.device) -> bool:
-    """Whether rebar's CPU kernels take `weight` on `device` (builds the extension on first call)."""
+    """Whether rebar's CPU kernels take `weight` on `device` (builds the extension on first
+    call)."""
     if device.type != "cpu":
         return False
     if isinstance(weight, QuantizedWeight):
@@ -354,7 +355,10 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         names = ", ".join(f"{c.kernel.name}<={c.max_rows}" for c in self.kernels)
-        return f"in={self.in_features}, out={self.out_features}, {self.weight_q.describe()}, kernels=[{names}]"
+        return (
+            f"in={self.in_features}, out={self.out_features}, "
+            f"{self.weight_q.describe()}, kernels=[{names}]"
+        )
 
 
 class QuantEmbedding(nn.Module):

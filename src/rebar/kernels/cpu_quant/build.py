@@ -152,7 +152,8 @@ def _build_locked() -> BuildResult:
 
     isa = chosen_isa()
     logger.info(
-        "loading rebar CPU quantized kernels for %s (the first build on a machine takes a minute or more)",
+        "loading rebar CPU quantized kernels for %s (the "
+        "first build on a machine takes a minute or more)",
         isa,
     )
     try:

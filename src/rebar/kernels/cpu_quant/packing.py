@@ -74,7 +74,8 @@ class PackedQuant:
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The float weight `[out, in]` these codes stand for (tests; the reference of the kernels)."""
+        """The float weight `[out, in]` these codes stand for (tests; the reference of the
+        kernels)."""
         return _dequantize_packed(self).to(dtype)
 
 
@@ -166,7 +167,8 @@ def untile_codes(codes: torch.Tensor, bits: int, out_features: int) -> torch.Ten
 def _check_group_size(in_features: int, group_size: int) -> None:
     if group_size <= 0 or group_size % BLOCK or in_features % group_size:
         raise ValueError(
-            f"group_size must be a positive multiple of {BLOCK} dividing in_features={in_features}, got {group_size}"
+            f"group_size must be a positive multiple of {BLOCK} "
+            f"dividing in_features={in_features}, got {group_size}"
         )
 
 

@@ -39,7 +39,8 @@ FAMILIES = {
 # The turn format of Google's Gemma 3 instruction-tuned models, for Gemma 3 files that carry no
 # template (the pretrained ones): a system message opens the first user turn, the assistant is
 # "model". Written for rebar's sandboxed renderer (trim_blocks, lstrip_blocks).
-GEMMA3_TURNS = """{{ bos_token }}{% set system = messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '' %}
+GEMMA3_TURNS = """{{ bos_token }}{% set system = messages[0]['content'] + '\n\n' \
+if messages[0]['role'] == 'system' else '' %}
 {% for message in messages if message['role'] != 'system' %}
 <start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}
 {{ (system if loop.first else '') + message['content'] | trim }}<end_of_turn>

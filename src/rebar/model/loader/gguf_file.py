@@ -177,14 +177,15 @@ def _check_storage(file_name: str, tensor: GGUFTensor) -> None:
     """A clear error for a tensor type rebar does not run, or one that does not suit the tensor."""
     if tensor.qtype not in SUPPORTED_TYPES:
         raise UnsupportedModelError(
-            f"GGUF tensor {file_name!r} uses type {tensor.qtype.name}, which rebar does not run (it runs "
-            f"{_SUPPORTED_NAMES}); re-quantize the original weights to one of them with llama.cpp, e.g. "
-            f"`llama-quantize model-f16.gguf model-Q4_K_M.gguf Q4_K_M`"
+            f"GGUF tensor {file_name!r} uses type {tensor.qtype.name}, which rebar does not run "
+            f"(it runs {_SUPPORTED_NAMES}); re-quantize the original weights to one of them with "
+            "llama.cpp, e.g. `llama-quantize model-f16.gguf model-Q4_K_M.gguf Q4_K_M`"
         )
     if tensor.qtype in BLOCK_TYPES and len(tensor.shape) != 2:
         raise ModelFormatError(
-            f"GGUF tensor {file_name!r} has shape {list(tensor.shape)} but is stored as {tensor.qtype.name}: "
-            f"block-quantized types hold 2-D weights only (norms and biases are F32)"
+            f"GGUF tensor {file_name!r} has shape {list(tensor.shape)} but is stored as "
+            f"{tensor.qtype.name}: block-quantized types hold 2-D weights only "
+            "(norms and biases are F32)"
         )
 
 

@@ -98,7 +98,8 @@ class GGUFFile:
     def _place(
         self, infos: list[_TensorInfo], data_start: int, alignment: int
     ) -> dict[str, GGUFTensor]:
-        """The index's tensors at their places in the file, each aligned, inside the file and apart."""
+        """The index's tensors at their places in the file, each aligned, inside the file and
+        apart."""
         tensors: dict[str, GGUFTensor] = {}
         for name, shape, qtype, relative in infos:
             if name in tensors:
@@ -193,7 +194,8 @@ def _num_bytes(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -
     row = shape[-1] if shape else 1
     if row % block_size:
         raise ModelFormatError(
-            f"tensor {name!r}: row length {row} is not a multiple of {qtype.name}'s block {block_size}"
+            f"tensor {name!r}: row length {row} is not a "
+            f"multiple of {qtype.name}'s block {block_size}"
         )
     count = math.prod(shape)  # Python ints: a corrupt shape cannot wrap around to a small size
     return count // block_size * type_size

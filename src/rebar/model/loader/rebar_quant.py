@@ -171,7 +171,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise ModelFormatError(f"{path} is not a {QUANT_CHECKPOINT_FORMAT} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ModelFormatError(
-            f"{path}: format_version {manifest.get('format_version')!r} is not supported (rebar reads {FORMAT_VERSION})"
+            f"{path}: format_version {manifest.get('format_version')!r} "
+            f"is not supported (rebar reads {FORMAT_VERSION})"
         )
     for key in ("method", "config", "files", "tensors", "source", "tool"):
         if key not in manifest:
@@ -229,7 +230,8 @@ def _check_entry(name: str, entry: Any) -> None:
         or entry["shape"][1] % group_size
     ):
         raise ModelFormatError(
-            f"{MANIFEST_NAME}: tensor {name!r} has group size {group_size!r}, which does not tile its shape {entry['shape']}"
+            f"{MANIFEST_NAME}: tensor {name!r} has group size "
+            f"{group_size!r}, which does not tile its shape {entry['shape']}"
         )
     if entry["kind"] == "int4" and group_size % 2:
         raise ModelFormatError(
@@ -253,13 +255,14 @@ def validate_tensors(
             required.add(part.name)
             if part.name not in index:
                 raise ModelFormatError(
-                    f"{folder}: tensor {part.name!r} is missing (the manifest says {name!r} is {description})"
+                    f"{folder}: tensor {part.name!r} is missing "
+                    f"(the manifest says {name!r} is {description})"
                 )
             _, dtype, shape = index[part.name]
             if (dtype, shape) != (part.dtype, part.shape):
                 raise ModelFormatError(
-                    f"{folder}: tensor {part.name!r} is {dtype} {list(shape)}, but the manifest says {name!r} is "
-                    f"{description}, which needs {part.dtype} {list(part.shape)}"
+                    f"{folder}: tensor {part.name!r} is {dtype} {list(shape)}, but the manifest "
+                    f"says {name!r} is {description}, which needs {part.dtype} {list(part.shape)}"
                 )
     extra = sorted(set(index) - required)
     if extra:
