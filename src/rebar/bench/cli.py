@@ -155,6 +155,16 @@ def add_bench_parser(
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench", required=True
     )
+    _add_offline_parser(bench, add_model_args)
+    _add_serve_parser(bench)
+    _add_compare_parser(bench, positive_int)
+    _add_gate_parser(bench, positive_int)
+    _add_make_model_parser(bench, positive_int)
+
+
+def _add_offline_parser(
+    bench: Any, add_model_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     offline = bench.add_parser(
         "offline", help="engine throughput and latency at a fixed concurrency"
     )
@@ -171,6 +181,8 @@ def add_bench_parser(
     add_engine_flags(offline, skip={"max_num_seqs"})
     offline.set_defaults(handler=cmd_bench_offline)
 
+
+def _add_serve_parser(bench: Any) -> None:
     serve = bench.add_parser(
         "serve", help="streaming latency and throughput of any OpenAI-compatible server"
     )
@@ -200,6 +212,8 @@ def add_bench_parser(
     )
     serve.set_defaults(handler=cmd_bench_serve)
 
+
+def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     compare = bench.add_parser(
         "compare", help="rebar (defaults) vs llama.cpp's own tools on the same GGUF; ratios"
     )
@@ -244,6 +258,8 @@ def add_bench_parser(
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
     compare.set_defaults(handler=cmd_bench_compare)
 
+
+def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     gate = bench.add_parser(
         "gate",
         help="CI performance gate: what `make run` serves, against a committed baseline",
@@ -286,6 +302,8 @@ def add_bench_parser(
     )
     gate.set_defaults(handler=cmd_bench_gate)
 
+
+def _add_make_model_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     make = bench.add_parser(
         "make-model", help="a random-weight Llama-shaped GGUF (for speed and memory benchmarks)"
     )
