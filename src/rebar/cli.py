@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rebar.bench.cli import add_bench_parser
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
@@ -294,7 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rebar", description="rebar: LLM inference from first principles"
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_generation_parsers(commands)
+    _add_serve_parser(commands)
+    _add_inspect_parser(commands)
+    add_quantize_parser(commands)
+    add_eval_parser(commands, _add_model_args)
+    add_bench_parser(commands, _add_model_args, _positive_int)
+    _add_profile_parser(commands)
+    _add_config_parser(commands)
+    return parser
 
+
+def _add_generation_parsers(commands: Any) -> None:
+    """`generate` and `chat`: a model, sampling and engine flags."""
     generate = commands.add_parser("generate", help="complete a prompt, streaming tokens to stdout")
     _add_model_args(generate)
     _add_sampling_args(generate, max_tokens=128)
@@ -309,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     chat.set_defaults(handler=cmd_chat)
 
+
+def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("--config", default=None, help="TOML settings file (see rebar.toml)")
     serve.add_argument(
@@ -327,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(serve)
     serve.set_defaults(handler=cmd_serve)
 
+
+def _add_inspect_parser(commands: Any) -> None:
     inspect = commands.add_parser(
         "inspect", help="show a model's architecture, tensors, tokenizer, template"
     )
@@ -335,11 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--full-template", action="store_true")
     inspect.set_defaults(handler=cmd_inspect)
 
-    add_quantize_parser(commands)
-    add_eval_parser(commands, _add_model_args)
 
-    add_bench_parser(commands, _add_model_args, _positive_int)
-
+def _add_profile_parser(commands: Any) -> None:
     profile = commands.add_parser(
         "profile", help="profile engine steps: Chrome trace with a range per layer, top operators"
     )
@@ -359,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(profile, skip={"max_num_seqs"})  # --batch sets it
     profile.set_defaults(handler=cmd_profile)
 
+
+def _add_config_parser(commands: Any) -> None:
     config_commands = commands.add_parser("config", help="settings").add_subparsers(
         dest="config_command", required=True
     )
@@ -369,7 +385,6 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--config", type=Path, default=None, help="TOML settings file")
     show.add_argument("--format", default="toml", choices=["toml", "json"])
     show.set_defaults(handler=cmd_config_show)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
