@@ -123,9 +123,14 @@ def _sample_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [rows] and whether each row could be sampled [rows], for any mix of rows."""
     processed = _processed(logits, requests)
-    # Bias and penalties can overflow a row that was fine, so both versions must have a best value.
-    valid = _has_finite_best(logits) & _has_finite_best(processed)
-    token_ids = processed.argmax(-1)  # the greedy rows' tokens; sampled rows overwrite theirs
+    valid = _has_finite_best(logits)
+    if processed is not logits:
+        # Bias and penalties can overflow a row that was fine: both versions need a best value.
+        valid &= _has_finite_best(processed)
+    token_ids = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
+    greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+    if greedy:
+        token_ids[greedy] = processed[greedy].argmax(-1)
     sampled = [
         i for i, (r, ok) in enumerate(zip(requests, valid.tolist())) if ok and not r.params.greedy
     ]
@@ -136,8 +141,9 @@ def _sample_rows(
 
 def _processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
     """Float32 logits after every row's logit_bias and penalties: a new tensor, or `logits` itself
-    (never written to) when no row has any."""
-    logits = logits.float()
+    (never written to) when it is float32 and no row has any."""
+    if logits.dtype != torch.float32:
+        logits = logits.float()
     penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
     if not penalised and all(r.params.logit_bias is None for r in requests):
         return logits
@@ -251,9 +257,10 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
             logits[rows], [params[i] for i in rows], thresholds[rows], masses[rows], width
         )
         fit = [j for j, ok in enumerate(cut.exact.tolist()) if ok]
-        token_ids[[rows[j] for j in fit]] = _draw_in_token_order(cut, fit, uniforms[rows])
-        settled = {rows[j] for j in fit}
-        pending = [i for i in pending if i not in settled]
+        if fit:
+            token_ids[[rows[j] for j in fit]] = _draw_in_token_order(cut, fit, uniforms[rows])
+            settled = {rows[j] for j in fit}
+            pending = [i for i in pending if i not in settled]
     if pending:  # their kept sets may reach past every width: sort the whole row
         wide = [params[i] for i in pending]
         cut = _Thresholds(logits[pending], wide, thresholds[pending], masses[pending], vocab_size)
@@ -261,7 +268,9 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
     whole = sorted(pending + [i for i, p in enumerate(params) if not _narrows(p, vocab_size)])
     if whole:
         scaled = _scaled(logits[whole], [params[i] for i in whole])
-        weights = scaled.exp().masked_fill_(scaled < thresholds[whole], 0.0)
+        weights = scaled.exp()
+        if pending or any(params[i].min_p > 0.0 for i in whole):
+            weights.masked_fill_(scaled < thresholds[whole], 0.0)
         token_ids[whole] = _invert_cdf(weights, uniforms[whole])
     return token_ids
 
@@ -322,15 +331,19 @@ class _Thresholds:
         top_k_cut = torch.where(has_top_k & (top_k <= width), kth, -math.inf)
         last = self.candidates[:, -1:]
         complete = width == vocab_size
-        # top_p measures mass within what top_k kept: known when the candidates hold all of it.
-        mass_known = ~has_top_k | complete | (last < top_k_cut)
-        top_p_cut, nucleus_within = self._top_p_cut(params, top_k_cut, has_top_k, masses)
-        top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
-        top_p_cut = torch.where(
-            top_p & mass_known & (nucleus_within | complete), top_p_cut, -math.inf
-        )
-        self.values = torch.maximum(torch.maximum(top_k_cut, top_p_cut), min_p)
-        self.exact = (complete | ((last < self.values) & (mass_known | ~top_p))).squeeze(1)
+        self.values = torch.maximum(top_k_cut, min_p)
+        fits = last < self.values
+        if any(p.top_p < 1.0 for p in params):
+            # top_p measures mass within what top_k kept: known when the candidates hold all of it.
+            mass_known = ~has_top_k | complete | (last < top_k_cut)
+            top_p_cut, nucleus_within = self._top_p_cut(params, top_k_cut, has_top_k, masses)
+            top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
+            top_p_cut = torch.where(
+                top_p & mass_known & (nucleus_within | complete), top_p_cut, -math.inf
+            )
+            self.values = torch.maximum(self.values, top_p_cut)
+            fits = (last < self.values) & (mass_known | ~top_p)
+        self.exact = (fits | complete).squeeze(1)
 
     def _top_p_cut(
         self,
@@ -366,12 +379,19 @@ def _whole_masses(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
 
 def _draw_in_token_order(cut: _Thresholds, rows: list[int], uniforms: torch.Tensor) -> torch.Tensor:
     """Token ids for `rows` of `cut` (exact ones) drawn among their kept candidates, in token-id order."""
-    values, ids = cut.candidates[rows], cut.candidate_ids[rows]
-    keep = values >= cut.values[rows]
+    values, ids, thresholds = cut.candidates, cut.candidate_ids, cut.values
+    if len(rows) < len(values):
+        values, ids, thresholds, uniforms = (
+            values[rows],
+            ids[rows],
+            thresholds[rows],
+            uniforms[rows],
+        )
+    keep = values >= thresholds
     after_every_id = torch.iinfo(ids.dtype).max
     order = torch.where(keep, ids, after_every_id).argsort(-1)  # kept tokens by id, then dropped
     weights = values.exp().masked_fill_(~keep, 0.0).gather(1, order)
-    positions = _invert_cdf(weights, uniforms[rows]).unsqueeze(1)
+    positions = _invert_cdf(weights, uniforms).unsqueeze(1)
     return ids.gather(1, order.gather(1, positions)).squeeze(1)
 
 
