@@ -624,3 +624,14 @@ def test_penalties_that_overflow_the_logits_fail_that_row_alone() -> None:
     ]
     tokens = sample_batch(logits, rows)
     assert tokens[0] is None and tokens[1] is not None and tokens[1].token_id == 1
+
+
+def test_whole_row_sums_are_the_same_bits_alone_or_in_a_batch() -> None:
+    # top_p measures a row against its whole mass; a lone long row must add up exactly as it does
+    # among others, or the nucleus boundary could move with the batch.
+    values = (torch.randn(9, 49152 + 77, generator=torch.Generator().manual_seed(6)) * 3).exp()
+    together = sampler._row_sums(values)
+    for start, size in ((0, 1), (4, 1), (2, 3), (8, 1)):
+        alone = sampler._row_sums(values[start : start + size].clone())
+        assert torch.equal(alone, together[start : start + size])
+    assert torch.allclose(together, values.double().sum(-1, keepdim=True), rtol=1e-12)

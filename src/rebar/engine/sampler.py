@@ -267,7 +267,7 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
         thresholds[pending] = cut.values
     whole = sorted(pending + [i for i, p in enumerate(params) if not _narrows(p, vocab_size)])
     if whole:
-        scaled = _scaled(logits[whole], [params[i] for i in whole])
+        scaled = _scaled(logits[whole], [params[i] for i in whole], in_place=True)
         weights = scaled.exp()
         if pending or any(params[i].min_p > 0.0 for i in whole):
             weights.masked_fill_(scaled < thresholds[whole], 0.0)
@@ -288,14 +288,20 @@ def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)  # [rows, 1]
 
 
-def _scaled(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """(logits - row max) / temperature, so every row's best logit is exactly 0.
+def _scaled(
+    logits: torch.Tensor, params: Sequence[SamplingParams], in_place: bool = False
+) -> torch.Tensor:
+    """(logits - row max) / temperature, so every row's best logit is exactly 0; `in_place`
+    overwrites `logits` (a caller's private copy) instead of allocating.
 
     Shifting leaves the distribution unchanged and keeps a tiny temperature from overflowing to
     inf (which would turn the probabilities into NaN).
     """
     temperatures = _column([p.temperature for p in params], logits)
-    return (logits - logits.amax(-1, keepdim=True)) / temperatures
+    maxima = logits.amax(-1, keepdim=True)
+    if in_place:
+        return logits.sub_(maxima).div_(temperatures)
+    return (logits - maxima) / temperatures
 
 
 class _Thresholds:
@@ -334,33 +340,34 @@ class _Thresholds:
         self.values = torch.maximum(top_k_cut, min_p)
         fits = last < self.values
         if any(p.top_p < 1.0 for p in params):
+            has_top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
             # top_p measures mass within what top_k kept: known when the candidates hold all of it.
             mass_known = ~has_top_k | complete | (last < top_k_cut)
-            top_p_cut, nucleus_within = self._top_p_cut(params, top_k_cut, has_top_k, masses)
-            top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
-            top_p_cut = torch.where(
-                top_p & mass_known & (nucleus_within | complete), top_p_cut, -math.inf
-            )
+            top_p_cut = self._top_p_cut(params, has_top_k, top_k_cut, masses, complete)
+            top_p_cut = torch.where(has_top_p & mass_known, top_p_cut, -math.inf)
             self.values = torch.maximum(self.values, top_p_cut)
-            fits = (last < self.values) & (mass_known | ~top_p)
+            fits = (last < self.values) & (mass_known | ~has_top_p)
         self.exact = (fits | complete).squeeze(1)
 
     def _top_p_cut(
         self,
         params: Sequence[SamplingParams],
-        top_k_cut: torch.Tensor,
         has_top_k: torch.Tensor,
+        top_k_cut: torch.Tensor,
         masses: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scaled logit of the last token top_p keeps [rows, 1], and whether it is a candidate."""
+        complete: bool,
+    ) -> torch.Tensor:
+        """The scaled logit of the last token top_p keeps [rows, 1]; -inf where that token may lie
+        past the candidates (and meaningless where the row's mass is not known)."""
+        # top_k rows measure their nucleus within their own top k; the others use their whole mass.
         weights = self.candidates.exp().masked_fill_(self.candidates < top_k_cut, 0.0)
         cdf = torch.cumsum(weights, -1, dtype=torch.float64)  # [rows, width]
         totals = torch.where(has_top_k, cdf[:, -1:], masses)
-        mass_before = torch.cat([torch.zeros_like(cdf[:, :1]), cdf[:, :-1]], 1)
         top_p = torch.tensor([[p.top_p] for p in params], dtype=torch.float64, device=cdf.device)
-        # A token is dropped once the tokens ranked before it hold top_p; the best always stays.
-        num_kept = (mass_before < top_p * totals).sum(-1, keepdim=True).clamp(min=1)
-        return self.candidates.gather(1, num_kept - 1), num_kept < cdf.shape[1]
+        # A token is dropped once the tokens ranked before it hold top_p, so the best always stays.
+        num_kept = 1 + (cdf[:, :-1] < top_p * totals).sum(-1, keepdim=True)
+        cut = self.candidates.gather(1, num_kept - 1)
+        return cut if complete else torch.where(num_kept < cdf.shape[1], cut, -math.inf)
 
 
 def _whole_masses(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -370,11 +377,25 @@ def _whole_masses(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     vocab_size = logits.shape[1]
     rows = [j for j, p in enumerate(params) if p.top_p < 1.0 and not 0 < p.top_k < vocab_size]
     if rows:
-        weights = _scaled(logits[rows], [params[j] for j in rows]).exp_()
-        # A cumulative sum's last element, not sum(): it adds in one fixed order whatever the
-        # batch, where a parallel sum() splits a lone row differently from a row in a batch.
-        totals[rows] = torch.cumsum(weights, -1, dtype=torch.float64)[:, -1:]
+        weights = _scaled(logits[rows], [params[j] for j in rows], in_place=True).exp_()
+        totals[rows] = _row_sums(weights)
     return totals
+
+
+SUM_BLOCK = 1024
+
+
+def _row_sums(values: torch.Tensor) -> torch.Tensor:
+    """[rows, 1] float64 sums of `values` ([rows, n]), each the same bits alone or in any batch.
+
+    A plain sum() of a lone long row is split across threads, so its round-off differs from the
+    same row's in a batch. Blocks of SUM_BLOCK values, each summed by one thread, then added in
+    order, give every row one summation order.
+    """
+    width = values.shape[1] // SUM_BLOCK * SUM_BLOCK
+    blocks = values[:, :width].unflatten(1, (-1, SUM_BLOCK)).sum(-1, dtype=torch.float64)
+    tail = values[:, width:].sum(-1, keepdim=True, dtype=torch.float64)
+    return torch.cat([blocks, tail], 1).cumsum(-1)[:, -1:]
 
 
 def _draw_in_token_order(cut: _Thresholds, rows: list[int], uniforms: torch.Tensor) -> torch.Tensor:
