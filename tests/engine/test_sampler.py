@@ -3,6 +3,7 @@ seeded rows that draw the same tokens alone or in any batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -10,13 +11,8 @@ import pytest
 import torch
 
 from rebar import SamplingParams
-from rebar.engine.sampler import (
-    SampleRequest,
-    filter_logits,
-    make_generator,
-    process_logits,
-    sample_batch,
-)
+from rebar.engine import sampler
+from rebar.engine.sampler import SampleRequest, make_generator, sample_batch
 
 LOGITS = torch.log(torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]))
 
@@ -28,44 +24,30 @@ def draw_one(
     return sample_batch(logits[None], [SampleRequest(params, generator, [], [])])[0].token_id
 
 
-def kept(params: SamplingParams) -> list[int]:
-    return torch.isfinite(filter_logits(LOGITS, params)).nonzero().flatten().tolist()
+def frequencies(logits: torch.Tensor, params: SamplingParams, num_draws: int) -> torch.Tensor:
+    """How often each token is drawn from one seeded row, as a fraction of `num_draws`."""
+    generator = make_generator(params)
+    counts = torch.zeros(logits.shape[-1])
+    for _ in range(num_draws):
+        counts[draw_one(logits, params, generator)] += 1
+    return counts / num_draws
 
 
 def test_greedy_takes_the_argmax() -> None:
     assert draw_one(torch.tensor([0.1, 3.0, -1.0]), SamplingParams(temperature=0), None) == 1
 
 
-def test_top_k_keeps_k_best() -> None:
-    assert kept(SamplingParams(top_k=2)) == [0, 1]
-    assert kept(SamplingParams(top_k=0)) == [0, 1, 2, 3, 4]
-
-
-def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
-    assert kept(SamplingParams(top_p=0.5)) == [0, 1]  # 0.4 < 0.5, 0.4 + 0.3 >= 0.5
-    assert kept(SamplingParams(top_p=0.4)) == [0]
-    assert kept(SamplingParams(top_p=0.86)) == [0, 1, 2, 3]
-
-
-def test_min_p_is_relative_to_the_best_token() -> None:
-    assert kept(SamplingParams(min_p=0.5)) == [0, 1]  # threshold 0.2
-    assert kept(SamplingParams(min_p=0.3)) == [0, 1, 2]  # threshold 0.12
-
-
 def test_temperature_sharpens_and_flattens() -> None:
-    cold = filter_logits(LOGITS, SamplingParams(temperature=0.5)).softmax(-1)
-    hot = filter_logits(LOGITS, SamplingParams(temperature=2.0)).softmax(-1)
-    assert cold[0] > 0.4 > hot[0]
-    assert math.isclose(float(cold.sum()), 1.0, rel_tol=1e-6)
+    # p ** (1 / T), renormalised: token 0 goes from 0.4 to 0.16 / 0.285 cold and 0.632 / 2.107 hot.
+    cold = frequencies(LOGITS, SamplingParams(temperature=0.5, seed=1), 4000)
+    hot = frequencies(LOGITS, SamplingParams(temperature=2.0, seed=2), 4000)
+    assert float(cold[0]) == pytest.approx(0.16 / 0.285, abs=0.03)
+    assert float(hot[0]) == pytest.approx(0.632 / 2.107, abs=0.03)
 
 
 def test_sampling_follows_the_distribution() -> None:
-    params = SamplingParams(temperature=1.0, seed=7)
-    generator = make_generator(params)
-    counts = torch.zeros(5)
-    for _ in range(4000):
-        counts[draw_one(LOGITS, params, generator)] += 1
-    assert torch.allclose(counts / 4000, LOGITS.exp(), atol=0.03)
+    drawn = frequencies(LOGITS, SamplingParams(temperature=1.0, seed=7), 4000)
+    assert torch.allclose(drawn, LOGITS.exp(), atol=0.03)
 
 
 def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
@@ -101,7 +83,36 @@ def request(
 
 
 def processed(values: list[float], params: SamplingParams, prompt=(), output=()) -> list[float]:
-    return process_logits(torch.tensor([values]), [request(params, prompt, output)])[0].tolist()
+    """Each token's logit after logit_bias and penalties, read back through greedy choices.
+
+    Token t competes alone against a probe token (in no history, so untouched): a probe one float32
+    step above the processed value wins, a probe equal to it loses (argmax takes the first id).
+    Returns the value at which the choice flips, which is exactly the processed logit.
+    """
+    greedy = dataclasses.replace(params, temperature=0.0)
+    probe = len(values)
+
+    def winner(token: int, probe_value: torch.Tensor) -> int:
+        row = torch.full((1, probe + 1), -math.inf)
+        row[0, token], row[0, probe] = values[token], probe_value
+        result = sample_batch(row, [request(greedy, prompt, output)])[0]
+        assert result is not None
+        return result.token_id
+
+    def flip_point(token: int) -> float:
+        low, high = torch.tensor(-1e6), torch.tensor(1e6)  # the probe loses at low, wins at high
+        assert winner(token, low) == token and winner(token, high) == probe
+        while torch.nextafter(low, high) != high:  # bisect on float32 values
+            middle = (low + high) / 2
+            if middle in (low, high):
+                middle = torch.nextafter(low, high)
+            if winner(token, middle) == probe:
+                high = middle
+            else:
+                low = middle
+        return float(low)
+
+    return [flip_point(token) for token in range(len(values))]
 
 
 def greedy_token(values: list[float], **kwargs) -> int:
@@ -187,14 +198,14 @@ def test_logit_bias_forces_and_bans_tokens() -> None:
     assert drawn == {1, 2, 3}
 
 
-def test_process_logits_leaves_the_input_alone() -> None:
-    logits = torch.tensor([[1.0, 2.0, 3.0]])
-    reqs = [
-        request(SamplingParams(temperature=0, logit_bias={0: 5}, presence_penalty=1.0), output=(2,))
-    ]
-    assert process_logits(logits, reqs).tolist() == [[6.0, 2.0, 2.0]]
+def test_sampling_leaves_the_input_alone() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.0, 0.25]])
+    bias_and_penalty = SamplingParams(temperature=0, logit_bias={0: 5}, presence_penalty=1.0)
+    penalised = SamplingParams(temperature=0.7, top_k=2, seed=1, repetition_penalty=1.5)
+    reqs = [request(bias_and_penalty, output=(2,)), request(penalised, prompt=(0,))]
+    assert processed([1.0, 2.0, 3.0], bias_and_penalty, output=(2,)) == [6.0, 2.0, 2.0]
     assert sample_batch(logits, reqs)[0].token_id == 0
-    assert logits.tolist() == [[1.0, 2.0, 3.0]]
+    assert logits.tolist() == [[1.0, 2.0, 3.0], [0.5, 0.0, 0.25]]
 
 
 def test_logprobs_come_from_the_raw_logits_sorted_and_of_the_requested_length() -> None:
@@ -355,8 +366,12 @@ def test_batched_sampling_follows_the_distribution() -> None:
     ("params", "expected"),
     [
         (SamplingParams(top_k=2, seed=1), {0, 1}),
-        (SamplingParams(top_p=0.5, seed=2), {0, 1}),
-        (SamplingParams(min_p=0.3, seed=3), {0, 1, 2}),
+        (SamplingParams(top_k=0, seed=1), {0, 1, 2, 3, 4}),
+        (SamplingParams(top_p=0.5, seed=2), {0, 1}),  # 0.4 < 0.5, 0.4 + 0.3 >= 0.5
+        (SamplingParams(top_p=0.4, seed=2), {0}),
+        (SamplingParams(top_p=0.86, seed=2), {0, 1, 2, 3}),
+        (SamplingParams(min_p=0.5, seed=3), {0, 1}),  # threshold 0.2
+        (SamplingParams(min_p=0.3, seed=3), {0, 1, 2}),  # threshold 0.12
         (SamplingParams(top_k=3, top_p=0.6, seed=4), {0, 1}),
         (SamplingParams(seed=5), {0, 1, 2, 3, 4}),
     ],
@@ -366,6 +381,47 @@ def test_batched_filters_keep_exactly_the_hand_computed_set(
 ) -> None:
     row = request(params)
     assert {sample_batch(LOGITS.unsqueeze(0), [row])[0].token_id for _ in range(1500)} == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(top_k=2, seed=1), {0, 1, 2}),  # token 2 ties the 2nd best
+        # token 0 holds 0.53 < 0.6, so the next best stays: token 1, and token 2 tied with it
+        (SamplingParams(top_p=0.6, seed=2), {0, 1, 2}),
+        (SamplingParams(top_p=0.5, seed=3), {0}),
+    ],
+)
+def test_tokens_tied_with_the_last_kept_one_are_kept(
+    params: SamplingParams, expected: set[int]
+) -> None:
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0]])
+    row = request(params)
+    assert {sample_batch(logits, [row])[0].token_id for _ in range(600)} == expected
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.9, top_k=50, seed=1),
+        SamplingParams(temperature=1.2, top_p=0.9, seed=2),
+        SamplingParams(temperature=0.8, top_k=200, top_p=0.95, min_p=0.01, seed=3),
+        SamplingParams(temperature=1.0, top_k=1500, seed=4),  # past the candidates: always wide
+    ],
+)
+def test_a_row_draws_the_same_tokens_from_its_candidates_or_its_whole_vocabulary(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logits = torch.randn(1, 2048, generator=torch.Generator().manual_seed(4)) * 2
+
+    def draws() -> list[int]:
+        row = request(params)
+        return [sample_batch(logits, [row])[0].token_id for _ in range(50)]
+
+    from_candidates = draws()
+    monkeypatch.setattr(sampler, "CANDIDATE_WIDTHS", (1,))  # no kept set fits: all go wide
+    assert draws() == from_candidates
+    assert len(set(from_candidates)) > 5
 
 
 def _draw_many(logits: torch.Tensor, params: SamplingParams, num_draws: int) -> list[int]:
@@ -568,3 +624,14 @@ def test_penalties_that_overflow_the_logits_fail_that_row_alone() -> None:
     ]
     tokens = sample_batch(logits, rows)
     assert tokens[0] is None and tokens[1] is not None and tokens[1].token_id == 1
+
+
+def test_whole_row_sums_are_the_same_bits_alone_or_in_a_batch() -> None:
+    # top_p measures a row against its whole mass; a lone long row must add up exactly as it does
+    # among others, or the nucleus boundary could move with the batch.
+    values = (torch.randn(9, 49152 + 77, generator=torch.Generator().manual_seed(6)) * 3).exp()
+    together = sampler._row_sums(values)
+    for start, size in ((0, 1), (4, 1), (2, 3), (8, 1)):
+        alone = sampler._row_sums(values[start : start + size].clone())
+        assert torch.equal(alone, together[start : start + size])
+    assert torch.allclose(together, values.double().sum(-1, keepdim=True), rtol=1e-12)

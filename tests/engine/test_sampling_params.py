@@ -87,6 +87,8 @@ NAN, INF = float("nan"), float("inf")
         ({"logit_bias": {"5": 1.0, 5: 2.0}}, "logit_bias"),
         ({"logit_bias": [(5, 1.0)]}, "logit_bias"),
         ({"temperature": INF}, "temperature"),
+        ({"temperature": 10**400}, "temperature"),  # too large for a float
+        ({"logit_bias": {5: -(10**400)}}, "logit_bias"),
         ({"temperature": "1"}, "temperature"),
         ({"top_p": NAN}, "top_p"),
         ({"min_p": NAN}, "min_p"),

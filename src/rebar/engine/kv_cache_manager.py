@@ -112,10 +112,6 @@ class KVCacheManager:
             self.pool.uncache(blocks)
         self.pool.free(reversed(blocks))
 
-    @property
-    def num_requests(self) -> int:
-        return len(self._blocks)
-
     def check_integrity(self) -> None:
         held = Counter(block for blocks in self._blocks.values() for block in blocks)
         for request_id, blocks in self._blocks.items():

@@ -1,10 +1,22 @@
 """Turn logits into tokens: greedy, or temperature with top-k / top-p / min-p filters.
 
-`sample_batch` is what the engine calls once per step for every running request. Per row it
-applies, in order: logit_bias -> repetition, presence and frequency penalties -> greedy argmax when
-temperature is 0, else temperature -> top_k -> top_p -> min_p -> a draw from the row's own
-generator. `process_logits` exposes the first two stages; `filter_logits` is the single-row
-form of the filters (without bias or penalties).
+`sample_batch` is what the engine calls once per step for every running request. It makes one
+pass over the batch, each stage a batched tensor operation on the rows that need it:
+
+1. logit_bias, then repetition, presence and frequency penalties;
+2. greedy rows (temperature 0) take the argmax of what stage 1 left;
+3. sampled rows divide by their temperature and keep the tokens that top_k, top_p and min_p all
+   allow, expressed as one threshold per row: a token is kept when its scaled logit reaches it;
+4. each sampled row draws one uniform number from its own generator and inverts the cumulative
+   distribution of its kept tokens, taken in token-id order;
+5. rows that asked for them get their log-probabilities.
+
+The fast path: a batch whose rows are all greedy without logit_bias or penalties is one argmax.
+
+What the filters keep: top_k the k best tokens and every token tied with the k-th; top_p, within
+what top_k kept, the best tokens until those ranked before the next one hold top_p of that mass
+(always the best one), and every token tied with the last kept one; min_p the tokens whose
+probability is at least min_p times the best token's.
 
 A row whose logits cannot be sampled (NaN anywhere, or no finite best value: a broken model, or
 bias and penalties that overflowed) gets None instead of a token, and the other rows are not
@@ -68,11 +80,6 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     return generator
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature-scaled logits ([vocab] float32) with filtered-out tokens set to -inf."""
-    return _filter_rows(logits.unsqueeze(0), [params]).squeeze(0)
-
-
 def sample_batch(
     logits: torch.Tensor, requests: Sequence[SampleRequest]
 ) -> list[SampledToken | None]:
@@ -85,18 +92,15 @@ def sample_batch(
     (non-greedy) row consumes exactly one float64 uniform from its generator (or, without one, from
     the global CPU RNG) per call, unless it gets None; greedy rows consume none.
     """
-    _check_shape(logits, requests)
-    token_ids = torch.full((len(requests),), -1, dtype=torch.long, device=logits.device)
-    plain = [i for i, r in enumerate(requests) if _is_plain_greedy(r.params)]
-    if len(plain) == len(requests):
-        token_ids = logits.argmax(-1)
-    elif plain:
-        token_ids[plain] = logits[plain].argmax(-1)
-    rest = [i for i, r in enumerate(requests) if not _is_plain_greedy(r.params)]
-    if rest:
-        token_ids[rest] = _sample_processed(logits[rest].float(), [requests[i] for i in rest])
-    # Checked last, on every row: argmax of a NaN row would otherwise return a plausible id.
-    valid = _has_finite_best(logits) & (token_ids >= 0) & (token_ids < logits.shape[1])
+    if logits.dim() != 2 or logits.shape[0] != len(requests):
+        raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
+    if all(_is_plain_greedy(r.params) for r in requests):
+        # Fast path: nothing to add, scale or draw.
+        token_ids, valid = logits.argmax(-1), _has_finite_best(logits)
+    else:
+        token_ids, valid = _sample_rows(logits, requests)
+    # Checked on every row: argmax of a NaN row would otherwise return a plausible id.
+    valid &= (token_ids >= 0) & (token_ids < logits.shape[1])
     token_ids = torch.where(valid, token_ids, 0)
     logprobs = _logprobs(logits, token_ids, requests)
     return [
@@ -105,52 +109,49 @@ def sample_batch(
     ]
 
 
+def _is_plain_greedy(params: SamplingParams) -> bool:
+    return params.greedy and params.logit_bias is None and not params.has_penalties
+
+
 def _has_finite_best(logits: torch.Tensor) -> torch.Tensor:
     """[rows] bool: the row holds no NaN and its best logit is finite (amax propagates NaN)."""
     return torch.isfinite(logits.amax(-1))
 
 
-def _check_shape(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
-    if logits.dim() != 2 or logits.shape[0] != len(requests):
-        raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
-
-
-def _is_plain_greedy(params: SamplingParams) -> bool:
-    return params.greedy and params.logit_bias is None and not params.has_penalties
-
-
-def process_logits(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """Each row's logits after its logit_bias and penalties, before temperature and filters.
-
-    Returns a new float32 tensor shaped like `logits` ([len(requests), vocab]); the input is untouched.
-    """
-    _check_shape(logits, requests)
-    processed = logits.float().clone(memory_format=torch.contiguous_format)
-    _process_in_place(processed, requests)
-    return processed
-
-
-def _process_in_place(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> None:
-    assert logits.is_contiguous()  # penalties index it as one flat vector
-    _add_logit_bias(logits, [r.params for r in requests])
-    penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
-    if penalised:
-        _apply_penalties(logits, [requests[i] for i in penalised], penalised)
-
-
-def _sample_processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """Token ids [rows] (-1: none) for rows that need bias, penalties or sampling; `logits` is a private copy."""
-    _process_in_place(logits, requests)
-    token_ids = torch.full((len(requests),), -1, dtype=torch.long, device=logits.device)
-    # Rows left without a finite best logit keep id -1 (no token): drawing from them is undefined.
-    usable = _has_finite_best(logits).tolist()
-    greedy = [i for i, r in enumerate(requests) if usable[i] and r.params.greedy]
+def _sample_rows(
+    logits: torch.Tensor, requests: Sequence[SampleRequest]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [rows] and whether each row could be sampled [rows], for any mix of rows."""
+    processed = _processed(logits, requests)
+    valid = _has_finite_best(logits)
+    if processed is not logits:
+        # Bias and penalties can overflow a row that was fine: both versions need a best value.
+        valid &= _has_finite_best(processed)
+    token_ids = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
+    greedy = [i for i, r in enumerate(requests) if r.params.greedy]
     if greedy:
-        token_ids[greedy] = logits[greedy].argmax(-1)
-    sampled = [i for i, r in enumerate(requests) if usable[i] and not r.params.greedy]
+        token_ids[greedy] = processed[greedy].argmax(-1)
+    sampled = [
+        i for i, (r, ok) in enumerate(zip(requests, valid.tolist())) if ok and not r.params.greedy
+    ]
     if sampled:
-        token_ids[sampled] = _draw(logits[sampled], [requests[i] for i in sampled])
-    return token_ids
+        token_ids[sampled] = _draw(processed[sampled], [requests[i] for i in sampled])
+    return token_ids, valid
+
+
+def _processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Float32 logits after every row's logit_bias and penalties: a new tensor, or `logits` itself
+    (never written to) when it is float32 and no row has any."""
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
+    if not penalised and all(r.params.logit_bias is None for r in requests):
+        return logits
+    processed = logits.clone(memory_format=torch.contiguous_format)
+    _add_logit_bias(processed, [r.params for r in requests])
+    if penalised:
+        _apply_penalties(processed, [requests[i] for i in penalised], penalised)
+    return processed
 
 
 def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
@@ -227,162 +228,200 @@ def _apply_penalties(
     flat[output_ids] = flat[output_ids] - (presence + frequency * output_counts.to(logits.dtype))
 
 
-def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)  # [rows, 1]
+# Rows with top_k or top_p look for their kept set among their best tokens, this many first, then
+# more; only a row whose kept set reaches past the widest sorts its whole vocabulary.
+CANDIDATE_WIDTHS = (64, 1024)
 
 
-def _filter_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Temperature-scaled logits [rows, vocab] with each row's top-k/top-p/min-p losers set to -inf."""
-    logits = logits / _column([p.temperature for p in params], logits)
-    return _mask_min_p(_top_k_top_p(logits, params), params)
+def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """One token id per row ([rows]) of `logits` ([rows, vocab], bias and penalties applied).
 
-
-def _mask_min_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Mask tokens whose probability is below min_p times the row's best (a ratio, so a logit gap)."""
-    if all(p.min_p == 0.0 for p in params):
-        return logits
-    log_min_p = _column([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params], logits)
-    return logits.masked_fill(logits < logits.amax(-1, keepdim=True) + log_min_p, float("-inf"))
-
-
-def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Mask each row's tokens below its k-th best logit, then those outside its top-p nucleus."""
-    if not any(_narrows(p, logits.shape[1]) for p in params):
-        return logits
-    # A stable sort keeps ties in token order, so a row sorts the same way in any batch.
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    sorted_logits = _mask_sorted(sorted_logits, params, logits.shape[1])
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    A row with top_k or top_p whose kept set lies within its best CANDIDATE_WIDTHS tokens draws
+    among those; every other row draws over its whole vocabulary. Either way it draws the same
+    token from the same uniform: the cumulative distribution runs over the kept tokens in token-id
+    order, and a dropped token adds exactly 0 to it. So which width settles a row, and which rows
+    share a width, changes nothing but the time taken.
+    """
+    params = [r.params for r in requests]
+    uniforms = _uniforms([r.generator for r in requests], logits.device)
+    vocab_size = logits.shape[1]
+    thresholds = _column([_log_min_p(p) for p in params], logits)  # [rows, 1]; min_p alone so far
+    masses = _whole_masses(logits, params)
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    pending = [i for i, p in enumerate(params) if _narrows(p, vocab_size)]
+    for width in CANDIDATE_WIDTHS:
+        rows = [i for i in pending if params[i].top_k <= width or params[i].top_k >= vocab_size]
+        if not rows:
+            continue
+        cut = _Thresholds(
+            logits[rows], [params[i] for i in rows], thresholds[rows], masses[rows], width
+        )
+        fit = [j for j, ok in enumerate(cut.exact.tolist()) if ok]
+        if fit:
+            token_ids[[rows[j] for j in fit]] = _draw_in_token_order(cut, fit, uniforms[rows])
+            settled = {rows[j] for j in fit}
+            pending = [i for i in pending if i not in settled]
+    if pending:  # their kept sets may reach past every width: sort the whole row
+        wide = [params[i] for i in pending]
+        cut = _Thresholds(logits[pending], wide, thresholds[pending], masses[pending], vocab_size)
+        thresholds[pending] = cut.values
+    whole = sorted(pending + [i for i, p in enumerate(params) if not _narrows(p, vocab_size)])
+    if whole:
+        scaled = _scaled(logits[whole], [params[i] for i in whole], in_place=True)
+        weights = scaled.exp()
+        if pending or any(params[i].min_p > 0.0 for i in whole):
+            weights.masked_fill_(scaled < thresholds[whole], 0.0)
+        token_ids[whole] = _invert_cdf(weights, uniforms[whole])
+    return token_ids
 
 
 def _narrows(params: SamplingParams, vocab_size: int) -> bool:
     return 0 < params.top_k < vocab_size or params.top_p < 1.0
 
 
-def _mask_sorted(
-    sorted_logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    vocab_size: int,
-    total: torch.Tensor | None = None,
+def _log_min_p(params: SamplingParams) -> float:
+    """min_p as a threshold on scaled logits shifted so the best one is 0 (a probability ratio)."""
+    return math.log(params.min_p) if params.min_p > 0.0 else -math.inf
+
+
+def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)  # [rows, 1]
+
+
+def _scaled(
+    logits: torch.Tensor, params: Sequence[SamplingParams], in_place: bool = False
 ) -> torch.Tensor:
-    """Apply top-k then top-p to logits sorted best first ([rows, n], n <= vocab_size).
-
-    When the n columns are only each row's best candidates, their best logit must be 0 and `total`
-    ([rows, 1]) must be the sum of exp(logit) over the whole row; rows with top_k <= n then
-    normalise over their own top k instead.
-    """
-    ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-    ks = torch.tensor(ks, device=sorted_logits.device).unsqueeze(1)  # [rows, 1]
-    num_columns = sorted_logits.shape[1]
-    kth = sorted_logits.gather(1, ks.clamp(max=num_columns) - 1)
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    if all(p.top_p >= 1.0 for p in params):
-        return sorted_logits
-    if total is None:
-        probs = sorted_logits.softmax(-1)
-    else:
-        weights = sorted_logits.exp()
-        probs = weights / torch.where(ks <= num_columns, weights.sum(-1, keepdim=True), total)
-    # Rows without top-p get an unreachable threshold, so round-off never trims their tail.
-    top_p = _column([p.top_p if p.top_p < 1.0 else math.inf for p in params], probs)
-    # Drop a token when the tokens ranked before it already reach top_p. The best token always
-    # stays: a top_p that rounds to 0 in float32 would otherwise drop every token.
-    drop = (probs.cumsum(-1) - probs) >= top_p
-    drop[:, 0] = False
-    return sorted_logits.masked_fill(drop, float("-inf"))
-
-
-def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """One token per row [rows] from its filtered distribution, using only the row's own generator.
-
-    Each row draws one uniform number and inverts its cumulative distribution. Rows with top-k or
-    top-p first look at their best CANDIDATE_WIDTHS tokens and sort the whole vocabulary only when
-    the kept set may reach past them; which path a row takes depends on that row alone.
-    """
-    params = [r.params for r in requests]
-    uniforms = _uniforms([r.generator for r in requests], logits.device)
-    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-    full: list[int] = []
-    by_width: dict[int, list[int]] = {}
-    for i, p in enumerate(params):
-        width = _candidate_width(p, logits.shape[1])
-        if width is None:
-            full.append(i)
-        else:
-            by_width.setdefault(width, []).append(i)
-    for width, rows in by_width.items():
-        found, fallback = _draw_from_candidates(
-            logits[rows], [params[i] for i in rows], uniforms[rows], width
-        )
-        exact = [j for j in range(len(rows)) if j not in fallback]
-        token_ids[[rows[j] for j in exact]] = found[exact]
-        full += [rows[j] for j in fallback]
-    if full:
-        rows = sorted(full)
-        row_params = [params[i] for i in rows]
-        kept = _top_k_top_p(_scaled(logits[rows], row_params), row_params)
-        token_ids[rows] = _invert_cdf(_mask_min_p(kept, row_params), uniforms[rows])
-    return token_ids
-
-
-CANDIDATE_WIDTHS = (64, 1024)
-NUM_CANDIDATES = CANDIDATE_WIDTHS[-1]
-
-
-def _candidate_width(params: SamplingParams, vocab_size: int) -> int | None:
-    """How many best tokens may hold this row's kept set; None when it needs the whole vocabulary."""
-    if not _narrows(params, vocab_size):
-        return None
-    if 0 < params.top_k < vocab_size:
-        return next((w for w in CANDIDATE_WIDTHS if params.top_k <= w), None)
-    return NUM_CANDIDATES
-
-
-def _scaled(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """(logits - row max) / temperature, so every row's best logit is exactly 0.
+    """(logits - row max) / temperature, so every row's best logit is exactly 0; `in_place`
+    overwrites `logits` (a caller's private copy) instead of allocating.
 
     Shifting leaves the distribution unchanged and keeps a tiny temperature from overflowing to
     inf (which would turn the probabilities into NaN).
     """
-    return (logits - logits.amax(-1, keepdim=True)) / _column(
-        [p.temperature for p in params], logits
-    )
+    temperatures = _column([p.temperature for p in params], logits)
+    maxima = logits.amax(-1, keepdim=True)
+    if in_place:
+        return logits.sub_(maxima).div_(temperatures)
+    return (logits - maxima) / temperatures
 
 
-def _draw_from_candidates(
-    logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor, width: int
-) -> tuple[torch.Tensor, list[int]]:
-    """A token id per row drawn among its best `width` tokens, and the rows where that was not exact.
+class _Thresholds:
+    """Each row's keep threshold, found among its best `width` tokens.
 
-    The ids of those fallback rows are meaningless; the caller must sample them over the whole
-    vocabulary. Only top-p rows without top-k can fall back: their candidates may hold less than
-    top_p of the mass.
+    `values` ([rows, 1]) is the threshold on scaled logits, holding min_p, top_k and top_p; `exact`
+    ([rows] bool) says the kept set lies within `candidates` ([rows, width] scaled logits, best
+    first; their token ids in `candidate_ids`), always so when `width` covers the vocabulary. A cut
+    the candidates cannot settle (top_k past them, a nucleus reaching past them) is left out of
+    `values`, which then counts only where it already drops the last candidate. `min_p` is the
+    rows' min_p threshold and `masses` their whole mass, from _whole_masses (both [rows, 1]).
     """
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        min_p: torch.Tensor,
+        masses: torch.Tensor,
+        width: int,
+    ) -> None:
+        vocab_size = logits.shape[1]
+        width = min(width, vocab_size)
+        best, self.candidate_ids = logits.topk(width, dim=-1)
+        temperatures = _column([p.temperature for p in params], logits)
+        self.candidates = (best - best[:, :1]) / temperatures  # [rows, width], the same as _scaled
+        top_k = torch.tensor(
+            [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params],
+            device=logits.device,
+        ).unsqueeze(1)  # [rows, 1]
+        has_top_k = top_k < vocab_size
+        kth = self.candidates.gather(1, top_k.clamp(max=width) - 1)
+        top_k_cut = torch.where(has_top_k & (top_k <= width), kth, -math.inf)
+        last = self.candidates[:, -1:]
+        complete = width == vocab_size
+        self.values = torch.maximum(top_k_cut, min_p)
+        fits = last < self.values
+        if any(p.top_p < 1.0 for p in params):
+            has_top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
+            # top_p measures mass within what top_k kept: known when the candidates hold all of it.
+            mass_known = ~has_top_k | complete | (last < top_k_cut)
+            top_p_cut = self._top_p_cut(params, has_top_k, top_k_cut, masses, complete)
+            top_p_cut = torch.where(has_top_p & mass_known, top_p_cut, -math.inf)
+            self.values = torch.maximum(self.values, top_p_cut)
+            fits = (last < self.values) & (mass_known | ~has_top_p)
+        self.exact = (fits | complete).squeeze(1)
+
+    def _top_p_cut(
+        self,
+        params: Sequence[SamplingParams],
+        has_top_k: torch.Tensor,
+        top_k_cut: torch.Tensor,
+        masses: torch.Tensor,
+        complete: bool,
+    ) -> torch.Tensor:
+        """The scaled logit of the last token top_p keeps [rows, 1]; -inf where that token may lie
+        past the candidates (and meaningless where the row's mass is not known)."""
+        # top_k rows measure their nucleus within their own top k; the others use their whole mass.
+        weights = self.candidates.exp().masked_fill_(self.candidates < top_k_cut, 0.0)
+        cdf = torch.cumsum(weights, -1, dtype=torch.float64)  # [rows, width]
+        totals = torch.where(has_top_k, cdf[:, -1:], masses)
+        top_p = torch.tensor([[p.top_p] for p in params], dtype=torch.float64, device=cdf.device)
+        # A token is dropped once the tokens ranked before it hold top_p, so the best always stays.
+        num_kept = 1 + (cdf[:, :-1] < top_p * totals).sum(-1, keepdim=True)
+        cut = self.candidates.gather(1, num_kept - 1)
+        return cut if complete else torch.where(num_kept < cdf.shape[1], cut, -math.inf)
+
+
+def _whole_masses(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """sum(exp(scaled logits)) over the whole row [rows, 1] float64 for top_p rows without top_k,
+    the mass their nucleus is measured against (1 for the other rows, which do not use it)."""
+    totals = torch.ones(len(params), 1, dtype=torch.float64, device=logits.device)
     vocab_size = logits.shape[1]
-    values, candidate_ids = logits.topk(min(width, vocab_size), dim=-1)  # best first
-    values = _scaled(values, params)  # the row max is the first candidate
-    # Rows without top-k normalise over the whole vocabulary; the others over their own top k.
-    whole = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab_size]
-    total = torch.ones(len(params), 1, dtype=values.dtype, device=values.device)
-    if whole:
-        total[whole] = (
-            _scaled(logits[whole], [params[j] for j in whole]).exp().sum(-1, keepdim=True)
-        )
-    kept = _mask_min_p(_mask_sorted(values, params, vocab_size, total), params)
-    # Without top-k the set is exact when the candidates alone hold top_p of the mass, so every
-    # token past them would be dropped anyway.
-    mass = (values.exp() / total).sum(-1).tolist()
-    fallback = [j for j in whole if mass[j] < params[j].top_p]
-    positions = _invert_cdf(kept, uniforms)
-    return candidate_ids.gather(1, positions.unsqueeze(1)).squeeze(1), fallback
+    rows = [j for j, p in enumerate(params) if p.top_p < 1.0 and not 0 < p.top_k < vocab_size]
+    if rows:
+        weights = _scaled(logits[rows], [params[j] for j in rows], in_place=True).exp_()
+        totals[rows] = _row_sums(weights)
+    return totals
 
 
-def _invert_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Column index per row drawn in proportion to exp(logits), using one uniform in [0, 1) per row.
+SUM_BLOCK = 1024
 
-    Each row's best logit must be 0 (so exp cannot overflow) and finite.
+
+def _row_sums(values: torch.Tensor) -> torch.Tensor:
+    """[rows, 1] float64 sums of `values` ([rows, n]), each the same bits alone or in any batch.
+
+    A plain sum() of a lone long row is split across threads, so its round-off differs from the
+    same row's in a batch. Blocks of SUM_BLOCK values, each summed by one thread, then added in
+    order, give every row one summation order.
     """
-    cdf = logits.exp().double().cumsum(-1)  # [rows, n]; float64 keeps rare tokens distinguishable
+    width = values.shape[1] // SUM_BLOCK * SUM_BLOCK
+    blocks = values[:, :width].unflatten(1, (-1, SUM_BLOCK)).sum(-1, dtype=torch.float64)
+    tail = values[:, width:].sum(-1, keepdim=True, dtype=torch.float64)
+    return torch.cat([blocks, tail], 1).cumsum(-1)[:, -1:]
+
+
+def _draw_in_token_order(cut: _Thresholds, rows: list[int], uniforms: torch.Tensor) -> torch.Tensor:
+    """Token ids for `rows` of `cut` (exact ones) drawn among their kept candidates, in token-id order."""
+    values, ids, thresholds = cut.candidates, cut.candidate_ids, cut.values
+    if len(rows) < len(values):
+        values, ids, thresholds, uniforms = (
+            values[rows],
+            ids[rows],
+            thresholds[rows],
+            uniforms[rows],
+        )
+    keep = values >= thresholds
+    after_every_id = torch.iinfo(ids.dtype).max
+    order = torch.where(keep, ids, after_every_id).argsort(-1)  # kept tokens by id, then dropped
+    weights = values.exp().masked_fill_(~keep, 0.0).gather(1, order)
+    positions = _invert_cdf(weights, uniforms).unsqueeze(1)
+    return ids.gather(1, order.gather(1, positions)).squeeze(1)
+
+
+def _invert_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Column index per row drawn in proportion to `weights` ([rows, n], each row's sum positive),
+    using one uniform in [0, 1) per row."""
+    cdf = torch.cumsum(
+        weights, -1, dtype=torch.float64
+    )  # float64 keeps rare tokens distinguishable
     total = cdf[:, -1:]
     # Stay strictly below the total, so the search always lands on a token with positive mass.
     target = torch.minimum(
@@ -418,9 +457,9 @@ def _logprobs(
     chosen = logprobs.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
     num_top = min(max(requests[i].params.logprobs or 0 for i in rows), logits.shape[1])
     top_values, top_ids = logprobs.topk(num_top, dim=-1)
-    top_values, top_ids, chosen_id_list = top_values.tolist(), top_ids.tolist(), chosen_ids.tolist()
+    value_rows, id_rows, chosen_id_list = top_values.tolist(), top_ids.tolist(), chosen_ids.tolist()
     for j, row in enumerate(rows):
         k = requests[row].params.logprobs or 0
-        top = tuple(zip(top_ids[j][:k], top_values[j][:k]))
+        top = tuple(zip(id_rows[j][:k], value_rows[j][:k]))
         result[row] = TokenLogprobs(chosen_id_list[j], chosen[j], top)
     return result

@@ -70,19 +70,26 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_finite_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+def _finite_float(value: object) -> float | None:
+    """`value` as a float when it is a finite real number (not a bool), else None."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float: outside every interval here
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _checked_real(
     name: str, value: object, low: float, high: float, low_open: bool = False
 ) -> float:
     """`value` as a float when it is a finite number within the interval, else InvalidRequestError."""
-    above_low = _is_finite_real(value) and (value > low if low_open else value >= low)
-    if not above_low or not value <= high:  # type: ignore[operator]
+    number = _finite_float(value)
+    if number is None or not (number > low if low_open else number >= low) or number > high:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise InvalidRequestError(f"{name} must be a number in {interval}, got {value!r}", name)
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def _checked_int(name: str, value: object, low: int, high: int | None, hint: str = "") -> int:

@@ -49,12 +49,9 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    scheduled: tuple[ScheduledRequest, ...]
-    preempted: tuple[str, ...]
+    """One step's plan: what the model computes, in order. Preemptions show on the requests."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled)
+    scheduled: tuple[ScheduledRequest, ...]
 
     @property
     def is_empty(self) -> bool:
@@ -133,7 +130,7 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
-        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+        return SchedulerOutput(tuple(scheduled))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
         while not self.kv.allocate(request, num_new):
