@@ -1,4 +1,5 @@
-"""EngineCore on a tiny random model: batching equivalence, prefix caching, preemption, aborts, errors."""
+"""EngineCore on a tiny random model: batching equivalence, prefix caching, preemption, aborts,
+errors."""
 
 from __future__ import annotations
 
@@ -236,7 +237,8 @@ def rows_of(items) -> list[str]:
     ],
 )
 def test_a_vanishing_temperature_is_greedy_and_harms_no_one(tmp_path, extra) -> None:
-    """1e-50 underflows float32: it must mean greedy, not NaN probabilities and an id past the vocabulary."""
+    """1e-50 underflows float32: it must mean greedy, not NaN probabilities and an id past the
+    vocabulary."""
     tiny = SamplingParams(max_tokens=12, temperature=1e-50, ignore_eos=True, **extra)
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, **extra)
     core = make_core(tmp_path)
@@ -319,7 +321,8 @@ def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
 def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(
     tmp_path, monkeypatch
 ) -> None:
-    """Two identical prompts admitted in one step: the second's prefix hit reads blocks the first fills."""
+    """Two identical prompts admitted in one step: the second's prefix hit reads blocks the first
+    fills."""
     core = make_core(tmp_path)
     prompt = list(range(3, 23))
     core.add_request("writer", prompt, GREEDY)
@@ -473,6 +476,7 @@ def test_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(tmp_path, bac
             tmp_path, prompt, GREEDY, attention_backend=backend, kv_cache_dtype="float16"
         )
     logits = {name: core.runner.teacher_forced_logits(batch[0]) for name, core in outputs.items()}
-    # float16 keeps 11 significant bits: K/V off by ~2^-12 relative move these logits by well under 1%.
+    # float16 keeps 11 significant bits: K/V off by ~2^-12 relative move these logits by well under
+    # 1%.
     error = (logits["float16"] - logits["float32"]).abs().max() / logits["float32"].abs().max()
     assert 0 < error < 1e-2

@@ -577,7 +577,8 @@ NAN_ROW, POSITIVE_INF_ROW, ALL_NEGATIVE_INF_ROW = 1, 3, 5
 
 
 def broken_batch() -> tuple[torch.Tensor, list[SampleRequest]]:
-    """Six rows: plain greedy, sampled, penalised greedy, ... with three rows broken in different ways."""
+    """Six rows: plain greedy, sampled, penalised greedy, ... with three rows broken in different
+    ways."""
     torch.manual_seed(2)
     logits = torch.randn(6, 64)
     logits[NAN_ROW, 10] = float("nan")

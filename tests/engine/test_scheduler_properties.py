@@ -1,5 +1,5 @@
-"""Property-based: random add / step / abort / finish sequences keep the scheduler and pool consistent,
-every request eventually finishes, and every block returns to the pool."""
+"""Property-based: random add / step / abort / finish sequences keep the scheduler and pool
+consistent, every request eventually finishes, and every block returns to the pool."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ actions = st.lists(
 
 
 def advance(scheduler: Scheduler, token: int) -> None:
-    """One engine step without a model: compute what was planned, sample `token`, stop at max_total_tokens."""
+    """One engine step without a model: compute what was planned, sample `token`, stop at
+    max_total_tokens."""
     plan = scheduler.schedule()
     scheduler.update_after_step(plan)
     for item in plan.scheduled:

@@ -55,7 +55,8 @@ class KVCacheManager:
         return request.token_ids[index * self.block_size : (index + 1) * self.block_size]
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
-        """The request's block hashes, holding at least its first `num_blocks`; each is computed once per request."""
+        """The request's block hashes, holding at least its first `num_blocks`; each is computed
+        once per request."""
         hashes = request.block_hashes
         for index in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else salt_hash(request.cache_salt)
@@ -65,9 +66,11 @@ class KVCacheManager:
     def allocate(
         self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None
     ) -> bool:
-        """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the pool is short.
+        """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the
+        pool is short.
 
-        `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared first.
+        `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared
+        first.
         """
         cached_prefix = cached_prefix or []
         held = self._blocks.get(request.request_id, [])

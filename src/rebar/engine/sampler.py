@@ -83,7 +83,8 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 def sample_batch(
     logits: torch.Tensor, requests: Sequence[SampleRequest]
 ) -> list[SampledToken | None]:
-    """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module docstring.
+    """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module
+    docstring.
 
     Callers may rely on: the caller's `logits` tensor is not modified; every token id returned is in
     [0, vocab); a row gets None when its raw or processed logits hold NaN or no finite best value; a
@@ -180,7 +181,8 @@ def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
 def _token_counts(
     histories: Sequence[Sequence[int]], rows: Sequence[int], vocab_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct (row, token) pairs of the histories as flat ids row * vocab_size + token, and their counts.
+    """The distinct (row, token) pairs of the histories as flat ids row * vocab_size + token, and
+    their counts.
 
     `histories[j]` belongs to row `rows[j]`. Costs time in the history length, not the vocabulary.
     """
@@ -199,7 +201,8 @@ def _token_counts(
 def _apply_penalties(
     logits: torch.Tensor, requests: Sequence[SampleRequest], rows: Sequence[int]
 ) -> None:
-    """Repetition (prompt and output), then presence and frequency (output only) penalties, in place.
+    """Repetition (prompt and output), then presence and frequency (output only) penalties, in
+    place.
 
     `requests[j]` is row `rows[j]` of `logits` ([rows, vocab], contiguous); only logits of tokens
     in a history are read or written.
@@ -399,7 +402,8 @@ def _row_sums(values: torch.Tensor) -> torch.Tensor:
 
 
 def _draw_in_token_order(cut: _Thresholds, rows: list[int], uniforms: torch.Tensor) -> torch.Tensor:
-    """Token ids for `rows` of `cut` (exact ones) drawn among their kept candidates, in token-id order."""
+    """Token ids for `rows` of `cut` (exact ones) drawn among their kept candidates, in token-id
+    order."""
     values, ids, thresholds = cut.candidates, cut.candidate_ids, cut.values
     if len(rows) < len(values):
         values, ids, thresholds, uniforms = (
@@ -431,7 +435,8 @@ def _invert_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
-    """One uniform [0, 1) float64 per row: seeded rows from their own generator, the rest from the global RNG."""
+    """One uniform [0, 1) float64 per row: seeded rows from their own generator, the rest from the
+    global RNG."""
     uniforms = torch.empty(len(generators), dtype=torch.float64)
     unseeded = [row for row, generator in enumerate(generators) if generator is None]
     if unseeded:

@@ -84,7 +84,8 @@ def _finite_float(value: object) -> float | None:
 def _checked_real(
     name: str, value: object, low: float, high: float, low_open: bool = False
 ) -> float:
-    """`value` as a float when it is a finite number within the interval, else InvalidRequestError."""
+    """`value` as a float when it is a finite number within the interval, else
+    InvalidRequestError."""
     number = _finite_float(value)
     if number is None or not (number > low if low_open else number >= low) or number > high:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
@@ -93,7 +94,8 @@ def _checked_real(
 
 
 def _checked_int(name: str, value: object, low: int, high: int | None, hint: str = "") -> int:
-    """`value` as an int when it is an integer (not a bool) within [low, high], else InvalidRequestError."""
+    """`value` as an int when it is an integer (not a bool) within [low, high], else
+    InvalidRequestError."""
     if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
         interval = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise InvalidRequestError(
@@ -132,7 +134,8 @@ def _checked_logit_bias(value: object) -> LogitBias | None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. Every field is honoured; bad values raise InvalidRequestError.
+    """How to pick tokens and when to stop. Every field is honoured; bad values raise
+    InvalidRequestError.
 
     temperature 0 means greedy, and so does any temperature below GREEDY_TEMPERATURE (1e-5): it is
     stored as 0.0, since dividing logits by it would overflow them. `max_tokens=None` generates
@@ -251,7 +254,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError when a token id named by these params is not below `vocab_size`."""
+        """Raise InvalidRequestError when a token id named by these params is not below
+        `vocab_size`."""
         for name, token_ids in (
             ("logit_bias", self.logit_bias or ()),
             ("stop_token_ids", self.stop_token_ids),

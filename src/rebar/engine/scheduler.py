@@ -38,7 +38,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """Compute `token_ids` at positions `start_position...`; sample a token after the last one if `sample`."""
+    """Compute `token_ids` at positions `start_position...`; sample a token after the last one if
+    `sample`."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -76,7 +77,8 @@ class Scheduler:
     def finish_request(
         self, request_id: str, status: RequestStatus, keep_cached: bool = True
     ) -> Request | None:
-        """The single exit: stop, length, abort, timeout and error all come here and free the blocks."""
+        """The single exit: stop, length, abort, timeout and error all come here and free the
+        blocks."""
         assert status.is_finished
         request = self.requests.pop(request_id, None)
         if request is None:
