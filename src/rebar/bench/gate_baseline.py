@@ -99,8 +99,8 @@ class Verdict:
     def line(self) -> str:
         verdict = "ok  " if self.passed else "FAIL"
         return (
-            f"{verdict} {self.figure:<14} {self.measured:10.2f} {UNITS[self.figure]:<14} "
-            f"baseline {self.baseline:10.2f}  {self.change:>7} (limit +{self.tolerance * 100:.0f}%)"
+            f"{verdict} {self.figure:<14} {self.measured:10.4g} {UNITS[self.figure]:<14} "
+            f"baseline {self.baseline:10.4g}  {self.change:>7} (limit +{self.tolerance * 100:.0f}%)"
         )
 
     def failure(self) -> str:
