@@ -1,32 +1,13 @@
-"""Settings: one typed, frozen object, and the only code that reads TOML files or `REBAR_*` env.
+"""The settings schema: one frozen pydantic model per section, and `Settings`, which holds them.
 
-`load_settings(config_file, overrides)` layers, lowest to highest precedence:
-
-1. the defaults declared on the models below;
-2. the TOML file, if one is given (sections `[server]`, `[models]`, `[engine]`, `[limits]`,
-   `[logging]`, `[tracing]`, ...);
-3. `REBAR_<SECTION>__<KEY>` environment variables (case-insensitive; lists as JSON, e.g.
-   `REBAR_SERVER__API_KEYS='["k1"]'`; a whole section as JSON in `REBAR_<SECTION>` also works;
-   the process switches in `PROCESS_ENV_SWITCHES` are not settings and are skipped);
-4. explicit overrides from the caller (the CLI), keyed `"section.key"`.
-
-What callers may rely on: an unknown key in any layer and every invalid value raise
-`rebar.errors.ConfigError` whose message names the dotted key (`server.port`), the bad value
-(masked for secrets), where it came from and what is allowed. Optional settings are unset with
-`""` or `"none"` (TOML has no null). Constructing `Settings(...)` directly reads no file and no
-environment: it is defaults plus the given values, which keeps tests hermetic.
+The `[engine]` section is derived from `rebar.engine.engine_config.EngineConfig`'s definitions.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import json
-import os
-import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,19 +15,15 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
 )
 
 from rebar.engine.engine_config import ENGINE_SETTINGS, DtypeName, EngineConfig
@@ -65,14 +42,14 @@ PROCESS_ENV_SWITCHES = frozenset(
 )
 
 
-def _blank_to_none(value: Any) -> Any:
+def blank_to_none(value: Any) -> Any:
     if isinstance(value, str) and value.strip().lower() in ("", "none"):
         return None
     return value
 
 
 # Marks an optional setting: "" or "none" (any case) mean unset.
-Unsettable = BeforeValidator(_blank_to_none)
+Unsettable = BeforeValidator(blank_to_none)
 
 
 def hash_api_key(key: str) -> str:
@@ -357,276 +334,3 @@ def read_api_key_file(path: Path) -> list[str]:
             f"server.api_key_file {str(path)!r} holds no keys (auth would silently be off)"
         )
     return keys
-
-
-def load_settings(
-    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
-) -> Settings:
-    """Defaults < `config_file` (TOML) < `REBAR_*` env < `overrides` (`{"server.port": 9000}`).
-
-    An override whose value is None is skipped, so CLI flags that were not given can be passed
-    as they are; to unset an optional setting pass "" or "none". Raises ConfigError.
-    """
-    file_layer = _read_toml(Path(config_file)) if config_file is not None else {}
-    env_layer = _read_env()
-    override_layer = _nest_overrides(overrides or {})
-    merged = _deep_merge(_deep_merge(file_layer, env_layer), override_layer)
-    try:
-        return Settings.model_validate(merged)
-    except ValidationError as exc:
-        origins = _Origins(config_file, file_layer, env_layer, override_layer)
-        lines = dict.fromkeys(
-            _describe_error(error, origins) for error in exc.errors(include_url=False)
-        )
-        raise ConfigError("\n".join(lines)) from None
-
-
-def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
-    """`masked_dict()`-shaped data as TOML text that loads back to the same settings (None
-    as "")."""
-    lines: list[str] = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(
-                f'{key} = ""  # unset' if value is None else f"{key} = {_toml_value(value)}"
-            )
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, Mapping):  # an inline table; its None values are simply left out
-        items = (
-            f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None
-        )
-        return "{ " + ", ".join(items) + " }" if value else "{}"
-    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
-
-
-# --- layers -------------------------------------------------------------------------------
-
-
-def _sections() -> dict[str, type[BaseModel]]:
-    return {name: field.annotation for name, field in Settings.model_fields.items()}  # type: ignore[misc]
-
-
-def _unknown(dotted: str, known: list[str], where: str) -> ConfigError:
-    suggestion = difflib.get_close_matches(dotted, known, n=1)
-    hint = f"; did you mean {suggestion[0]!r}?" if suggestion else ""
-    return ConfigError(f"unknown setting {dotted!r} {where}{hint} (known: {', '.join(known)})")
-
-
-def _check_known(path: tuple[str, ...], where: str) -> None:
-    """Raise unless `path` names a section or a section's field."""
-    sections = _sections()
-    if path[0] not in sections:
-        raise _unknown(".".join(path), list(sections), where)
-    fields = list(sections[path[0]].model_fields)
-    if len(path) > 1 and path[1] not in fields:
-        raise _unknown(".".join(path), [f"{path[0]}.{name}" for name in fields], where)
-    if len(path) > 2:
-        raise ConfigError(
-            f"unknown setting {'.'.join(path)!r} {where}: {'.'.join(path[:2])} has no sub-keys"
-        )
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} not found") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot parse config file {str(path)!r}: {exc}") from None
-    where = f"in {str(path)!r}"
-    for section, values in data.items():
-        _check_known((section,), where)
-        if isinstance(values, dict):
-            for key in values:
-                _check_known((section, key), where)
-    server = data.get("server")
-    if (
-        isinstance(server, dict)
-        and isinstance(server.get("api_key_file"), str)
-        and _blank_to_none(server["api_key_file"])
-    ):
-        server["api_key_file"] = str(
-            path.parent / Path(server["api_key_file"]).expanduser()
-        )  # absolute stays absolute
-    return data
-
-
-def _read_env() -> dict[str, Any]:
-    for name, raw in os.environ.items():
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() in PROCESS_ENV_SWITCHES:
-            continue
-        path = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER))
-        _check_known(path, f"from environment variable {name}")
-        field = _field(path)
-        if field is None or get_origin(field.annotation) is tuple:
-            expected = "a JSON object" if field is None else 'a JSON list, e.g. ["a", "b"]'
-            try:
-                json.loads(raw)
-            except json.JSONDecodeError as exc:
-                # the message never echoes the value: it may be a key
-                raise ConfigError(
-                    f"environment variable {name} is not valid JSON "
-                    f"({exc.msg}); {'.'.join(path)} expects {expected}"
-                ) from None
-    try:
-        return EnvSettingsSource(Settings)()
-    except SettingsError as exc:
-        raise ConfigError(
-            f"cannot parse a {ENV_PREFIX}* environment "
-            f"variable: {exc} (lists and sections are JSON)"
-        ) from None
-
-
-def _nest_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    nested: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        path = tuple(dotted.split("."))
-        if len(path) != 2:
-            raise ConfigError(f"unknown setting {dotted!r} in overrides: expected 'section.key'")
-        _check_known(path, "in overrides")
-        if value is not None:
-            nested.setdefault(path[0], {})[path[1]] = value
-    return nested
-
-
-def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-# --- error messages -----------------------------------------------------------------------
-
-
-class _Origins:
-    """Says which layer supplied the value at a path, for error messages."""
-
-    def __init__(
-        self, config_file: Path | None, file_layer: dict, env_layer: dict, override_layer: dict
-    ) -> None:
-        self.config_file, self.file_layer, self.env_layer, self.override_layer = (
-            config_file,
-            file_layer,
-            env_layer,
-            override_layer,
-        )
-
-    def describe(self, path: tuple[str, ...]) -> str:
-        if _has_path(self.override_layer, path):
-            return "from overrides"
-        if _has_path(self.env_layer, path):
-            upper = {name.upper(): name for name in os.environ}
-            for depth in range(len(path), 0, -1):
-                name = (ENV_PREFIX + ENV_NESTED_DELIMITER.join(path[:depth])).upper()
-                if name in upper:
-                    return f"from environment variable {upper[name]}"
-            return "from the environment"
-        if _has_path(self.file_layer, path):
-            return f"in {str(self.config_file)!r}"
-        return "by default"
-
-
-def _has_path(data: Any, path: tuple[str, ...]) -> bool:
-    for part in path:
-        if not isinstance(data, Mapping) or part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-def _describe_error(error: Any, origins: _Origins) -> str:
-    loc = tuple(str(part) for part in error["loc"])
-    path = loc[:2]
-    dotted = ".".join(path)
-    origin = origins.describe(path)
-    if error["type"] == "extra_forbidden":
-        return f"unknown setting {'.'.join(loc)!r} {origin}"
-    field = _field(path)
-    if field is None:  # a whole section is wrong, or a check across its fields failed
-        message = error["msg"].removeprefix("Value error, ")
-        return f"invalid setting {dotted} {origin}: {message}"
-    value = "***" if dotted in SECRET_KEYS else repr(error["input"])
-    message = error["msg"].removeprefix("Value error, ")
-    return (
-        f"invalid setting {dotted} = {value} {origin}: "
-        f"{message}; allowed: {describe_allowed(field)}"
-    )
-
-
-def _field(path: tuple[str, ...]) -> FieldInfo | None:
-    if len(path) != 2:
-        return None
-    section = _sections().get(path[0])
-    return section.model_fields.get(path[1]) if section is not None else None
-
-
-_TYPE_NAMES: dict[Any, str] = {
-    int: "an integer",
-    float: "a number",
-    bool: "true or false",
-    str: "a string",
-    Path: "a file path",
-}
-
-
-def describe_allowed(field: FieldInfo) -> str:
-    """Plain words for the values `field` accepts, e.g. "an integer from 1 to 65535"."""
-    extra = field.json_schema_extra
-    if isinstance(extra, dict) and "allowed" in extra:
-        return str(extra["allowed"])
-    annotation, constraints = field.annotation, list(field.metadata)
-    optional = False
-    if get_origin(annotation) in (Union, type(int | None)):
-        members = [arg for arg in get_args(annotation) if arg is not type(None)]
-        optional = len(members) < len(get_args(annotation))
-        annotation = members[0]
-    if (
-        get_origin(annotation) is Annotated
-    ):  # Annotated[int, Field(ge=2)] | None keeps its bounds inside
-        annotation, *inner = get_args(annotation)
-        constraints += [
-            item
-            for meta in inner
-            for item in (meta.metadata if isinstance(meta, FieldInfo) else [meta])
-        ]
-    if get_origin(annotation) is Literal:
-        text = "one of " + ", ".join(repr(choice) for choice in get_args(annotation))
-    elif get_origin(annotation) is tuple:
-        text = "a list of strings"
-    elif annotation is str and any(getattr(item, "min_length", 0) for item in constraints):
-        text = "a non-empty string"
-    else:
-        text = _TYPE_NAMES.get(annotation, str(annotation)) + _bounds(constraints)
-    return text + (' or "" / "none" to unset' if optional else "")
-
-
-def _bounds(constraints: list[Any]) -> str:
-    found = {
-        name: getattr(item, name)
-        for item in constraints
-        for name in ("ge", "gt", "le", "lt")
-        if getattr(item, name, None) is not None
-    }
-    if "ge" in found and "le" in found:
-        return f" from {found['ge']} to {found['le']}"
-    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    parts = [f"{words[name]} {value}" for name, value in found.items() if name in words]
-    return (" " + " and ".join(parts)) if parts else ""
