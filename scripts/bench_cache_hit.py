@@ -1,8 +1,8 @@
 """Latency of a response-cache hit vs a fresh generation, through HTTP, on a `rebar serve` it
 starts.
 
-    .venv/bin/python scripts/bench_cache_hit.py [--model smollm2] [--port 8123] [--fresh 10] [--hits
-    20]
+    .venv/bin/python scripts/bench_cache_hit.py [--model smollm2] [--port 8123] \
+        [--fresh 10] [--hits 20]
 
 Sends `--fresh` distinct greedy chat requests (each a cache miss), then `--hits` identical ones
 (each served from the cache after the first), and prints both medians. Needs nothing but a free

@@ -1,7 +1,7 @@
 """Quantized linear kernels vs torch on SmolLM2-135M's shapes: per-call µs at batch 1 and 16.
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_cpu_quant.py [--threads 2] [--layers 30]
-    [--repeats 3]
+    PYTHONPATH=src .venv/bin/python scripts/bench_cpu_quant.py [--threads 2] [--layers 30] \
+        [--repeats 3]
 
 Each method gets `--layers` distinct copies of one decoder layer's seven weights (q, k, v, o,
 gate, up, down), called in forward order, so weights stream from memory as in a real forward

@@ -1,8 +1,8 @@
 """One prompt's prefill through rebar's int4 kernels vs dequantize + float32 GEMM, alternating in
 one process.
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_prefill_paths.py [--threads 2] [--tokens 512]
-    [--rounds 3]
+    PYTHONPATH=src .venv/bin/python scripts/bench_prefill_paths.py [--threads 2] [--tokens 512] \
+        [--rounds 3]
 
 Loads SmolLM2 from its GGUF with the weights kept quantized, then times `generate(max_tokens=1)` on
 fresh random prompts (so the prefix cache never helps) with every int4 QuantLinear pinned to one

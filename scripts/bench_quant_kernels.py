@@ -7,8 +7,8 @@ model's forward pass, weights are not in cache: each call uses the next of enoug
 of the weight to fill --cold-mib of float32. The packed kernels' row limits in qlinear.py come from
 where they stop beating dequantize-then-matmul.
 
-    PYTHONPATH=src python scripts/bench_quant_kernels.py [--batch 1,16] [--group-size 64] [--threads
-    2]
+    PYTHONPATH=src python scripts/bench_quant_kernels.py [--batch 1,16] [--group-size 64] \
+        [--threads 2]
 """
 
 from __future__ import annotations

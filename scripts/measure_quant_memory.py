@@ -4,9 +4,8 @@ For every `LABEL=MODEL[:dequantize]` argument, a child process imports rebar, lo
 CPU in float32, generates 16 tokens, and reports its resident set (VmRSS) and peak (VmHWM) from
 /proc/self/status, next to the same for a process that only imported torch and rebar.
 
-    PYTHONPATH=src python scripts/measure_quant_memory.py reference=smollm2:dequantize
-    gguf-q4_1=smollm2 \
-        int8=/tmp/smollm2-int8 int4-awq=/tmp/smollm2-awq
+    PYTHONPATH=src python scripts/measure_quant_memory.py reference=smollm2:dequantize \
+        gguf-q4_1=smollm2 int8=/tmp/smollm2-int8 int4-awq=/tmp/smollm2-awq
 """
 
 from __future__ import annotations

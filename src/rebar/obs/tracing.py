@@ -5,14 +5,15 @@ or one process per model — keep their spans apart and shut down cleanly.
 
 Spans of one generated request:
 
-    HTTP POST /v1/chat/completions        (server span; continues an incoming `traceparent`) ├──
-    rate limit                        (allowed / limited_by) │   └── store rate_limit
-    (one per store call: outcome ok|error|timeout|short_circuit) ├── cache lookup
-    (result hit|miss|bypass) │   └── store get └── generate
-    (prompt/completion/cached tokens, finish reasons)
-        ├── queue                         (engine arrival -> first scheduled) ├── prefill
-        (first scheduled -> first token) └── decode                        (first token -> finished;
-        output tokens, not one span per token)
+    HTTP POST /v1/chat/completions        (server span; continues an incoming `traceparent`)
+    ├── rate limit                        (allowed / limited_by)
+    │   └── store rate_limit              (one per call; outcome ok|error|timeout|short_circuit)
+    ├── cache lookup                      (result hit|miss|bypass)
+    │   └── store get
+    └── generate                          (prompt/completion/cached tokens, finish reasons)
+        ├── queue                         (engine arrival -> first scheduled)
+        ├── prefill                       (first scheduled -> first token)
+        └── decode                        (first token -> finished; output tokens, not per token)
 
 The engine runs in its own thread and reports instants (`RequestTiming`), so queue/prefill/decode
 are recorded after the fact with explicit start and end times.
