@@ -76,13 +76,13 @@ def test_a_baseline_records_what_and_where_it_measured(recorded: Path, tiny_mode
 
 def test_judge_passes_within_tolerance_and_names_what_failed() -> None:
     baseline = dict.fromkeys(TOLERANCES, 10.0) | {"peak_rss": 500.0}
-    measured = baseline | {"cold_start": 13.0, "p95_latency": 14.0, "peak_rss": 580.0}
+    measured = baseline | {"cold_start": 13.0, "p95_latency": 16.0, "peak_rss": 580.0}
     verdicts = {v.figure: v for v in judge(measured, baseline)}
     assert verdicts["cold_start"].passed  # +30% <= +35%
-    assert not verdicts["p95_latency"].passed  # +40%
+    assert not verdicts["p95_latency"].passed  # +60% > +50%
     assert not verdicts["peak_rss"].passed  # +16% > +15%
     line = verdicts["p95_latency"].line()
-    assert line.startswith("FAIL p95_latency") and "+40.0%" in line
+    assert line.startswith("FAIL p95_latency") and "+60.0%" in line
     assert verdicts["cold_start"].line().startswith("ok")
     with pytest.raises(BaselineError, match="baseline lacks peak_rss"):
         judge(measured, {name: 1.0 for name in TOLERANCES if name != "peak_rss"})
@@ -115,7 +115,7 @@ def test_the_same_figures_pass_and_a_regression_fails(
     gate_with(monkeypatch, slower(measured, "batched_decode", 1.6))
     assert gate.run_gate(tiny_model, copy_of, threads=1, workload=TINY) == 1
     out = capsys.readouterr().out
-    assert "performance gate FAILED: batched_decode is 60.0% above its baseline (limit 35%)" in out
+    assert "performance gate FAILED: batched_decode is 60.0% above its baseline (limit 50%)" in out
 
 
 def test_rebaselining_refuses_a_regression_without_a_stated_reason(

@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 2
+# Allowed relative increase. The 16-stream figures move most on a 2-core host: batched_decode
+# measured 20.2-28.4 ms and p95_latency 238-287 ms over six gate runs of one commit (up to +37%
+# over the fastest), so they get +50%; a 2x regression still trips every figure.
 TOLERANCES = {
     "cold_start": 0.35,
     "prefill": 0.35,
     "decode": 0.35,
-    "batched_decode": 0.35,
-    "p95_latency": 0.35,
+    "batched_decode": 0.50,
+    "p95_latency": 0.50,
     "peak_rss": 0.15,
-}  # allowed relative increase
+}
 UNITS = dict.fromkeys(TOLERANCES, "x calibration") | {"peak_rss": "MiB"}
 
 
