@@ -76,13 +76,13 @@ def test_a_baseline_records_what_and_where_it_measured(recorded: Path, tiny_mode
 
 def test_judge_passes_within_tolerance_and_names_what_failed() -> None:
     baseline = dict.fromkeys(TOLERANCES, 10.0) | {"peak_rss": 500.0}
-    measured = baseline | {"cold_start": 13.0, "p95_latency": 16.0, "peak_rss": 580.0}
+    measured = baseline | {"cold_start": 13.0, "p95_latency": 18.0, "peak_rss": 580.0}
     verdicts = {v.figure: v for v in judge(measured, baseline)}
     assert verdicts["cold_start"].passed  # +30% <= +35%
-    assert not verdicts["p95_latency"].passed  # +60% > +50%
+    assert not verdicts["p95_latency"].passed  # +80% > +75%
     assert not verdicts["peak_rss"].passed  # +16% > +15%
     line = verdicts["p95_latency"].line()
-    assert line.startswith("FAIL p95_latency") and "+60.0%" in line
+    assert line.startswith("FAIL p95_latency") and "+80.0%" in line
     assert verdicts["cold_start"].line().startswith("ok")
     with pytest.raises(BaselineError, match="baseline lacks peak_rss"):
         judge(measured, {name: 1.0 for name in TOLERANCES if name != "peak_rss"})

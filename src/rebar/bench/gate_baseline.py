@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 2
-# Allowed relative increase. The 16-stream figures move most on a 2-core host: batched_decode
-# measured 20.2-28.4 ms and p95_latency 238-287 ms over six gate runs of one commit (up to +37%
-# over the fastest), so they get +50%; a 2x regression still trips every figure.
+# Allowed relative increase. The 16-request figures move most on a 2-core host: over eight gate
+# runs of one commit (two right after the full test suite, as CI runs it) batched_decode measured
+# 20.2-28.4 ms (up to +37% over the fastest) and p95_latency, nearly the slowest of 16 requests,
+# 238-345 ms (+45%). They get +50% and +75%; a 2x regression still trips every figure.
 TOLERANCES = {
     "cold_start": 0.35,
     "prefill": 0.35,
     "decode": 0.35,
     "batched_decode": 0.50,
-    "p95_latency": 0.50,
+    "p95_latency": 0.75,
     "peak_rss": 0.15,
 }
 UNITS = dict.fromkeys(TOLERANCES, "x calibration") | {"peak_rss": "MiB"}
