@@ -20,9 +20,10 @@ moves the calibration and the figure together:
 The calibration is a fixed float32 decoder step (random weights shaped like a small Llama) on
 torch's own operators: none of rebar's code, so a regression in rebar cannot hide in it, and the
 same threads, so it slows down with the machine. The engine figures are medians of `repeats` runs
-of `rebar bench offline`'s code. Each figure is compared with a committed baseline
-(`perf/baseline.json`, `rebar.bench.gate_baseline`); one beyond its tolerance fails the gate and
-the output says which one and by how much.
+of `rebar bench offline`'s code, cold start and peak memory medians of `repeats` fresh processes.
+Each figure is compared with a committed baseline (`perf/baseline.json`,
+`rebar.bench.gate_baseline`); one beyond its tolerance fails the gate and the output says which
+one and by how much.
 
 Re-baselining (`update=True`) measures the same way and then judges the fresh figures against the
 current baseline: a regression is refused unless `accept_regression` states why, and that reason
@@ -145,12 +146,17 @@ def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
     return wall, int(peak_kib) / 1024
 
 
-def measure_cold_start(model: str, threads: int) -> tuple[float, float]:
+def measure_cold_start(model: str, threads: int, repeats: int) -> tuple[float, float]:
     """(seconds to the first token of a fresh process, its peak RSS above a libraries-only one,
-    MiB)."""
-    _bare_s, bare_rss = _child(model, threads, load=False)
-    loaded_s, loaded_rss = _child(model, threads, load=True)
-    return loaded_s, loaded_rss - bare_rss
+    MiB), medians of `repeats` pairs of processes: one process's start moves by a third on this
+    host, with imports and page-cache reads that no calibration tracks."""
+    pairs = [
+        (_child(model, threads, load=False), _child(model, threads, load=True))
+        for _ in range(repeats)
+    ]
+    seconds = statistics.median(loaded[0] for _bare, loaded in pairs)
+    rss = statistics.median(loaded[1] - bare[1] for bare, loaded in pairs)
+    return seconds, rss
 
 
 # ----- the engine figures: `rebar bench offline`'s measuring code ---------------------------------
@@ -221,7 +227,7 @@ def measure(model: str, workload: Workload, threads: int) -> Measurement:
     with torch_threads(threads):
         # Calibrate before and after, and use the mean: the machine's load can drift during the run.
         before = calibrate(steps=workload.calibration_steps)
-        cold_start_s, rss = measure_cold_start(model, threads)
+        cold_start_s, rss = measure_cold_start(model, threads, workload.repeats)
         llm = default_llm(model)
         seconds = {"cold_start": cold_start_s} | measure_engine(llm, workload)
         calibration = (before + calibrate(steps=workload.calibration_steps)) / 2
