@@ -87,8 +87,35 @@ def load_gguf(path: Path) -> Checkpoint:
     meta = gguf.metadata
     config = config_from_metadata(meta, set(gguf.tensors))
     arch = meta["general.architecture"]
-    permuted = FAMILIES[arch].permuted_qk
+    infos, parts = _tensor_index(gguf, arch, config)
+    source = _TensorSource(gguf, parts, config if FAMILIES[arch].permuted_qk else None)
+    template = ConfigValues(meta, "GGUF metadata").string(
+        "tokenizer.chat_template", ""
+    ) or DEFAULT_TEMPLATES.get(arch)
+    tokenizer = tokenizer_from_metadata(meta)
+    for key in _VOCABULARY_KEYS:  # the tokenizer holds them now; as Python lists they take ~40 MiB
+        meta.pop(key, None)
+    heap.trim()
+    return Checkpoint(
+        path=path,
+        format="gguf",
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=str(template) if template else None,
+        tensors=infos,
+        _load=source.load,
+        _load_quantized=source.load_quantized,
+        _release=source.release,
+        metadata={k: _summary(v) for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
+    )
 
+
+def _tensor_index(
+    gguf: GGUFFile, arch: str, config: ModelConfig
+) -> tuple[dict[str, TensorInfo], dict[str, Part]]:
+    """Each rebar tensor's description and where it comes from (a fused GGUF tensor gives several,
+    each a range of its rows); a tensor the family has no place for, or rows the file lacks, are
+    refused."""
     infos: dict[str, TensorInfo] = {}
     parts: dict[str, Part] = {}
     for file_name, tensor in gguf.tensors.items():
@@ -109,59 +136,52 @@ def load_gguf(path: Path) -> Checkpoint:
                 shape = (part.rows[1] - part.rows[0], *shape[1:])
             infos[name] = TensorInfo(name, file_name, shape, tensor.qtype.name, tensor.num_bytes)
             parts[name] = part
+    return infos, parts
 
-    def heads_permuted(name: str) -> int | None:
-        return _row_heads(name, config) if permuted else None
 
-    def load(name: str, dtype: torch.dtype) -> torch.Tensor:
-        part = parts[name]
-        tensor = gguf.tensors[part.file_name]
-        values = dequantize(tensor.data(gguf.buffer), tensor.qtype, dtype).reshape(tensor.shape)
+class _TensorSource:
+    """Reads rebar tensors out of a GGUF file: dequantized, or kept in their block format.
+
+    `permuted` is the config of a family whose converter permuted Q/K rows for llama.cpp's RoPE
+    layout (their rows are put back in HF order), None for the others.
+    """
+
+    def __init__(self, gguf: GGUFFile, parts: dict[str, Part], permuted: ModelConfig | None):
+        self.gguf, self.parts, self.permuted = gguf, parts, permuted
+
+    def _heads(self, name: str) -> int | None:
+        return _row_heads(name, self.permuted) if self.permuted is not None else None
+
+    def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        part = self.parts[name]
+        tensor = self.gguf.tensors[part.file_name]
+        raw = tensor.data(self.gguf.buffer)
+        values = dequantize(raw, tensor.qtype, dtype).reshape(tensor.shape)
         if part.rows is not None:
             values = values[part.rows[0] : part.rows[1]].contiguous()
-        heads = heads_permuted(name)
+        heads = self._heads(name)
         return values if heads is None else _unpermute_rows(values, heads)
 
-    def load_quantized(name: str) -> BlockWeight | None:
-        part = parts[name]
-        tensor = gguf.tensors[part.file_name]
+    def load_quantized(self, name: str) -> BlockWeight | None:
+        part = self.parts[name]
+        tensor = self.gguf.tensors[part.file_name]
         if tensor.qtype not in BLOCK_TYPES or len(tensor.shape) != 2:
             return None
         weight = BlockWeight(
             tensor.qtype.name,
-            gguf.raw_rows(tensor),
+            self.gguf.raw_rows(tensor),
             tensor.shape[1],
-            release_pages=gguf.release_view,
+            release_pages=self.gguf.release_view,
         )
         if part.rows is not None:
             weight = weight.row_slice(*part.rows)
-        heads = heads_permuted(name)
+        heads = self._heads(name)
         if heads is None:
             return weight
         return weight.select_rows(_unpermute_rows(torch.arange(weight.out_features), heads))
 
-    def release(name: str) -> None:
-        gguf.release(gguf.tensors[parts[name].file_name])
-
-    template = ConfigValues(meta, "GGUF metadata").string(
-        "tokenizer.chat_template", ""
-    ) or DEFAULT_TEMPLATES.get(arch)
-    tokenizer = tokenizer_from_metadata(meta)
-    for key in _VOCABULARY_KEYS:  # the tokenizer holds them now; as Python lists they take ~40 MiB
-        meta.pop(key, None)
-    heap.trim()
-    return Checkpoint(
-        path=path,
-        format="gguf",
-        config=config,
-        tokenizer=tokenizer,
-        chat_template=str(template) if template else None,
-        tensors=infos,
-        _load=load,
-        _load_quantized=load_quantized,
-        _release=release,
-        metadata={k: _summary(v) for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
-    )
+    def release(self, name: str) -> None:
+        self.gguf.release(self.gguf.tensors[self.parts[name].file_name])
 
 
 _VOCABULARY_KEYS = (
