@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,59 +172,8 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     raw_config = _read_json(config_path)
     values = ConfigValues(raw_config, str(config_path))
     arch = _architecture(values)
-    if arch in DECODER_ARCHITECTURES:
-        config = decoder_config(values, arch)
-
-        def parts_of(file_name: str) -> dict[str, Part] | None:
-            return tensor_parts(file_name, arch, config)
-    elif arch in ENCODER_ARCHITECTURES:
-        config = encoder_config(values, folder)
-
-        def parts_of(file_name: str) -> dict[str, Part] | None:
-            name = _encoder_name(file_name)
-            return None if name is None else {name: Part(file_name)}
-    else:
-        raise UnsupportedModelError(
-            f"architecture {arch or '(none)'!r} is not supported; rebar runs "
-            f"{', '.join(DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES)}"
-        )
-
-    infos: dict[str, TensorInfo] = {}
-    locations: dict[str, tuple[Path, Part]] = {}
-    for file in _safetensors_files(folder):
-        try:
-            with safe_open(file, framework="pt") as handle:
-                for file_name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
-                    if _IGNORED.match(file_name):
-                        continue
-                    parts = parts_of(file_name)
-                    if parts is None:
-                        raise UnsupportedModelError(
-                            f"tensor {file_name!r} in {file.name} has no place in a {arch} model"
-                        )
-                    view = handle.get_slice(file_name)
-                    shape = tuple(int(d) for d in view.get_shape())
-                    storage = view.get_dtype()
-                    for name, part in parts.items():
-                        part_shape = (
-                            shape
-                            if part.rows is None
-                            else (part.rows[1] - part.rows[0], *shape[1:])
-                        )
-                        if part.rows is not None and part.rows[1] > shape[0]:
-                            raise ModelFormatError(
-                                f"tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
-                                f"{part.rows[0]}..{part.rows[1]} from the model config"
-                            )
-                        infos[name] = TensorInfo(
-                            name, file_name, part_shape, storage, _num_bytes(part_shape, storage)
-                        )
-                        locations[name] = (file, part)
-        except SafetensorError as exc:
-            raise ModelFormatError(
-                f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}"
-            ) from exc
-
+    config, parts_of = _config_and_parts(values, arch, folder)
+    infos, locations = _tensor_index(folder, arch, parts_of)
     files = MappedSafetensors()
 
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -248,6 +198,69 @@ def load_hf_folder(folder: Path) -> Checkpoint:
         _load=load,
         metadata={k: str(v) for k, v in raw_config.items() if not isinstance(v, (dict, list))},
     )
+
+
+PartsOf = Callable[[str], "dict[str, Part] | None"]
+
+
+def _config_and_parts(values: ConfigValues, arch: str, folder: Path) -> tuple[ModelConfig, PartsOf]:
+    """The model's config, and where each file tensor's values go (None: nowhere)."""
+    if arch in DECODER_ARCHITECTURES:
+        config = decoder_config(values, arch)
+        return config, lambda file_name: tensor_parts(file_name, arch, config)
+    if arch in ENCODER_ARCHITECTURES:
+
+        def encoder_parts(file_name: str) -> dict[str, Part] | None:
+            name = _encoder_name(file_name)
+            return None if name is None else {name: Part(file_name)}
+
+        return encoder_config(values, folder), encoder_parts
+    raise UnsupportedModelError(
+        f"architecture {arch or '(none)'!r} is not supported; rebar runs "
+        f"{', '.join(DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES)}"
+    )
+
+
+def _tensor_index(
+    folder: Path, arch: str, parts_of: PartsOf
+) -> tuple[dict[str, TensorInfo], dict[str, tuple[Path, Part]]]:
+    """Each rebar tensor's description and its (file, part); unreadable files and tensors with no
+    place in the model are refused."""
+    infos: dict[str, TensorInfo] = {}
+    locations: dict[str, tuple[Path, Part]] = {}
+    for file in _safetensors_files(folder):
+        try:
+            with safe_open(file, framework="pt") as handle:
+                for file_name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                    if _IGNORED.match(file_name):
+                        continue
+                    parts = parts_of(file_name)
+                    if parts is None:
+                        raise UnsupportedModelError(
+                            f"tensor {file_name!r} in {file.name} has no place in a {arch} model"
+                        )
+                    view = handle.get_slice(file_name)
+                    shape = tuple(int(d) for d in view.get_shape())
+                    for name, part in parts.items():
+                        infos[name] = _part_info(name, file_name, part, shape, view.get_dtype())
+                        locations[name] = (file, part)
+        except SafetensorError as exc:
+            raise ModelFormatError(
+                f"{file} is not a readable safetensors file (truncated or corrupt?): {exc}"
+            ) from exc
+    return infos, locations
+
+
+def _part_info(
+    name: str, file_name: str, part: Part, shape: tuple[int, ...], storage: str
+) -> TensorInfo:
+    if part.rows is not None and part.rows[1] > shape[0]:
+        raise ModelFormatError(
+            f"tensor {file_name!r} has {shape[0]} rows; {name} needs rows "
+            f"{part.rows[0]}..{part.rows[1]} from the model config"
+        )
+    part_shape = shape if part.rows is None else (part.rows[1] - part.rows[0], *shape[1:])
+    return TensorInfo(name, file_name, part_shape, storage, _num_bytes(part_shape, storage))
 
 
 _DTYPE_BYTES = {
