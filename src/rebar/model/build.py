@@ -37,38 +37,9 @@ def build_model(
     `device`); encoders ignore it. Raises ModelFormatError naming the tensor when one is missing,
     unexpected or mis-shaped, and InvalidRequestError for an unknown attention backend.
     """
-    config = checkpoint.config
-    if config.architecture == "bert":
-        with torch.device("meta"):
-            model: nn.Module = BertModel(config)
-    else:
-        backend = (
-            default_attention_backend(torch.device(device))
-            if attention_backend is None
-            else attention_backend
-        )
-        freq_factors = _rope_freq_factors(checkpoint)
-        with torch.device("meta"):
-            model = LlamaModel(config, rope_freq_factors=freq_factors, attention_backend=backend)
-
+    model = _empty_model(checkpoint, device, attention_backend)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    present = {name for name in checkpoint.tensors if name not in _NON_PARAMETER_TENSORS}
-    missing = sorted(set(expected) - present)
-    if missing:
-        raise ModelFormatError(
-            f"{checkpoint.path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
-        )
-    unexpected = sorted(present - set(expected))
-    if unexpected:
-        raise ModelFormatError(f"{checkpoint.path}: unexpected tensors {unexpected[:5]}")
-    for name, shape in expected.items():
-        found = checkpoint.tensors[name].shape
-        if found != shape:
-            raise ModelFormatError(
-                f"{checkpoint.path}: tensor {checkpoint.tensors[name].file_name!r} "
-                f"has shape {list(found)}, expected {list(shape)} from the model config"
-            )
-
+    _check_tensors(checkpoint, expected)
     device = torch.device(device)
     quantized = {} if dequantize else _quantized_weights(checkpoint, expected, device)
     state = {
@@ -86,6 +57,42 @@ def build_model(
         heap.trim()  # the repacking's temporaries, so they never pile up beside the packed weights
     # Buffers computed at construction (RoPE frequencies) are real CPU tensors; move them too.
     return model.to(device).eval().requires_grad_(False)
+
+
+def _empty_model(
+    checkpoint: Checkpoint, device: torch.device | str, attention_backend: str | None
+) -> nn.Module:
+    """The checkpoint's model with its parameters on the meta device (no memory yet)."""
+    config = checkpoint.config
+    if config.architecture == "bert":
+        with torch.device("meta"):
+            return BertModel(config)
+    backend = attention_backend
+    if backend is None:
+        backend = default_attention_backend(torch.device(device))
+    freq_factors = _rope_freq_factors(checkpoint)
+    with torch.device("meta"):
+        return LlamaModel(config, rope_freq_factors=freq_factors, attention_backend=backend)
+
+
+def _check_tensors(checkpoint: Checkpoint, expected: dict[str, tuple[int, ...]]) -> None:
+    """The checkpoint holds exactly the model's tensors, each of the model's shape."""
+    present = {name for name in checkpoint.tensors if name not in _NON_PARAMETER_TENSORS}
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise ModelFormatError(
+            f"{checkpoint.path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
+    unexpected = sorted(present - set(expected))
+    if unexpected:
+        raise ModelFormatError(f"{checkpoint.path}: unexpected tensors {unexpected[:5]}")
+    for name, shape in expected.items():
+        found = checkpoint.tensors[name].shape
+        if found != shape:
+            raise ModelFormatError(
+                f"{checkpoint.path}: tensor {checkpoint.tensors[name].file_name!r} "
+                f"has shape {list(found)}, expected {list(shape)} from the model config"
+            )
 
 
 def _rope_freq_factors(checkpoint: Checkpoint) -> torch.Tensor | None:
