@@ -132,7 +132,6 @@ async def respond(
     """
     prompt_ids = list(admitted.prompt_token_ids)
     params = admitted.params
-    context = request_context(request.scope)
     headers = await flow.check_rate_limit(state, request, len(prompt_ids))
     tenant = flow.tenant(state, request)
     canonical = flow.canonical_request(
@@ -150,8 +149,36 @@ async def respond(
             return sse.response(render.replay(completion, include_usage), headers)
         return JSONResponse(render.json(completion), headers=headers)
 
+    outputs = await _start(state, request, engine, admitted, lead, tenant)
+
+    async def on_done(completion: Completion) -> None:
+        note_for_access_log(state, request, engine, prompt_ids, completion)
+
+    if stream:
+        events = render.stream(
+            outputs, params.n, include_usage, state.ping_interval_s, lead, on_done
+        )
+        return sse.response(events, headers)
+    completion = await _collect(request, outputs, len(prompt_ids), lead)
+    await on_done(completion)
+    headers["x-rebar-timing"] = timing_header(
+        timing_fields(completion.timing, completion.num_cached_tokens)
+    )
+    return JSONResponse(render.json(completion), headers=headers)
+
+
+async def _start(
+    state: ServerState,
+    request: Request,
+    engine: AsyncEngine,
+    admitted: AdmittedRequest,
+    lead: Lead | None,
+    tenant: str | None,
+) -> AsyncGenerator[RequestOutput, None]:
+    """The request's outputs from the engine; a failure to start releases the cache lead."""
+    context = request_context(request.scope)
     try:
-        outputs = generation.start(
+        return generation.start(
             state,
             engine,
             admitted,
@@ -164,28 +191,24 @@ async def respond(
         await flow.finish_lead(lead, None)
         raise
 
-    async def on_done(completion: Completion) -> None:
-        note_for_access_log(state, request, engine, prompt_ids, completion)
 
-    if stream:
-        events = render.stream(
-            outputs, params.n, include_usage, state.ping_interval_s, lead, on_done
-        )
-        return sse.response(events, headers)
+async def _collect(
+    request: Request,
+    outputs: AsyncGenerator[RequestOutput, None],
+    num_prompt_tokens: int,
+    lead: Lead | None,
+) -> Completion:
+    """The whole answer, written through to the cache lead; a failed one releases the lead."""
     try:
         completion = Completion.from_outputs(
-            await generation.collect(request, outputs), len(prompt_ids)
+            await generation.collect(request, outputs), num_prompt_tokens
         )
         generation.raise_for_failure(completion.choices)
     except BaseException:
         await flow.finish_lead(lead, None)
         raise
     await flow.finish_lead(lead, completion)
-    await on_done(completion)
-    headers["x-rebar-timing"] = timing_header(
-        timing_fields(completion.timing, completion.num_cached_tokens)
-    )
-    return JSONResponse(render.json(completion), headers=headers)
+    return completion
 
 
 def note_for_access_log(
