@@ -98,20 +98,7 @@ def create_app(
 
     `tracing` replaces the one built from `settings.tracing` (tests pass an in-memory exporter).
     """
-    limits = settings.limits
-    state = ServerState(
-        Admission(
-            limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
-        ),
-        request_timeout_s=limits.request_timeout_s,
-        tracing=tracing or Tracing.from_settings(settings.tracing),
-        log_prompts=settings.logging.log_prompts,
-    )
-
-    tenants = settings.cache.tenant_isolation
-    state.isolate_tenants = tenants == "on" or (
-        tenants == "auto" and bool(settings.api_key_hashes())
-    )
+    state = _server_state(settings, tracing)
     install_store(state, settings)
     state.metrics.attach(state)
 
@@ -135,6 +122,30 @@ def create_app(
     for router in (chat.router, completions.router, misc.router, admin.router):
         app.include_router(router)
     web.install(app)
+    install_middleware(app, settings, state)
+    return app
+
+
+def _server_state(settings: Settings, tracing: Tracing | None) -> ServerState:
+    limits = settings.limits
+    state = ServerState(
+        Admission(
+            limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
+        ),
+        request_timeout_s=limits.request_timeout_s,
+        tracing=tracing or Tracing.from_settings(settings.tracing),
+        log_prompts=settings.logging.log_prompts,
+    )
+    tenants = settings.cache.tenant_isolation
+    state.isolate_tenants = tenants == "on" or (
+        tenants == "auto" and bool(settings.api_key_hashes())
+    )
+    return state
+
+
+def install_middleware(app: FastAPI, settings: Settings, state: ServerState) -> None:
+    """Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body
+    > routes."""
     server = settings.server
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s
@@ -153,13 +164,10 @@ def create_app(
             allow_headers=["*"],
             expose_headers=["X-Request-ID", "X-Trace-ID", "x-rebar-timing", "X-Cache"],
         )
-    # Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body >
-    # routes.
     app.add_middleware(AccessLogMiddleware, routes=lambda: app.routes, clock=state.metrics.clock)
     app.add_middleware(TracingMiddleware, tracer=state.tracing.tracer, routes=lambda: app.routes)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics, routes=lambda: app.routes)
-    return app
 
 
 def install_store(state: ServerState, settings: Settings) -> None:
