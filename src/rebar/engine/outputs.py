@@ -98,7 +98,9 @@ class RequestOutput:
 @dataclass
 class _ChoiceSoFar:
     last: RequestOutput  # the choice's latest output
-    text: str = ""
+    # Each output's text delta; joined once when the choice is read (`+=` on an attribute copies
+    # the whole text for every token).
+    text_deltas: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
 
@@ -113,8 +115,10 @@ class OutputAccumulator:
         self.num_prompt_tokens = 0
 
     def add(self, output: RequestOutput) -> None:
-        choice = self._choices.setdefault(output.index, _ChoiceSoFar(output))
-        choice.text += output.text_delta
+        choice = self._choices.get(output.index)
+        if choice is None:  # not setdefault: that would build a throwaway one for every token
+            choice = self._choices[output.index] = _ChoiceSoFar(output)
+        choice.text_deltas.append(output.text_delta)
         choice.token_ids.extend(output.new_token_ids)
         choice.logprobs.extend(output.logprobs)
         choice.last = output
@@ -152,7 +156,7 @@ def _finished(index: int, choice: _ChoiceSoFar) -> Choice:
     last = choice.last
     return Choice(
         index,
-        choice.text,
+        "".join(choice.text_deltas),
         list(choice.token_ids),
         (last.finish_reason if last.finished else None) or "abort",
         last.stop_reason,
