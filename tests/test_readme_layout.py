@@ -24,11 +24,21 @@ def test_the_committed_layout_is_the_generated_one() -> None:
     )
 
 
-def test_every_module_is_named() -> None:
-    text = readme_layout.layout()
-    for module in (ROOT / "src" / "rebar").rglob("*.py"):
+def test_every_module_is_listed_under_its_own_package() -> None:
+    source = ROOT / "src" / "rebar"
+    for init in source.rglob("__init__.py"):
+        package = init.parent
+        if package == source or "static" in package.parts:
+            continue
+        listed = " ".join(readme_layout.package_lines(package))
+        for module in package.glob("*.py"):
+            if module.name != "__init__.py":
+                assert f" {module.name}" in listed, (module, listed)
+        assert listed in " ".join(readme_layout.layout().splitlines()), package
+    top = " ".join(readme_layout.top_level_lines())
+    for module in source.glob("*.py"):
         if module.name != "__init__.py":
-            assert module.name in text, module
+            assert f"{module.name}:" in top, module
 
 
 def test_a_package_without_a_docstring_is_refused(tmp_path: Path, monkeypatch) -> None:
