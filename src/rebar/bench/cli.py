@@ -267,7 +267,8 @@ def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
             "Measures the chat model as `make run` serves it (default settings: quantized GGUF "
             "weights, the fused decode step, the default thread count): cold start, prefill, "
             "decode, batched decode, p95 latency (each divided by a calibration run in the same "
-            "process) and peak RSS, and fails on a figure beyond its tolerance of the baseline."
+            "process) and peak private memory, and fails on a figure beyond its tolerance of the "
+            "baseline."
         ),
         epilog=(
             "Re-baselining: on a quiet machine (nothing else running), at the commit to record, "

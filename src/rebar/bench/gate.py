@@ -14,8 +14,8 @@ moves the calibration and the figure together:
   split over the threads);
 - `p95_latency`: p95 end-to-end latency of `streams` requests (32 prompt + 16 output tokens),
   a quarter of them at a time;
-- `peak_rss`: the cold-start process's peak resident memory minus that of a process that only
-  imported the same libraries (MiB).
+- `peak_private`: the cold-start process's peak private memory (resident memory less the pages
+  mapped from files) minus that of a process that only imported the same libraries (MiB).
 
 The calibration is a fixed float32 decoder step (random weights shaped like a small Llama) on
 torch's own operators: none of rebar's code, so a regression in rebar cannot hide in it, and the
@@ -119,6 +119,11 @@ def default_llm(model: str) -> LLM:
 
 # The peak comes from VmHWM, which starts afresh at exec; getrusage's ru_maxrss keeps the parent's
 # peak across fork + exec, so a child smaller than the gate's own process would read the gate's.
+# VmHWM also counts pages mapped from files (shared libraries, the mmapped GGUF), and how many of
+# those a process maps depends on the page cache, not on rebar: the same process mapped 141 MiB of
+# library pages from a freshly installed venv and 82 MiB from an older one. So the file-backed pages
+# still mapped at the end are taken off: mapped files stay mapped, so what is left lies between the
+# private memory at the end and its peak.
 _CHILD = """
 import time
 started = time.perf_counter()
@@ -129,13 +134,21 @@ if {load}:
     from rebar.engine.sampling_params import SamplingParams
     llm = rebar.bench.gate.default_llm({model!r})
     llm.generate("Hello", SamplingParams(max_tokens=1, temperature=0))
-peak_kib = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(time.perf_counter() - started, peak_kib, flush=True)
+print(time.perf_counter() - started, rebar.bench.gate.peak_private_kib(), flush=True)
 """
 
 
+def peak_private_kib(status: str | None = None) -> int:
+    """This process's peak resident KiB less the KiB still mapped from files, from
+    /proc/self/status (or the `status` text given)."""
+    if status is None:
+        status = Path("/proc/self/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["VmHWM"].split()[0]) - int(fields["RssFile"].split()[0])
+
+
 def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
-    """(seconds from spawning the process to its exit, its peak RSS in MiB)."""
+    """(seconds from spawning the process to its exit, its peak private memory in MiB)."""
     code = _CHILD.format(load=load, model=model, threads=threads)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
@@ -147,16 +160,16 @@ def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
 
 
 def measure_cold_start(model: str, threads: int, repeats: int) -> tuple[float, float]:
-    """(seconds to the first token of a fresh process, its peak RSS above a libraries-only one,
-    MiB), medians of `repeats` pairs of processes: one process's start moves by a third on this
-    host, with imports and page-cache reads that no calibration tracks."""
+    """(seconds to the first token of a fresh process, its peak private memory above a
+    libraries-only one in MiB), medians of `repeats` pairs of processes: one process's start
+    moves by a third on this host, with imports and page-cache reads that no calibration tracks."""
     pairs = [
         (_child(model, threads, load=False), _child(model, threads, load=True))
         for _ in range(repeats)
     ]
     seconds = statistics.median(loaded[0] for _bare, loaded in pairs)
-    rss = statistics.median(loaded[1] - bare[1] for bare, loaded in pairs)
-    return seconds, rss
+    private = statistics.median(loaded[1] - bare[1] for bare, loaded in pairs)
+    return seconds, private
 
 
 # ----- the engine figures: `rebar bench offline`'s measuring code ---------------------------------
@@ -201,13 +214,13 @@ def measure_engine(llm: LLM, workload: Workload) -> dict[str, float]:
 class Measurement:
     calibration_s: float
     seconds: dict[str, float]  # cold_start and the engine figures
-    peak_rss_mib: float  # above the libraries-only process
+    peak_private_mib: float  # above the libraries-only process
     fused_decode: bool  # whether decode steps ran on the fused CPU step
 
     def figures(self) -> dict[str, float]:
         """The judged figures: every time divided by the calibration, memory in MiB."""
         normalised = {name: s / self.calibration_s for name, s in self.seconds.items()}
-        return normalised | {"peak_rss": self.peak_rss_mib}
+        return normalised | {"peak_private": self.peak_private_mib}
 
 
 @contextmanager
@@ -227,12 +240,12 @@ def measure(model: str, workload: Workload, threads: int) -> Measurement:
     with torch_threads(threads):
         # Calibrate before and after, and use the mean: the machine's load can drift during the run.
         before = calibrate(steps=workload.calibration_steps)
-        cold_start_s, rss = measure_cold_start(model, threads, workload.repeats)
+        cold_start_s, private = measure_cold_start(model, threads, workload.repeats)
         llm = default_llm(model)
         seconds = {"cold_start": cold_start_s} | measure_engine(llm, workload)
         calibration = (before + calibrate(steps=workload.calibration_steps)) / 2
     fused = llm.engine is not None and llm.engine.runner.fused_decoder is not None
-    return Measurement(calibration, seconds, rss, fused)
+    return Measurement(calibration, seconds, private, fused)
 
 
 # ----- the gate -----------------------------------------------------------------------------------
@@ -251,6 +264,7 @@ def run_gate(
     if accept_regression is not None and not (update and accept_regression.strip()):
         print("--accept-regression needs --update-baseline and a non-empty reason")
         return 2
+    missing = f"no baseline at {baseline_path}"
     try:
         baseline = Baseline.read(baseline_path) if baseline_path.exists() else None
     except BaselineError as exc:
@@ -258,12 +272,8 @@ def run_gate(
             print(f"performance gate cannot judge: {exc}")
             return 2
         print(f"re-recording: {exc}")
-        baseline = None
-    mismatch = (
-        baseline.mismatch(model, threads, asdict(workload))
-        if baseline is not None
-        else f"no baseline at {baseline_path}"
-    )
+        baseline, missing = None, f"{baseline_path} is in an older format"
+    mismatch = baseline.mismatch(model, threads, asdict(workload)) if baseline else missing
     if mismatch and not update:
         print(
             f"performance gate cannot judge: {mismatch}: record one on a quiet machine with "
@@ -302,7 +312,7 @@ def _report(measurement: Measurement, threads: int) -> None:
     path = "fused decode step" if measurement.fused_decode else "NO fused decode step"
     print(
         f"threads {threads}, {path}; calibration {measurement.calibration_s * 1e3:.1f} ms; "
-        f"{seconds}; peak RSS {measurement.peak_rss_mib:.0f} MiB above the libraries"
+        f"{seconds}; peak private memory {measurement.peak_private_mib:.0f} MiB above the libraries"
     )
 
 
