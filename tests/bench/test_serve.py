@@ -334,7 +334,7 @@ def test_cli_prints_a_table_and_writes_json(fake: FakeServer, tmp_path, capsys) 
             and r["num_ok"] == 3
             and r["output_tokens"] == 9
         )
-        assert set(r["ttft_ms"]) == {"p50", "p90", "p99", "mean"} and "requests" not in r
+        assert set(r["ttft_ms"]) == {"p50", "p90", "p95", "p99", "mean"} and "requests" not in r
 
 
 def test_cli_reports_request_errors_and_still_succeeds(fake: FakeServer, capsys) -> None:
@@ -396,6 +396,7 @@ def test_helpers() -> None:
     assert percentiles([float(i) for i in range(101)]) == {
         "p50": 50.0,
         "p90": 90.0,
+        "p95": 95.0,
         "p99": 99.0,
         "mean": 50.0,
     }

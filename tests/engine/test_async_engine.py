@@ -205,14 +205,14 @@ def test_cache_salt_reaches_the_prefix_cache(engine) -> None:
 
 
 def test_an_admitted_request_is_not_checked_again(engine, monkeypatch) -> None:
-    real_check = engine.core._check_prompt
+    real_check = engine.core.checker._check_prompt
     checked = []
 
     def counting_check(prompt):
         checked.append(list(prompt))
         return real_check(prompt)
 
-    monkeypatch.setattr(engine.core, "_check_prompt", counting_check)
+    monkeypatch.setattr(engine.core.checker, "_check_prompt", counting_check)
     outputs = asyncio.run(collect(engine, [3, 4, 5], GREEDY))
     assert outputs[-1].finish_reason == "length"
     assert checked == [[3, 4, 5]]  # admission scanned the prompt once; the core trusted it

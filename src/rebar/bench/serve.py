@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from rebar.bench.server_metrics import scrape_step_histogram, step_times_ms
 from rebar.errors import RebarError
 
 logger = logging.getLogger(__name__)
@@ -151,9 +152,20 @@ class LevelResult:
     e2e_ms: dict[str, float | None]
     max_in_flight: int  # as seen by the client; never above `concurrency`
     requests: list[RequestResult] = field(default_factory=list, repr=False, compare=False)
+    # The engine's decode step while the level ran (p50, mean ms, steps), from a rebar server's
+    # /metrics; None for other servers.
+    engine_step_ms: dict[str, float | None] | None = None
+
+    @property
+    def serving_overhead_ms(self) -> float | None:
+        """What the HTTP path adds per token: inter-token p50 minus the engine's step p50."""
+        step = (self.engine_step_ms or {}).get("p50")
+        itl = self.itl_ms.get("p50")
+        return None if step is None or itl is None else itl - step
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "requests"}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "requests"}
+        return values | {"serving_overhead_ms": self.serving_overhead_ms}
 
 
 @dataclass(frozen=True)
@@ -203,10 +215,10 @@ def make_prompts(num_prompts: int, input_words: int, seed: int, level: int = 0) 
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99 (linear interpolation between closest ranks) and mean; all None without
+    """p50/p90/p95/p99 (linear interpolation between closest ranks) and mean; all None without
     samples."""
     if not samples:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
+        return {"p50": None, "p90": None, "p95": None, "p99": None, "mean": None}
     ordered = sorted(samples)
 
     def at(q: float) -> float:
@@ -214,7 +226,13 @@ def percentiles(samples: Sequence[float]) -> dict[str, float | None]:
         low, high = math.floor(rank), math.ceil(rank)
         return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "mean": sum(ordered) / len(ordered)}
+    return {
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "mean": sum(ordered) / len(ordered),
+    }
 
 
 class SseDecoder:
@@ -503,13 +521,20 @@ async def run_serve_bench(
                 config.url + ENDPOINTS[config.endpoint],
             )
             prompts = make_prompts(config.num_prompts, config.input_words, config.seed, level=index)
-            levels.append(await run_level(client, config, prompts, concurrency))
+            before = await scrape_step_histogram(client, config.url)
+            level = await run_level(client, config, prompts, concurrency)
+            after = await scrape_step_histogram(client, config.url)
+            levels.append(replace(level, engine_step_ms=step_times_ms(before, after)))
     return ServeBenchReport(config, levels)
 
 
 def _triple(values: dict[str, float | None]) -> str:
     picked = [values[key] for key in ("p50", "p90", "p99")]
     return "-" if picked[0] is None else " / ".join(f"{v:.1f}" for v in picked if v is not None)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def format_table(report: ServeBenchReport) -> str:
@@ -529,6 +554,8 @@ def format_table(report: ServeBenchReport) -> str:
         "TTFT p50/p90/p99 ms",
         "ITL p50/p90/p99 ms",
         "E2E p50/p90/p99 ms",
+        "step p50 ms",
+        "overhead ms",
     )
     rows = [
         (
@@ -541,6 +568,8 @@ def format_table(report: ServeBenchReport) -> str:
             _triple(r.ttft_ms),
             _triple(r.itl_ms),
             _triple(r.e2e_ms),
+            _number((r.engine_step_ms or {}).get("p50")),
+            _number(r.serving_overhead_ms),
         )
         for r in report.levels
     ]

@@ -163,10 +163,16 @@ class EngineSettings(_EngineConfigFields):
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = (
         None  # None: torch's default
     )
+    # True: the server runs the chat engine in a process of its own (rebar.engine.engine_process),
+    # so the HTTP side's Python work never waits for the engine's GIL, and a crash in a kernel
+    # leaves a server that reports it. On 2 cores it measured no faster than the default thread
+    # (docs/benchmarks.md) and costs a second copy of the libraries (~240 MiB).
+    separate_process: bool = False
 
     def to_engine_config(self) -> EngineConfig:
-        """The engine's own frozen config; `num_threads` is applied by whoever starts torch."""
-        return EngineConfig(**self.model_dump(exclude={"num_threads"}))
+        """The engine's own frozen config; `num_threads` is applied by whoever starts torch, and
+        `separate_process` by the server."""
+        return EngineConfig(**self.model_dump(exclude={"num_threads", "separate_process"}))
 
 
 class LimitsSettings(_Section):

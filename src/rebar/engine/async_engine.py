@@ -1,109 +1,87 @@
-"""The engine core in its own thread, bridged to asyncio.
+"""The engine core bridged to asyncio: `EngineFront` is what the server talks to; `AsyncEngine` runs
+the core in a thread of this process (`rebar.engine.engine_process.EngineProcess` runs it in a
+process of its own).
 
-The event loop never runs a matmul: `generate` puts commands on a thread-safe inbox and awaits
-per-request queues that the core thread fills after each step. Leaving the async iterator early
-(client gone, task cancelled) aborts the request, which frees its KV blocks within one step.
+The event loop never runs a matmul: `generate` sends a command to the core's loop
+(`rebar.engine.core_loop`) and awaits a per-request queue. The core's loop hands each step's
+results over in one `Delivery`, which reaches each event loop with one `call_soon_threadsafe` per
+step, whatever the number of streams. Leaving the async iterator early (client gone, task
+cancelled) aborts the request, which frees its KV blocks within one step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import AsyncGenerator
 
-from rebar.engine.core import EngineCore
-from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
+from rebar.engine.core import EngineCore, EngineStats
+from rebar.engine.core_loop import Abort, Add, Command, CoreLoop, Delivery, StartProfile, Stop
+from rebar.engine.outputs import ENGINE_FAULT, RequestOutput
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import RebarError
-from rebar.obs.profiling import ProfileResult, ProfileSession
+from rebar.model.tokenizer import Tokenizer
+from rebar.obs.profiling import ProfileResult
 
-logger = logging.getLogger("rebar.engine")
-
-
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    admitted: AdmittedRequest
-    deadline: float | None
-    cache_salt: str | None
+Loop = asyncio.AbstractEventLoop
+Routed = tuple[asyncio.Queue | asyncio.Future, object]  # an item and where it goes
 
 
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
+class EngineUnavailableError(RebarError):
+    """The engine cannot take requests: it stopped, or its process exited."""
 
 
-@dataclass
-class _Profile:
-    """Profile the next `num_steps` steps, or the steps that run before `deadline` (monotonic)."""
+class EngineFront:
+    """The asyncio side of an engine: per-request streams, aborts, profiles, the latest counters.
 
-    num_steps: int
-    deadline: float
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    top: int
-    session: ProfileSession | None = None  # set before the profile becomes the engine's
+    Subclasses say how commands reach the core's loop (`_submit`) and how it starts and stops.
+    """
 
-    def is_over(self) -> bool:
-        return (
-            self.session is None
-            or self.session.num_steps >= self.num_steps
-            or time.monotonic() >= self.deadline
-        )
+    tokenizer: Tokenizer
+    max_model_len: int
 
-
-_STOP = object()
-
-
-class AsyncEngine:
-    """Thread-owning front of an EngineCore. Create it inside a running event loop, or call
-    `start()` there."""
-
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._streams_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+    def __init__(self) -> None:
+        self._streams: dict[str, tuple[Loop, asyncio.Queue]] = {}
+        self._profiles: dict[int, tuple[Loop, asyncio.Future]] = {}
+        self._lock = threading.Lock()  # the maps above: the delivering thread reads them
         self._ids = itertools.count()
-        self._id_prefix = uuid.uuid4().hex[
-            :8
-        ]  # tells this engine's ids from another's in shared logs
-        self._profile: _Profile | None = None  # owned by the core thread
+        self._id_prefix = uuid.uuid4().hex[:8]  # tells this engine's ids from another's in logs
+        self._stats: EngineStats | None = None
+        self.failure: str | None = None  # why the engine stopped serving, once it has
 
-    # ----- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rebar-engine-core", daemon=True)
-            self._thread.start()
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
-            self._inbox.put(_STOP)
-            self._thread.join(timeout)
-            self._thread = None
-
-    @property
-    def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    # ----- public API ----------------------------------------------------------------------------
+    # ----- what subclasses provide ---------------------------------------------------------------
     def admit(self, prompt: Prompt, params: SamplingParams) -> AdmittedRequest:
-        """The request's one check, in the caller's thread (`EngineCore.admit`); text is tokenized
-        first.
+        """The request's one check, in the caller's thread; text is tokenized first.
 
         Raises InvalidRequestError naming the parameter.
         """
-        return self.core.admit(prompt_token_ids(self.core.tokenizer, prompt), params)
+        raise NotImplementedError
 
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    @property
+    def is_running(self) -> bool:
+        raise NotImplementedError
+
+    def _submit(self, command: Command) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> EngineStats:
+        """The engine's counters, as of its latest step."""
+        raise NotImplementedError
+
+    # ----- public API ----------------------------------------------------------------------------
     def generate(
         self,
         prompt: Prompt,
@@ -135,24 +113,38 @@ class AsyncEngine:
         self.start()
         engine_id = self._engine_id(request_id)
         stream: asyncio.Queue = asyncio.Queue()
-        with self._streams_lock:
+        with self._lock:
             assert engine_id not in self._streams, f"engine id {engine_id} reused"
             self._streams[engine_id] = (asyncio.get_running_loop(), stream)
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._inbox.put(_Add(engine_id, request, deadline, cache_salt))
-        remaining = request.params.n
+        unfinished = set(range(request.params.n))
         try:
-            while remaining:
+            self._submit(self._add_command(engine_id, request, deadline, cache_salt))
+            while unfinished:
                 item = await stream.get()
+                if isinstance(item, EngineUnavailableError):  # the engine went away mid-request
+                    for index in sorted(unfinished):
+                        yield _failed(engine_id, index)
+                    return
                 if isinstance(item, BaseException):
                     raise item
-                remaining -= item.finished
+                if item.finished:
+                    unfinished.discard(item.index)
                 yield item
         finally:
-            with self._streams_lock:
+            with self._lock:
                 self._streams.pop(engine_id, None)
-            if remaining:
+            if unfinished:
                 self.abort(engine_id)
+
+    def _add_command(
+        self,
+        engine_id: str,
+        request: AdmittedRequest,
+        deadline: float | None,
+        cache_salt: str | None,
+    ) -> Add:
+        return Add(engine_id, request.prompt_token_ids, request.params, deadline, cache_salt)
 
     def _engine_id(self, label: str | None) -> str:
         """A new id, never used before by this engine: the caller's label (shortened) + prefix +
@@ -168,143 +160,148 @@ class AsyncEngine:
 
         `request_id` is the engine id its outputs carry, not the label given to `generate`.
         """
-        self._inbox.put(_Abort(request_id))
+        try:
+            self._submit(Abort(request_id))
+        except EngineUnavailableError:
+            pass  # nothing runs there any more
 
     async def profile(self, num_steps: int, timeout_s: float, top: int = 20) -> ProfileResult:
-        """Profile the next `num_steps` engine steps (fewer if `timeout_s` passes first) in the core
-        thread.
+        """Profile the next `num_steps` engine steps (fewer if `timeout_s` passes first) where the
+        core runs.
 
         Raises RebarError if a profile is already being taken.
         """
         self.start()
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._inbox.put(_Profile(num_steps, time.monotonic() + timeout_s, loop, future, top))
-        return await future
+        profile_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._profiles[profile_id] = (asyncio.get_running_loop(), future)
+        try:
+            self._submit(StartProfile(profile_id, num_steps, time.monotonic() + timeout_s, top))
+            return await future
+        finally:
+            with self._lock:
+                self._profiles.pop(profile_id, None)
 
-    # ----- the core thread ------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            idle = not self.core.has_unfinished_requests()
-            # Idle with a profile open: wake up now and then to honour its deadline.
-            commands = self._drain(block=idle, timeout=0.05 if self._profile is not None else None)
-            if any(command is _STOP for command in commands):
-                self._fail_everything(ENGINE_SHUTDOWN)
-                self._end_profile()
-                return
-            for command in commands:
-                self._apply(command)
-            if self.core.has_unfinished_requests():
-                try:
-                    self._deliver(self.core.step())
-                except Exception:  # a bug in the step itself: fail what is in flight, keep serving
-                    logger.exception("engine step failed; failing every request in flight")
-                    self._fail_everything(ENGINE_FAULT)
-                if self._profile is not None and self._profile.session is not None:
-                    self._profile.session.step_done()
-            if self._profile is not None and self._profile.is_over():
-                self._end_profile()
+    # ----- results from the core's loop (any thread) ----------------------------------------------
+    def _deliver(self, delivery: Delivery) -> None:
+        """Route a step's results to the streams and profiles waiting for them: one callback per
+        event loop."""
+        if delivery.stats is not None:
+            self._stats = delivery.stats
+        per_loop: dict[Loop, list[Routed]] = defaultdict(list)
+        with self._lock:
+            items: list[tuple[str, object]] = [(o.request_id, o) for o in delivery.outputs]
+            items += delivery.refused
+            for request_id, item in items:
+                target = self._streams.get(request_id)
+                if target is not None:  # else the caller left; its abort is already queued
+                    per_loop[target[0]].append((target[1], item))
+            for profile_id, result in delivery.profiles:
+                waiting = self._profiles.get(profile_id)
+                if waiting is not None:
+                    per_loop[waiting[0]].append((waiting[1], result))
+        _call_each(per_loop)
 
-    def _drain(self, block: bool, timeout: float | None = None) -> list:
+    def _fail_all_streams(self, error: BaseException) -> None:
+        """Every open stream and profile ends with `error` (the engine is gone)."""
+        per_loop: dict[Loop, list[Routed]] = defaultdict(list)
+        with self._lock:
+            targets: list[tuple[Loop, asyncio.Queue | asyncio.Future]] = [
+                *self._streams.values(),
+                *self._profiles.values(),
+            ]
+        for loop, target in targets:
+            per_loop[loop].append((target, error))
+        _call_each(per_loop)
+
+
+def _failed(engine_id: str, index: int) -> RequestOutput:
+    return RequestOutput(
+        engine_id, index, (), "", finished=True, finish_reason="error", error=ENGINE_FAULT
+    )
+
+
+def _call_each(per_loop: dict[Loop, list[Routed]]) -> None:
+    for loop, routed in per_loop.items():
+        try:
+            loop.call_soon_threadsafe(_hand_out, routed)
+        except RuntimeError:  # the caller's event loop is closed
+            pass
+
+
+def _hand_out(routed: list[Routed]) -> None:
+    """On the owning event loop: each item to its stream, each profile result to its future."""
+    for target, item in routed:
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait(item)
+        elif not target.done():
+            if isinstance(item, BaseException):
+                target.set_exception(item)
+            else:
+                target.set_result(item)
+
+
+class _QueueInbox:
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+
+    def take(self, block: bool, timeout: float | None) -> list[Command]:
         commands = []
         try:
-            commands.append(self._inbox.get(block=block, timeout=timeout if block else None))
+            commands.append(self.queue.get(block=block, timeout=timeout if block else None))
             while True:
-                commands.append(self._inbox.get_nowait())
+                commands.append(self.queue.get_nowait())
         except queue.Empty:
             pass
         return commands
 
-    def _start_profile(self, command: _Profile) -> None:
-        if self._profile is not None:
-            _call_soon(
-                command.loop,
-                _settle(command.future),
-                RebarError("a profile is already being taken"),
-            )
-            return
-        try:
-            command.session = ProfileSession(
-                self.core.runner.model, self.core.runner.device, command.top
-            ).start()
-        except Exception as exc:
-            _call_soon(
-                command.loop,
-                _settle(command.future),
-                RebarError(f"profiling failed to start: {exc}"),
-            )
-            return
-        self._profile = command
 
-    def _end_profile(self) -> None:
-        command, self._profile = self._profile, None
-        if command is None:
-            return
-        assert command.session is not None, "only a started profile becomes the engine's"
-        try:
-            result: ProfileResult | BaseException = command.session.finish()
-        except Exception as exc:
-            result = RebarError(f"profiling failed: {exc}")
-        _call_soon(command.loop, _settle(command.future), result)
+class AsyncEngine(EngineFront):
+    """An EngineCore run by a thread of this process. Create it inside a running event loop, or
+    call `start()` there."""
 
-    def _apply(self, command: _Add | _Abort | _Profile) -> None:
-        if isinstance(command, _Profile):
-            self._start_profile(command)
-            return
-        if isinstance(command, _Abort):
-            self._deliver(self.core.abort_request(command.request_id))
-            return
-        try:
-            self.core.add_admitted(
-                command.request_id, command.admitted, command.deadline, command.cache_salt
-            )
-        except RebarError as exc:
-            self._send(command.request_id, exc)
-        except Exception:  # whatever slipped past admission fails its own request, not the engine
-            logger.exception("request %s could not be queued", command.request_id)
-            self._deliver(_failed(command.request_id, command.admitted.params.n))
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__()
+        self.core = core
+        self.tokenizer = core.tokenizer
+        self.max_model_len = core.max_model_len
+        self._inbox = _QueueInbox()
+        self._thread: threading.Thread | None = None
 
-    def _fail_everything(self, message: str) -> None:
-        self._deliver(self.core.fail_all(message))
+    def start(self) -> None:
+        if self._thread is None:
+            loop = CoreLoop(self.core, self._inbox, self._deliver)
+            self._thread = threading.Thread(target=loop.run, name="rebar-engine-core", daemon=True)
+            self._thread.start()
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            self._send(output.request_id, output)
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._inbox.queue.put(Stop())
+            self._thread.join(timeout)
+            self._thread = None
 
-    def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        with self._streams_lock:
-            target = self._streams.get(request_id)
-        if target is None:
-            return  # the caller left; its abort is already queued
-        loop, stream = target
-        _call_soon(loop, stream.put_nowait, item)
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
+    def admit(self, prompt: Prompt, params: SamplingParams) -> AdmittedRequest:
+        return self.core.admit(prompt_token_ids(self.core.tokenizer, prompt), params)
 
-def _failed(request_id: str, num_choices: int) -> list[RequestOutput]:
-    return [
-        RequestOutput(
-            request_id, index, (), "", finished=True, finish_reason="error", error=ENGINE_FAULT
+    def stats(self) -> EngineStats:
+        return self.core.stats()  # read in place: the thread shares this process's memory
+
+    def _submit(self, command: Command) -> None:
+        self._inbox.queue.put(command)
+
+    def _add_command(
+        self,
+        engine_id: str,
+        request: AdmittedRequest,
+        deadline: float | None,
+        cache_salt: str | None,
+    ) -> Add:
+        # The same core admitted it: `add_admitted` takes it without checking again.
+        return Add(
+            engine_id, request.prompt_token_ids, request.params, deadline, cache_salt, request
         )
-        for index in range(num_choices)
-    ]
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, function: Callable, item: object) -> None:
-    try:
-        loop.call_soon_threadsafe(function, item)
-    except RuntimeError:  # the caller's event loop is closed
-        pass
-
-
-def _settle(future: asyncio.Future) -> Callable[[object], None]:
-    """A callback for the future's loop: set a result or an exception, unless the waiter gave up."""
-
-    def settle(item: object) -> None:
-        if future.done():
-            return
-        if isinstance(item, BaseException):
-            future.set_exception(item)
-        else:
-            future.set_result(item)
-
-    return settle

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rebar.engine.admission import RequestChecker
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
 from rebar.engine.kv_cache_manager import KVCacheManager
@@ -36,7 +37,7 @@ from rebar.errors import InvalidRequestError
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
-from rebar.timing import RequestTiming
+from rebar.timing import DurationHistogram, RequestTiming
 
 logger = logging.getLogger("rebar.engine")
 
@@ -74,6 +75,9 @@ class EngineStats:
     num_prefix_hits: int
     num_preemptions: int
     num_requests_added: int  # every accepted request (an n > 1 request counts once)
+    # Durations of whole steps (schedule, model, sampling, outputs) by kind: "decode" when every
+    # scheduled request computed one token, else "prefill" (prompt tokens in the step).
+    step_seconds: dict[str, DurationHistogram] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -126,20 +130,18 @@ class EngineCore:
         )
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
-        self._admission_key = object()  # marks the AdmittedRequests this core's `admit` made
+        self.checker = RequestChecker(tokenizer.vocab_size, self.max_model_len)
         self.num_requests_added = 0
+        self.step_seconds = {kind: DurationHistogram.empty() for kind in ("decode", "prefill")}
 
     # ----- admission ---------------------------------------------------------------------------
     def admit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> AdmittedRequest:
-        """The one check of a request: raises InvalidRequestError naming the parameter, else returns
-        what `add_admitted` queues without checking again.
+        """The one check of a request (`RequestChecker.admit`): raises InvalidRequestError naming
+        the parameter, else returns what `add_admitted` queues without checking again.
 
         Pure and thread-safe, so a front end can refuse bad input before it starts a response.
         """
-        prompt = self._check_prompt(prompt_token_ids)
-        params.check_vocab(self.tokenizer.vocab_size)
-        max_total = self._max_total_tokens(len(prompt), params)
-        return AdmittedRequest(tuple(prompt), params, max_total, self._admission_key)
+        return self.checker.admit(prompt_token_ids, params)
 
     def add_request(
         self,
@@ -170,7 +172,7 @@ class EngineCore:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InvalidRequestError("cache_salt must be a string", "cache_salt")
-        if admitted.issuer is not self._admission_key:  # not this core's check: do it here
+        if not self.checker.issued(admitted):  # not this core's check: do it here
             admitted = self.admit(admitted.prompt_token_ids, admitted.params)
         params = admitted.params
         children = []
@@ -199,34 +201,6 @@ class EngineCore:
         self.num_requests_added += 1
         for request in children:
             self.scheduler.add_request(request)
-
-    def _check_prompt(self, prompt_token_ids: Sequence[int]) -> list[int]:
-        prompt = list(prompt_token_ids)
-        if not prompt:
-            raise InvalidRequestError("prompt is empty", "prompt")
-        vocab = self.tokenizer.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
-            raise InvalidRequestError(
-                f"prompt token ids must be integers in [0, {vocab})", "prompt"
-            )
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context window "
-                f"of {self.max_model_len} leaves no room to generate",
-                "prompt",
-            )
-        return prompt
-
-    def _max_total_tokens(self, num_prompt: int, params: SamplingParams) -> int:
-        if params.max_tokens is None:
-            return self.max_model_len
-        if num_prompt + params.max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
-                f"exceeds the context window of {self.max_model_len}",
-                "max_tokens",
-            )
-        return num_prompt + params.max_tokens
 
     # ----- aborts and the single finish path ------------------------------------------------------
     def abort_request(self, request_id: str) -> list[RequestOutput]:
@@ -316,7 +290,10 @@ class EngineCore:
             for item in plan.scheduled
             if item.sample and item.request_id not in failed
         ]
-        return outputs + self._sample_and_append(sampling, logits)
+        outputs += self._sample_and_append(sampling, logits)
+        decode = all(len(item.token_ids) == 1 for item in plan.scheduled)
+        self.step_seconds["decode" if decode else "prefill"].observe(time.monotonic() - started)
+        return outputs
 
     def _execute(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
         """The step's logits (one row per surviving item with `sample`, in order) and the failed
@@ -463,6 +440,7 @@ class EngineCore:
             num_prefix_hits=pool.num_prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_requests_added=self.num_requests_added,
+            step_seconds={kind: h.copy() for kind, h in self.step_seconds.items()},
         )
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:

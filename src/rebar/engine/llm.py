@@ -11,23 +11,21 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 from rebar.engine.core import EngineCore
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig, torch_dtype
+from rebar.engine.model_text import Messages, ModelText
 from rebar.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
-from rebar.engine.prompt import Prompt, prompt_token_ids, with_bos
+from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import ConfigError, InvalidRequestError
 from rebar.model.bert import BertModel
 from rebar.model.build import build_model
-from rebar.model.chat_prompt import chat_prompt_ids
 from rebar.model.loader import open_checkpoint
-
-Messages = Sequence[Mapping[str, Any]]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -49,7 +47,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return torch_dtype(dtype)
 
 
-class LLM:
+class LLM(ModelText):
     """A loaded model. Decoder models generate; encoder (BERT) models embed.
 
     Quantized weights (rebar's quantized checkpoints, GGUF block types) stay quantized in memory and
@@ -73,9 +71,7 @@ class LLM:
         engine_config = engine_config or EngineConfig()
         if max_model_len is not None:
             engine_config = replace(engine_config, max_model_len=max_model_len)
-        self.checkpoint = open_checkpoint(model)
-        self.config = self.checkpoint.config
-        self.tokenizer = self.checkpoint.tokenizer
+        super().__init__(open_checkpoint(model))
         self.model = build_model(
             self.checkpoint,
             self.dtype,
@@ -94,19 +90,6 @@ class LLM:
     @property
     def max_model_len(self) -> int:
         return self._require_decoder().max_model_len
-
-    # ----- text <-> ids -------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text`; no BOS is added and special tokens in the text are parsed."""
-        if not isinstance(text, str):
-            raise InvalidRequestError("text to tokenize must be a string", "text")
-        return self.tokenizer.encode(text)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        vocab = self.tokenizer.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", "tokens")
-        return self.tokenizer.decode(ids)
 
     # ----- decoder models -----------------------------------------------------------------
     def _require_decoder(self) -> EngineCore:
@@ -190,17 +173,6 @@ class LLM:
         finally:
             for rid in request_ids:
                 engine.abort_request(rid)
-
-    def chat_prompt_ids(
-        self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True
-    ) -> list[int]:
-        """Token ids of `messages` in the model's own chat template, message contents kept as text
-        (a typed `<|im_start|>` never becomes a control token); led by BOS when the model wants one
-        and `bos` is True."""
-        ids = chat_prompt_ids(
-            self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt
-        )
-        return with_bos(self.tokenizer, ids) if bos else ids
 
     def chat(
         self, conversations: Messages | Sequence[Messages], params: SamplingParams | None = None

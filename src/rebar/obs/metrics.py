@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from rebar.timing import RequestTiming
@@ -251,7 +257,7 @@ class StateCollector(Collector):
         engine = self.state.models.engine
         if engine is None:
             return
-        st = engine.core.stats()
+        st = engine.stats()
         yield GaugeMetricFamily(
             "rebar_requests_running", "Requests in the running batch.", value=st.num_running
         )
@@ -278,6 +284,15 @@ class StateCollector(Collector):
             "Requests accepted by the engine core.",
             st.num_requests_added,
         )
+        steps = HistogramMetricFamily(
+            "rebar_engine_step_seconds",
+            "Engine step durations (schedule, model, sampling, outputs); kind=decode when every "
+            "scheduled request computed one token, else prefill.",
+            labels=["kind"],
+        )
+        for kind, histogram in st.step_seconds.items():
+            steps.add_metric([kind], histogram.cumulative(), histogram.total_s)
+        yield steps
 
     def _models(self) -> Iterator[Metric]:
         models = self.state.models

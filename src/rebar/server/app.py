@@ -19,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
 from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.engine_process import EngineProcess, EngineSpec
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import ConfigError, RebarError
@@ -57,17 +58,23 @@ def load_models(settings: Settings) -> ServedModels:
     served = ServedModels(created=int(time.time()))
     m = settings.models
     if m.chat:
-        served.chat = LLM(
-            m.chat,
-            dtype=m.dtype,
-            device=m.device,
-            engine_config=settings.engine.to_engine_config(),
-            dequantize=m.dequantize,
-        )
         served.chat_name = served_name(m.chat)
-        if served.chat.engine is None:
-            raise ConfigError(f"models.chat: {m.chat} is an embedding model; it cannot generate")
-        served.engine = AsyncEngine(served.chat.engine)
+        if settings.engine.separate_process:
+            served.engine = EngineProcess.spawn(engine_spec(settings))
+            served.chat = served.engine.text
+        else:
+            llm = LLM(
+                m.chat,
+                dtype=m.dtype,
+                device=m.device,
+                engine_config=settings.engine.to_engine_config(),
+                dequantize=m.dequantize,
+            )
+            if llm.engine is None:
+                raise ConfigError(
+                    f"models.chat: {m.chat} is an embedding model; it cannot generate"
+                )
+            served.chat, served.engine = llm, AsyncEngine(llm.engine)
         logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
     if m.embedding:
         served.embedding = LLM(m.embedding, dtype=m.dtype, device=m.device)
@@ -78,6 +85,22 @@ def load_models(settings: Settings) -> ServedModels:
             served.embedding.load_seconds,
         )
     return served
+
+
+def engine_spec(settings: Settings) -> EngineSpec:
+    """How the engine process loads the chat model: as this process would, and logs as it does."""
+    m = settings.models
+    assert m.chat is not None
+    return EngineSpec(
+        m.chat,
+        dtype=m.dtype,
+        device=m.device,
+        engine_config=settings.engine.to_engine_config(),
+        dequantize=m.dequantize,
+        num_threads=settings.engine.num_threads,
+        log_level=settings.logging.level,
+        log_format=settings.logging.format,
+    )
 
 
 async def warm_up(models: ServedModels) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
-from rebar.engine.async_engine import AsyncEngine
-from rebar.engine.llm import LLM
+from rebar.engine.async_engine import EngineFront
+from rebar.engine.model_text import ModelText
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
@@ -15,7 +15,9 @@ from rebar.server import prompts
 from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 
-async def chat_input(engine: AsyncEngine, llm: LLM, body: ChatCompletionRequest) -> AdmittedRequest:
+async def chat_input(
+    engine: EngineFront, llm: ModelText, body: ChatCompletionRequest
+) -> AdmittedRequest:
     """The chat request as the engine runs it: its messages in the model's template, admitted."""
     params = chat_params(body)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -23,7 +25,7 @@ async def chat_input(engine: AsyncEngine, llm: LLM, body: ChatCompletionRequest)
 
 
 async def completion_input(
-    engine: AsyncEngine, llm: LLM, body: CompletionRequest
+    engine: EngineFront, llm: ModelText, body: CompletionRequest
 ) -> tuple[AdmittedRequest, str]:
     """The completions request as the engine runs it, and the text `echo` puts before each
     answer."""

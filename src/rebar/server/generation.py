@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.async_engine import EngineFront
 from rebar.engine.outputs import Choice, OutputAccumulator, RequestOutput
 from rebar.engine.request import AdmittedRequest
 from rebar.obs.tracing import end_generate_span
@@ -25,7 +25,7 @@ Spend = Callable[[int], Awaitable[bool]]  # charge generated tokens; False once 
 
 def start(
     state: ServerState,
-    engine: AsyncEngine,
+    engine: EngineFront,
     admitted: AdmittedRequest,
     request_id: str,
     arrived_at: float | None = None,

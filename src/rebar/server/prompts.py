@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from rebar.engine.llm import LLM
+from rebar.engine.model_text import ModelText
 from rebar.engine.prompt import Prompt, prompt_token_ids
 
 INLINE_CHARS = 8192  # below this, tokenizing costs less than the hop to a worker thread
@@ -29,19 +29,19 @@ def _chars(messages: Sequence[Mapping[str, Any]]) -> int:
 
 
 async def chat_prompt(
-    llm: LLM,
+    llm: ModelText,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     bos: bool = True,
 ) -> list[int]:
-    """`LLM.chat_prompt_ids`, off the loop for long conversations (/tokenize passes bos=False: bare
-    ids)."""
+    """`ModelText.chat_prompt_ids`, off the loop for long conversations (/tokenize passes
+    bos=False: bare ids)."""
     return await off_loop(
         _chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos
     )
 
 
-async def text_prompt(llm: LLM, prompt: Prompt) -> list[int]:
+async def text_prompt(llm: ModelText, prompt: Prompt) -> list[int]:
     """Ids of a completions prompt (text or ids); control tokens written in the text are
     honoured."""
     return await off_loop(
@@ -49,7 +49,7 @@ async def text_prompt(llm: LLM, prompt: Prompt) -> list[int]:
     )
 
 
-async def count_tokens(llm: LLM, texts: list[str]) -> int:
+async def count_tokens(llm: ModelText, texts: list[str]) -> int:
     """Tokens the embedding model sees for `texts` (its [CLS]/[SEP] included)."""
 
     def count() -> int:

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
-from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.async_engine import EngineFront
 from rebar.engine.outputs import Choice, OutputAccumulator, RequestOutput
 from rebar.engine.request import AdmittedRequest
 from rebar.server import completion_flow as flow
@@ -119,7 +119,7 @@ class Renderer:
 async def respond(
     state: ServerState,
     request: Request,
-    engine: AsyncEngine,
+    engine: EngineFront,
     render: Renderer,
     endpoint: str,
     admitted: AdmittedRequest,
@@ -170,7 +170,7 @@ async def respond(
 async def _start(
     state: ServerState,
     request: Request,
-    engine: AsyncEngine,
+    engine: EngineFront,
     admitted: AdmittedRequest,
     lead: Lead | None,
     tenant: str | None,
@@ -214,7 +214,7 @@ async def _collect(
 def note_for_access_log(
     state: ServerState,
     request: Request,
-    engine: AsyncEngine,
+    engine: EngineFront,
     prompt_ids: list[int],
     completion: Completion,
 ) -> None:
@@ -226,6 +226,6 @@ def note_for_access_log(
         **timing_fields(completion.timing, completion.num_cached_tokens),
     }
     if state.log_prompts:
-        fields["prompt"] = engine.core.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        fields["prompt"] = engine.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         fields["completions"] = [choice.text for choice in completion.choices]
     request_context(request.scope).log.update(fields)

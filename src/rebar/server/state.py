@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.async_engine import EngineFront
 from rebar.engine.llm import LLM
+from rebar.engine.model_text import ModelText
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.errors import APIError
@@ -70,8 +71,8 @@ class Ticket:
 @dataclass
 class ServedModels:
     chat_name: str | None = None
-    chat: LLM | None = None
-    engine: AsyncEngine | None = None
+    chat: ModelText | None = None  # an LLM, or only the text side when the engine has a process
+    engine: EngineFront | None = None
     embedding_name: str | None = None
     embedding: LLM | None = None
     created: int = 0
@@ -101,7 +102,7 @@ class ServerState:
         False  # response, embedding and prefix caches shared only within one client
     )
 
-    def chat_model(self, name: str | None) -> tuple[LLM, AsyncEngine]:
+    def chat_model(self, name: str | None) -> tuple[ModelText, EngineFront]:
         self._require_ready()
         if self.models.chat is None or self.models.engine is None or name != self.models.chat_name:
             raise APIError(
@@ -125,7 +126,15 @@ class ServerState:
             )
         return self.models.embedding
 
+    def engine_failure(self) -> str | None:
+        """Why the chat engine stopped serving (its process exited), or None while it serves."""
+        engine = self.models.engine
+        return None if engine is None else engine.failure
+
     def _require_ready(self) -> None:
+        failure = self.engine_failure()
+        if failure is not None:
+            raise APIError(503, failure, code="engine_stopped")
         if not self.ready:
             message = (
                 f"model failed to load: {self.load_error}"

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from rebar.engine.llm import LLM
+from rebar.engine.model_text import ModelText
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
 from rebar.server import generation, prompts
@@ -22,18 +22,23 @@ MAX_EMBEDDING_INPUTS = 2048
 
 
 @router.get("/health")
-async def health() -> dict:
-    """Liveness: the process answers."""
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    """Liveness: the process answers, and its engine (when it runs in a process of its own) has not
+    exited."""
+    failure = server_state(request).engine_failure()
+    if failure is not None:
+        return JSONResponse({"status": "failed", "error": failure}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     """Readiness: 200 once every model is loaded and a warm-up generation has run."""
     state = server_state(request)
-    if state.ready:
+    error = state.engine_failure() or state.load_error
+    if state.ready and error is None:
         return JSONResponse({"status": "ready", "models": state.models.names()})
-    body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+    body = {"status": "failed" if error else "loading", "error": error}
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
@@ -117,7 +122,7 @@ async def _embed_with_cache(
     return vectors, "MISS" if missing else "HIT"
 
 
-def _decoder(request: Request, model: str | None) -> LLM:
+def _decoder(request: Request, model: str | None) -> ModelText:
     state = server_state(request)
     name = model or state.models.chat_name
     llm, _engine = state.chat_model(name)
