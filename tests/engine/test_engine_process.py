@@ -8,8 +8,8 @@ import signal
 import time
 
 import pytest
-
 from hf_tiny import build_decoder, save_decoder
+
 from rebar.engine.async_engine import EngineUnavailableError
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.engine_process import EngineProcess, EngineSpec
@@ -89,13 +89,17 @@ def test_leaving_a_stream_aborts_it_and_frees_its_blocks(engine) -> None:
     total = engine.stats().num_blocks
 
     async def main():
-        stream = engine.generate([3, 4], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
+        stream = engine.generate(
+            [3, 4], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+        )
         async for _output in stream:
             break  # the consumer leaves after the first token
         await stream.aclose()
 
     asyncio.run(main())
-    assert wait_until(lambda: engine.stats().num_free_blocks == total and not engine.stats().num_running)
+    assert wait_until(
+        lambda: engine.stats().num_free_blocks == total and not engine.stats().num_running
+    )
     assert asyncio.run(collect(engine, [3, 4]))[-1].finish_reason == "length"  # still serving
 
 

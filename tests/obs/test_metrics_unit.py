@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rebar.obs.metrics import ServerMetrics
 from rebar.server.middleware import route_template
-from rebar.timing import RequestTiming
+from rebar.timing import STEP_BUCKETS, DurationHistogram, RequestTiming
 
 
 class FakeClock:
@@ -96,6 +97,9 @@ def test_each_metrics_object_has_its_own_registry() -> None:
 
 
 def test_state_collector_reads_engine_caches_store_and_models() -> None:
+    decode_steps = DurationHistogram.empty()
+    for seconds in (0.004, 0.005, 0.2):
+        decode_steps.observe(seconds)
     stats = SimpleNamespace(
         num_running=2,
         num_waiting=3,
@@ -106,8 +110,9 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         num_prefix_hits=4,
         num_preemptions=1,
         num_requests_added=5,
+        step_seconds={"decode": decode_steps, "prefill": DurationHistogram.empty()},
     )
-    engine = SimpleNamespace(core=SimpleNamespace(stats=lambda: stats))
+    engine = SimpleNamespace(stats=lambda: stats)
     chat = SimpleNamespace(
         load_seconds=1.5,
         dtype="torch.float32",
@@ -133,6 +138,11 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         and s[("rebar_prefix_cache_hits_total", ())] == 4
     )
     assert s[("rebar_preemptions_total", ())] == 1
+    assert s[("rebar_engine_step_seconds_count", (("kind", "decode"),))] == 3
+    assert s[("rebar_engine_step_seconds_sum", (("kind", "decode"),))] == pytest.approx(0.209)
+    under_a_tenth = repr(next(b for b in STEP_BUCKETS if b >= 0.1))
+    assert s[("rebar_engine_step_seconds_bucket", (("kind", "decode"), ("le", under_a_tenth)))] == 2
+    assert s[("rebar_engine_step_seconds_count", (("kind", "prefill"),))] == 0
     assert s[("rebar_response_cache_total", (("result", "hit"),))] == 3
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
     assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0

@@ -196,15 +196,15 @@ def test_completions_with_echo_logprobs_and_n(server) -> None:
 
 def test_each_request_is_checked_once(server, monkeypatch) -> None:
     url, app = server
-    core = app.state.rebar.models.engine.core
-    real_check = core._check_prompt
+    checker = app.state.rebar.models.engine.core.checker
+    real_check = checker._check_prompt
     checked = []
 
     def counting_check(prompt):
         checked.append(len(prompt))
         return real_check(prompt)
 
-    monkeypatch.setattr(core, "_check_prompt", counting_check)
+    monkeypatch.setattr(checker, "_check_prompt", counting_check)
     random = {"model": "smollm2", "max_tokens": 2, "temperature": 1.0}  # never cached
     assert post(url, CHAT, {**random, "messages": ASK}).status_code == 200
     streamed = post(url, CHAT, {**random, "messages": ASK, "stream": True})

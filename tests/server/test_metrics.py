@@ -139,6 +139,16 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     assert delta(after, "rebar_inter_token_latency_seconds_count") == sum(
         u["completion_tokens"] - 1 for u in usages
     )
+    # One request at a time: each prompt in one prefill step, then one decode step per token.
+    steps = "rebar_engine_step_seconds"
+    assert delta(after, steps + "_count", kind="prefill") == 3
+    assert delta(after, steps + "_count", kind="decode") == sum(
+        u["completion_tokens"] - 1 for u in usages
+    )
+    assert delta(after, steps + "_bucket", kind="decode", le="+Inf") == delta(
+        after, steps + "_count", kind="decode"
+    )
+    assert delta(after, steps + "_sum", kind="decode") > 0
 
     assert delta(after, "rebar_response_cache_total", result="hit") == 1
     assert delta(after, "rebar_response_cache_total", result="miss") == 3
@@ -190,3 +200,21 @@ def test_metrics_is_open_and_unknown_paths_are_other() -> None:
         value(samples, "rebar_http_requests_total", route="other", method="GET", status="401") == 1
     )
     assert not any("random" in str(labels) for _, labels in samples)
+
+
+def test_bench_serve_reads_the_engine_step_and_the_serving_overhead(server) -> None:
+    import asyncio
+
+    from rebar.bench.serve import ServeBenchConfig, run_serve_bench
+
+    url, _ = server
+    config = ServeBenchConfig(url, num_prompts=2, input_words=8, output_tokens=8, ignore_eos=True)
+    level = asyncio.run(run_serve_bench(config, [1])).levels[0]
+    assert level.num_ok == 2
+    step = level.engine_step_ms
+    assert step is not None and step["steps"] == 2 * 7  # 8 tokens each: 7 from decode steps
+    assert 0 < step["p50"] < level.itl_ms["p99"] and step["mean"] > 0
+    # What HTTP adds per token: something, and well below a step.
+    overhead = level.serving_overhead_mean_ms
+    assert overhead is not None and 0 < overhead < 5 * step["mean"]
+    assert level.to_dict()["serving_overhead_ms"] == level.serving_overhead_ms

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -115,3 +116,50 @@ def test_missing_config_file_is_a_clean_error(tmp_path) -> None:
     process, _ = start_server(tmp_path, None, "--config", str(tmp_path / "absent.toml"))
     assert process.wait(60) == 2
     assert "absent.toml" in (tmp_path / "server.log").read_text()
+
+
+def engine_child_pid(server_pid: int) -> int:
+    """The engine's process among the server's children (multiprocessing adds a resource
+    tracker)."""
+    task = Path(f"/proc/{server_pid}/task/{server_pid}/children")
+    engines = [
+        int(pid)
+        for pid in task.read_text().split()
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(engines) == 1, engines
+    return engines[0]
+
+
+@requires_smollm2
+def test_engine_in_its_own_process_serves_drains_and_reports_a_crash(tmp_path) -> None:
+    process, url = start_server(tmp_path, {"REBAR_ENGINE__SEPARATE_PROCESS": "true"})
+    try:
+        wait_for(url, "/ready", 200)
+        child = engine_child_pid(process.pid)
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        streamed = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        assert 'rebar_engine_step_seconds_count{kind="decode"}' in metrics
+        assert "rebar_kv_cache_usage_ratio" in metrics
+
+        os.kill(child, signal.SIGKILL)  # a crash in the engine, not in the server
+        wait_for(url, "/health", 503)
+        ready = httpx.get(url + "/ready", timeout=5)
+        assert ready.status_code == 503 and "exited" in ready.json()["error"]
+        refused = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_stopped"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = (tmp_path / "server.log").read_text()
+    assert "the engine process exited" in log and "KV cache:" in log  # the child logs too

@@ -44,6 +44,7 @@ from rebar.bench.llamacpp import (
     run_batched_bench,
     run_llama_bench,
 )
+from rebar.bench.rebar_server import free_port, rebar_server
 
 Figures = TypeVar("Figures")
 MEMORY_ALLOWANCE = 400 * 2**20  # bytes above the file and the KV cache a loaded model may take
@@ -233,14 +234,6 @@ def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
 # ----- HTTP ---------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class HttpFigures:
     output_tokens_per_s: float
@@ -277,58 +270,13 @@ def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
 def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
     """`rebar serve` with its defaults (only the thread count and a quiet log set) under the HTTP
     load."""
-    import httpx
-
-    port = _free_port()
-    env = {
-        **os.environ,
-        "REBAR_ENGINE__NUM_THREADS": str(config.threads),
-        "REBAR_LOGGING__LEVEL": "warning",
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rebar.cli",
-            "serve",
-            "--model",
-            model,
-            "--embedding-model",
-            "none",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if server.poll() is not None:
-                stderr = server.stderr.read().decode() if server.stderr else ""
-                raise RuntimeError(f"rebar serve exited: {stderr[-2000:]}")
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("rebar serve was not ready within 600 s")
-            time.sleep(0.2)
+    with rebar_server(model, config.threads) as url:
         return _serve_bench(url, config)
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def measure_peer_http(path: Path, config: CompareConfig) -> HttpFigures:
     tool = find_tool("llama-server", config.tools.get("llama-server"))
-    with LlamaServer(tool, path, config.threads, _free_port(), config.concurrency) as server:
+    with LlamaServer(tool, path, config.threads, free_port(), config.concurrency) as server:
         return _serve_bench(server.url, config)
 
 

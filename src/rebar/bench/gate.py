@@ -32,6 +32,7 @@ is recorded in the file with the machine and the commit.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import subprocess
@@ -39,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,7 @@ class Workload:
     streams: int = 16  # the batched-decode and p95 figures' requests
     repeats: int = 3  # engine figures are medians of this many runs
     calibration_steps: int = 32
+    serving_requests: int = 8  # streamed one at a time for the serving-overhead figure
 
 
 def calibrate(repeats: int = 7, steps: int = 32) -> float:
@@ -172,6 +174,35 @@ def measure_cold_start(model: str, threads: int, repeats: int) -> tuple[float, f
     return seconds, private
 
 
+# ----- the HTTP path: a real `rebar serve` -------------------------------------------------------
+
+
+def measure_serving_overhead(model: str, threads: int, workload: Workload) -> float:
+    """Seconds the HTTP path adds to each streamed token: `serving_requests` chat completions of
+    `decode_tokens` tokens, one at a time, to a `rebar serve` with the default settings; the
+    client's mean inter-token time minus the mean decode step the server's /metrics report over the
+    same requests (`rebar bench serve`'s `serving_overhead_mean_ms`)."""
+    from rebar.bench.rebar_server import rebar_server
+    from rebar.bench.serve import ServeBenchConfig, run_serve_bench
+
+    with rebar_server(model, threads) as url:
+        config = ServeBenchConfig(
+            url,
+            num_prompts=workload.serving_requests,
+            input_words=32,
+            output_tokens=workload.decode_tokens,
+            ignore_eos=True,
+        )
+        asyncio.run(run_serve_bench(replace(config, num_prompts=1, seed=99), [1]))  # warm-up
+        level = asyncio.run(run_serve_bench(config, [1])).levels[0]
+    overhead_ms = level.serving_overhead_mean_ms
+    if level.num_failed or overhead_ms is None:
+        raise RuntimeError(
+            f"the serving-overhead run failed: {level.errors or 'no engine step in /metrics'}"
+        )
+    return overhead_ms / 1000
+
+
 # ----- the engine figures: `rebar bench offline`'s measuring code ---------------------------------
 
 
@@ -241,8 +272,10 @@ def measure(model: str, workload: Workload, threads: int) -> Measurement:
         # Calibrate before and after, and use the mean: the machine's load can drift during the run.
         before = calibrate(steps=workload.calibration_steps)
         cold_start_s, private = measure_cold_start(model, threads, workload.repeats)
+        serving_s = measure_serving_overhead(model, threads, workload)
         llm = default_llm(model)
-        seconds = {"cold_start": cold_start_s} | measure_engine(llm, workload)
+        seconds = {"cold_start": cold_start_s, "serving_overhead": serving_s}
+        seconds |= measure_engine(llm, workload)
         calibration = (before + calibrate(steps=workload.calibration_steps)) / 2
     fused = llm.engine is not None and llm.engine.runner.fused_decoder is not None
     return Measurement(calibration, seconds, private, fused)
