@@ -2,7 +2,7 @@
 
 It measures what `make run` serves: the chat model loaded with the default settings (GGUF weights
 kept quantized on rebar's CPU kernels, the fused decode step, the float16 KV cache) at the default
-thread count (torch's, as `rebar serve` leaves it). Six figures, every time figure divided by a
+thread count (torch's, as `rebar serve` leaves it). Seven figures, every time figure divided by a
 calibration measured in the same run at the same thread count, so a slower (or busier) machine
 moves the calibration and the figure together:
 
@@ -14,6 +14,9 @@ moves the calibration and the figure together:
   split over the threads);
 - `p95_latency`: p95 end-to-end latency of `streams` requests (32 prompt + 16 output tokens),
   a quarter of them at a time;
+- `serving_overhead`: what the HTTP path adds to each streamed token at one stream: a `rebar serve`
+  with the default settings, the client's mean inter-token time minus the mean decode step the
+  server's own /metrics report over the same requests;
 - `peak_private`: the cold-start process's peak private memory (resident memory less the pages
   mapped from files) minus that of a process that only imported the same libraries (MiB).
 
@@ -178,16 +181,18 @@ def measure_cold_start(model: str, threads: int, repeats: int) -> tuple[float, f
 
 
 def measure_serving_overhead(model: str, threads: int, workload: Workload) -> float:
-    """Seconds the HTTP path adds to each streamed token: `serving_requests` chat completions of
-    `decode_tokens` tokens, one at a time, to a `rebar serve` with the default settings; the
-    client's mean inter-token time minus the mean decode step the server's /metrics report over the
-    same requests (`rebar bench serve`'s `serving_overhead_mean_ms`)."""
+    """Seconds the HTTP path adds to each streamed token: `serving_requests` streamed completions
+    of `decode_tokens` tokens (/v1/completions: not every model has a chat template), one at a
+    time, to a `rebar serve` with the default settings; the client's mean inter-token time minus
+    the mean decode step the server's /metrics report over the same requests (`rebar bench
+    serve`'s `serving_overhead_mean_ms`)."""
     from rebar.bench.rebar_server import rebar_server
     from rebar.bench.serve import ServeBenchConfig, run_serve_bench
 
     with rebar_server(model, threads) as url:
         config = ServeBenchConfig(
             url,
+            endpoint="completions",
             num_prompts=workload.serving_requests,
             input_words=32,
             output_tokens=workload.decode_tokens,
@@ -198,7 +203,8 @@ def measure_serving_overhead(model: str, threads: int, workload: Workload) -> fl
     overhead_ms = level.serving_overhead_mean_ms
     if level.num_failed or overhead_ms is None:
         raise RuntimeError(
-            f"the serving-overhead run failed: {level.errors or 'no engine step in /metrics'}"
+            "the serving-overhead run failed: "
+            f"{level.error_examples or 'no engine step in /metrics'}"
         )
     return overhead_ms / 1000
 

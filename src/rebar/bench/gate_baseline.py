@@ -29,6 +29,9 @@ TOLERANCES = {
     "batched_decode": 0.50,
     "p95_latency": 0.75,
     "peak_private": 0.15,
+    # ~0.4 ms a token, a difference of two means: four runs on a quiet host gave 0.32-0.44 ms
+    # (+37%). +150% still fails the ~1 ms a token that HTTP once added.
+    "serving_overhead": 1.50,
 }
 UNITS = dict.fromkeys(TOLERANCES, "x calibration") | {"peak_private": "MiB"}
 
