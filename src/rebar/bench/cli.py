@@ -1,4 +1,4 @@
-"""`rebar bench offline | serve | compare | gate | make-model`: argument parsing and the commands
+"""`rebar bench offline | serve | compare | http | gate | make-model`: argument parsing and the commands
 (heavy imports happen only when one runs)."""
 
 from __future__ import annotations
@@ -112,6 +112,23 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_http(args: argparse.Namespace) -> int:
+    from rebar.bench.http_compare import HttpCompareConfig, run_http_compare
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = HttpCompareConfig(
+        model=args.model,
+        threads=args.threads,
+        tokens=args.tokens,
+        seed=args.seed,
+        llama_server=args.llama_server,
+    )
+    report = run_http_compare(config)
+    print(report.table())
+    _write_json(args.json, report.to_json())
+    return 0
+
+
 def cmd_bench_gate(args: argparse.Namespace) -> int:
     from rebar.bench.gate import run_gate
 
@@ -158,6 +175,7 @@ def add_bench_parser(
     _add_offline_parser(bench, add_model_args)
     _add_serve_parser(bench)
     _add_compare_parser(bench, positive_int)
+    _add_http_parser(bench, positive_int)
     _add_gate_parser(bench, positive_int)
     _add_make_model_parser(bench, positive_int)
 
@@ -257,6 +275,26 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
     compare.set_defaults(handler=cmd_bench_compare)
+
+
+def _add_http_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
+    http = bench.add_parser(
+        "http",
+        help="the HTTP serving path against llama-server at 1, 16 and 64 streams",
+        description=(
+            "Starts `rebar serve` with its defaults, then llama.cpp's llama-server on the same "
+            "GGUF and threads, and streams the same load to each (rebar bench serve's client): "
+            "1 stream (inter-token p50 against rebar's own step, tokens/s), 16 streams "
+            "(tokens/s, p95 TTFT) and 64 streams (errors, tokens/s, inter-token p95 / p50)."
+        ),
+    )
+    http.add_argument("--model", default="smollm2", help="alias or GGUF path (default smollm2)")
+    http.add_argument("--threads", type=positive_int, default=2)
+    http.add_argument("--tokens", type=positive_int, default=128, help="tokens per request")
+    http.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    http.add_argument("--llama-server", default=None, help="path of llama-server")
+    http.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    http.set_defaults(handler=cmd_bench_http)
 
 
 def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
