@@ -1,5 +1,5 @@
-"""`rebar bench offline | serve | compare | http | gate | make-model`: argument parsing and the commands
-(heavy imports happen only when one runs)."""
+"""`rebar bench offline | serve | compare | http | gate | make-model`: argument parsing and the
+commands (heavy imports happen only when one runs)."""
 
 from __future__ import annotations
 
