@@ -166,7 +166,7 @@ class EngineSettings(_EngineConfigFields):
     # True: the server runs the chat engine in a process of its own (rebar.engine.engine_process),
     # so the HTTP side's Python work never waits for the engine's GIL, and a crash in a kernel
     # leaves a server that reports it. On 2 cores it measured no faster than the default thread
-    # (docs/benchmarks.md) and costs a second copy of the libraries (~240 MiB).
+    # (docs/benchmarks.md) and costs a second interpreter with torch (~160 MiB private memory).
     separate_process: bool = False
 
     def to_engine_config(self) -> EngineConfig:
