@@ -46,6 +46,7 @@ class EngineFront:
 
     tokenizer: Tokenizer
     max_model_len: int
+    shares_memory_with_core = False  # whether commands reach the core as the objects sent
 
     def __init__(self) -> None:
         self._streams: dict[str, tuple[Loop, asyncio.Queue]] = {}
@@ -144,7 +145,12 @@ class EngineFront:
         deadline: float | None,
         cache_salt: str | None,
     ) -> Add:
-        return Add(engine_id, request.prompt_token_ids, request.params, deadline, cache_salt)
+        # In-process, the admission itself goes along: the core that made it queues it without
+        # checking again. Across processes only its values do, and the core checks them again.
+        admitted = request if self.shares_memory_with_core else None
+        return Add(
+            engine_id, request.prompt_token_ids, request.params, deadline, cache_salt, admitted
+        )
 
     def _engine_id(self, label: str | None) -> str:
         """A new id, never used before by this engine: the caller's label (shortened) + prefix +
@@ -261,6 +267,8 @@ class AsyncEngine(EngineFront):
     """An EngineCore run by a thread of this process. Create it inside a running event loop, or
     call `start()` there."""
 
+    shares_memory_with_core = True
+
     def __init__(self, core: EngineCore) -> None:
         super().__init__()
         self.core = core
@@ -293,15 +301,3 @@ class AsyncEngine(EngineFront):
 
     def _submit(self, command: Command) -> None:
         self._inbox.queue.put(command)
-
-    def _add_command(
-        self,
-        engine_id: str,
-        request: AdmittedRequest,
-        deadline: float | None,
-        cache_salt: str | None,
-    ) -> Add:
-        # The same core admitted it: `add_admitted` takes it without checking again.
-        return Add(
-            engine_id, request.prompt_token_ids, request.params, deadline, cache_salt, request
-        )
