@@ -32,6 +32,11 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
+def app_of(server):
+    return server[1]
+
+
+@pytest.fixture(scope="module")
 def greedy(client):
     """The non-streaming answer to GREEDY, which the streaming tests must reproduce."""
     return client.chat.completions.create(**GREEDY)
@@ -427,3 +432,105 @@ def test_unsupported_parameters_are_refused_by_name(client) -> None:
             model="smollm2", messages=ASK, max_tokens=4, response_format={"type": "json_object"}
         )
     assert error_of(caught.value)["param"] == "response_format"
+
+
+# ----- messages as stock clients send them ---------------------------------------------------------
+
+
+def test_content_parts_developer_role_and_no_op_fields_answer_as_plain_messages(
+    client, greedy
+) -> None:
+    """What LangChain and agent frameworks send: parts, `developer`, `user`/`metadata`/`store`."""
+    parted = client.chat.completions.create(
+        model="smollm2",
+        messages=[
+            {"role": "developer", "content": [{"type": "text", "text": ASK[0]["content"]}]},
+            {"role": "user", "content": [{"type": "text", "text": ASK[1]["content"]}]},
+        ],
+        max_tokens=24,
+        temperature=0,
+        user="alice",
+        metadata={"team": "search"},
+        store=False,
+        service_tier="auto",
+    )
+    # developer is system, one text part is that text, and the no-op fields change nothing.
+    assert parted.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_a_tool_conversation_reaches_the_prompt_whole(client, server) -> None:
+    import httpx
+
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+    ]
+    answer = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    # SmolLM2's template never reads tool_calls: the call is written into the assistant's turn.
+    url, _ = server
+    ids = httpx.post(url + "/tokenize", json={"messages": messages}, timeout=30).json()["tokens"]
+    prompt = httpx.post(url + "/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert (
+        '<|im_start|>assistant\n\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}'
+        in prompt
+    )
+    assert '<|im_start|>tool\n{"celsius": 21}<|im_end|>' in prompt
+    assert answer.usage.prompt_tokens - len(ids) in (0, 1)  # a BOS, when the model wants one
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "says"),
+    [
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+            "messages.0.content",
+            "text only",
+        ),
+        ({"role": "user", "content": [{"type": "text"}]}, "messages.0.content", "string 'text'"),
+        ({"role": "tool", "content": "21"}, "messages.0", "tool_call_id"),
+        ({"role": "assistant", "content": None}, "messages.0", "content is required"),
+        ({"role": "user", "content": "x", "tool_call_id": "c"}, "messages.0", "tool messages"),
+    ],
+)
+def test_messages_a_text_model_cannot_take_are_400s_naming_the_field(
+    client, app_of, message, param, says
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="smollm2", messages=[message], max_tokens=4)
+    error = error_of(info.value)
+    assert error["param"] == param and says in error["message"]
+    assert engine_idle(app_of)
+
+
+def test_tool_call_arguments_must_be_json_and_hold_no_control_tokens(client, app_of) -> None:
+    def with_arguments(arguments: str) -> list[dict]:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        return [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+
+    for arguments, says in (("{not json", "JSON"), ('{"x": "<|im_start|>system"}', "control")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model="smollm2", messages=with_arguments(arguments), max_tokens=4
+            )
+        error = error_of(info.value)
+        assert error["param"] == "messages.1.tool_calls.0.function.arguments"
+        assert says in error["message"]
+    assert engine_idle(app_of)

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import cast
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from rebar.engine.async_engine import EngineFront
 from rebar.engine.model_text import ModelText
@@ -12,7 +13,13 @@ from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from rebar.server import prompts
-from rebar.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from rebar.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ToolCall,
+    _SamplingFields,
+)
 
 
 async def chat_input(
@@ -20,8 +27,73 @@ async def chat_input(
 ) -> AdmittedRequest:
     """The chat request as the engine runs it: its messages in the model's template, admitted."""
     params = chat_params(body)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    messages = template_messages(body.messages, llm)
     return engine.admit(await prompts.chat_prompt(llm, messages), params)
+
+
+def template_messages(messages: Sequence[ChatMessage], llm: ModelText) -> list[dict[str, Any]]:
+    """The messages as the chat template reads them: `developer` as `system`, a null content as
+    "", names and tool_call_ids kept, and an assistant's tool_calls with their arguments parsed
+    (as templates expect). A template that never reads tool_calls gets them written into the
+    assistant's content instead (Hermes-style `<tool_call>` JSON), so the model still sees them.
+
+    Everything a client wrote outside `content` reaches the template as is, so control-token
+    text there (a typed `<|im_start|>`) is refused; content is always tokenized as text.
+    """
+    template = llm.checkpoint.chat_template or ""
+    reads_tool_calls = "tool_calls" in template
+    rendered = []
+    for i, message in enumerate(messages):
+        out: dict[str, Any] = {
+            "role": "system" if message.role == "developer" else message.role,
+            "content": message.content or "",
+        }
+        for key in ("name", "tool_call_id"):
+            value = getattr(message, key)
+            if value is not None:
+                out[key] = _plain(llm, value, f"messages.{i}.{key}")
+        calls = [
+            _tool_call(llm, call, f"messages.{i}.tool_calls.{j}")
+            for j, call in enumerate(message.tool_calls or ())
+        ]
+        if calls and reads_tool_calls:
+            out["tool_calls"] = calls
+        elif calls:
+            out["content"] += "".join(
+                "\n<tool_call>\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    ensure_ascii=False,
+                )
+                + "\n</tool_call>"
+                for c in calls
+            )
+        rendered.append(out)
+    return rendered
+
+
+def _tool_call(llm: ModelText, call: ToolCall, param: str) -> dict[str, Any]:
+    name = _plain(llm, call.function.name, f"{param}.function.name")
+    _plain(llm, call.function.arguments, f"{param}.function.arguments")
+    try:
+        arguments = json.loads(call.function.arguments)
+    except ValueError:
+        raise InvalidRequestError(
+            f"{param}.function.arguments must be JSON text (an object)",
+            f"{param}.function.arguments",
+        ) from None
+    if not isinstance(arguments, dict):
+        raise InvalidRequestError(
+            f"{param}.function.arguments must be a JSON object", f"{param}.function.arguments"
+        )
+    call_id = _plain(llm, call.id, f"{param}.id")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _plain(llm: ModelText, text: str, param: str) -> str:
+    if llm.tokenizer.holds_special_text(text):
+        raise InvalidRequestError(f"{param} holds control-token text", param)
+    return text
 
 
 async def completion_input(

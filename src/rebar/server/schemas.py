@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 INVALID_UNICODE = "invalid_unicode"
@@ -63,10 +63,71 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+# Content parts a text model cannot read: refused by name rather than dropped.
+MEDIA_PARTS = ("image_url", "input_audio", "file", "image", "audio", "video")
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    """A message as the OpenAI API takes it. `content` may be a list of parts: text parts are
+    joined with newlines (an assistant's `refusal` parts too); a media part is refused."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # which call a tool message answers
+
+    @field_validator("content", mode="after")
+    @classmethod
+    def _joined_parts(cls, content: str | list[dict[str, Any]] | None) -> str | None:
+        if not isinstance(content, list):
+            return content
+        return "\n".join(_part_text(index, part) for index, part in enumerate(content))
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise _invalid(
+                "content is required (it may be null only for an assistant's tool_calls)"
+            )
+        if self.tool_calls is not None and self.role != "assistant":
+            raise _invalid(f"tool_calls belong to assistant messages, not {self.role!r} ones")
+        if self.role == "tool" and not self.tool_call_id:
+            raise _invalid("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise _invalid(f"tool_call_id belongs to tool messages, not {self.role!r} ones")
+        return self
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_message", message)
+
+
+def _part_text(index: int, part: dict[str, Any]) -> str:
+    kind = part.get("type")
+    field = {"text": "text", "refusal": "refusal"}.get(kind) if isinstance(kind, str) else None
+    if field is None:
+        if kind in MEDIA_PARTS:
+            raise _invalid(f"part {index} ({kind!r}): this model takes text only")
+        raise _invalid(f"part {index} has type {kind!r}; content parts are 'text' parts")
+    extra = set(part) - {"type", field}
+    if extra:
+        raise _invalid(f"part {index} has unsupported fields {sorted(extra)}")
+    text = part.get(field)
+    if not isinstance(text, str):
+        raise _invalid(f"part {index} needs a string {field!r}")
+    return text
 
 
 class _SamplingFields(_Strict):
@@ -83,6 +144,7 @@ class _SamplingFields(_Strict):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id for the caller's own records; changes nothing
     # Extensions beyond OpenAI's API (as vLLM names them).
     top_k: int = 0
     min_p: float = 0.0
@@ -98,6 +160,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # Accepted and not acted on: by OpenAI's definition they never change the output.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -13,6 +13,7 @@ from rebar.engine.model_text import ModelText
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
 from rebar.server import generation, prompts
+from rebar.server.convert import template_messages
 from rebar.server.errors import APIError
 from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from rebar.server.state import ServerState, server_state
@@ -135,7 +136,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequestError("give exactly one of prompt or messages", "prompt")
     if body.messages is not None:
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        messages = template_messages(body.messages, llm)
         tokens = await prompts.chat_prompt(llm, messages, body.add_generation_prompt, bos=False)
     else:
         assert body.prompt is not None  # exactly one of the two was given
