@@ -214,7 +214,8 @@ def test_bench_serve_reads_the_engine_step_and_the_serving_overhead(server) -> N
     step = level.engine_step_ms
     assert step is not None and step["steps"] == 2 * 7  # 8 tokens each: 7 from decode steps
     assert 0 < step["p50"] < level.itl_ms["p99"] and step["mean"] > 0
-    # What HTTP adds per token: something, and well below a step.
+    # What HTTP adds per token: well below a step (a difference of two means, so it may come out
+    # a little under zero when the path adds next to nothing).
     overhead = level.serving_overhead_mean_ms
-    assert overhead is not None and 0 < overhead < 5 * step["mean"]
+    assert overhead is not None and -step["mean"] / 2 < overhead < 5 * step["mean"]
     assert level.to_dict()["serving_overhead_ms"] == level.serving_overhead_ms

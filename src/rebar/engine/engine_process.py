@@ -93,8 +93,8 @@ class EngineProcess(EngineFront):
 
     @classmethod
     def spawn(cls, spec: EngineSpec, timeout_s: float = 1800.0) -> EngineProcess:
-        """Start the child and wait until it has loaded the model; raises ConfigError (a bad model
-        or setting) or RebarError with the child's own message if it cannot."""
+        """Start the child and wait until it has loaded the model; if it cannot, raises what the
+        load raised there (ConfigError, ModelNotFoundError, else RebarError) with its message."""
         context = multiprocessing.get_context("spawn")  # a fork would copy this process's threads
         commands_out, commands_in = context.Pipe(duplex=False)
         results_out, results_in = context.Pipe(duplex=False)
@@ -112,8 +112,9 @@ class EngineProcess(EngineFront):
             if not results_out.poll(timeout_s):
                 raise RebarError(f"the engine process did not load {spec.model} in {timeout_s} s")
             message = results_out.recv()
-        except EOFError:
-            message = _LoadFailed(f"the engine process exited ({process.exitcode})")
+        except EOFError:  # it died without a word (killed, or a crash in native code)
+            process.join(10)
+            message = _LoadFailed(f"the engine process exited (exit code {process.exitcode})")
         except BaseException:
             process.kill()
             raise
