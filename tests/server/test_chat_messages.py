@@ -58,6 +58,15 @@ def test_a_template_that_reads_tool_calls_gets_them_with_parsed_arguments() -> N
     assert tool == {"role": "tool", "content": "2", "tool_call_id": "c1"}
 
 
+def test_an_earlier_answers_reasoning_is_accepted_and_left_out_of_the_prompt() -> None:
+    turn = messages({"role": "assistant", "content": "Paris.", "reasoning_content": "hm"})
+    assert template_messages(turn, model_text(PLAIN)) == [
+        {"role": "assistant", "content": "Paris."}
+    ]
+    with pytest.raises(ValidationError, match="assistant messages"):
+        messages({"role": "user", "content": "x", "reasoning_content": "hm"})
+
+
 def test_a_template_that_ignores_tool_calls_sees_them_in_the_content() -> None:
     turn = messages({"role": "assistant", "content": "Let me check.", "tool_calls": [CALL, CALL]})
     (assistant,) = template_messages(turn, model_text(PLAIN))

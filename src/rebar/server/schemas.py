@@ -87,6 +87,9 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # which call a tool message answers
+    # An earlier answer's thinking, as clients send it back: left out of the prompt, as reasoning
+    # models' own templates leave earlier thinking out.
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="after")
     @classmethod
@@ -105,6 +108,10 @@ class ChatMessage(_Strict):
             raise _invalid(f"tool_calls belong to assistant messages, not {self.role!r} ones")
         if self.role == "tool" and not self.tool_call_id:
             raise _invalid("a tool message needs the tool_call_id of the call it answers")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise _invalid(
+                f"reasoning_content belongs to assistant messages, not {self.role!r} ones"
+            )
         if self.tool_call_id is not None and self.role != "tool":
             raise _invalid(f"tool_call_id belongs to tool messages, not {self.role!r} ones")
         return self
