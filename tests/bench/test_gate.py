@@ -19,7 +19,9 @@ from rebar.bench.gate import Measurement, Workload, calibrate
 from rebar.bench.gate_baseline import FORMAT, TOLERANCES, Baseline, BaselineError, judge
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = Workload(prompt_tokens=16, decode_tokens=4, streams=4, repeats=1, calibration_steps=2)
+TINY = Workload(
+    prompt_tokens=16, decode_tokens=4, streams=4, repeats=1, calibration_steps=2, baseline_runs=1
+)
 # The baseline this repository committed before the gate measured the default path.
 OLD_FORMAT = {
     "model": "smollm2",
@@ -214,3 +216,17 @@ def test_peak_private_memory_leaves_out_pages_mapped_from_files() -> None:
     assert gate.peak_private_kib(status) == 290000
     own_peak_kib = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0])
     assert 0 < gate.peak_private_kib() < own_peak_kib
+
+
+def test_a_re_recorded_baseline_holds_the_median_of_its_runs() -> None:
+    def run(calibration: float, prefill_s: float, memory: float) -> Measurement:
+        return Measurement(calibration, {"prefill": prefill_s, "decode": 0.01}, memory, True)
+
+    # prefill / calibration per run: 2.0, 1.0 (a lucky run), 3.0
+    median = Measurement.median([run(0.1, 0.2, 100), run(0.2, 0.2, 120), run(0.1, 0.3, 110)])
+    figures = median.figures()
+    assert figures["prefill"] == pytest.approx(2.0) and median.peak_private_mib == 110
+    assert figures["decode"] == pytest.approx(0.1) and median.calibration_s == 0.1
+    assert not Measurement.median(
+        [run(0.1, 0.2, 1), replace(run(0.1, 0.2, 1), fused_decode=False)]
+    ).fused_decode

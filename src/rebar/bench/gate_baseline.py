@@ -24,8 +24,10 @@ FORMAT = 3  # 3: peak memory counts private pages only (not pages mapped from fi
 # of 16 requests, 229-352 ms (+54%). They get +50% and +75%; a 2x regression still trips every one.
 TOLERANCES = {
     "cold_start": 0.35,
-    "prefill": 0.35,
-    "decode": 0.35,
+    # Prefill and decode, normalised, over the day's ten gate runs (two inside the CI script, right
+    # after the suite): prefill 1.43-1.99 (+39%), decode 0.0290-0.0390 (+34%), so +50%.
+    "prefill": 0.50,
+    "decode": 0.50,
     "batched_decode": 0.50,
     "p95_latency": 0.75,
     "peak_private": 0.15,
