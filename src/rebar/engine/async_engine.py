@@ -279,7 +279,7 @@ class AsyncEngine(EngineFront):
 
     def start(self) -> None:
         if self._thread is None:
-            loop = CoreLoop(self.core, self._inbox, self._deliver)
+            loop = CoreLoop(self.core, self._inbox, self._deliver, with_stats=False)
             self._thread = threading.Thread(target=loop.run, name="rebar-engine-core", daemon=True)
             self._thread.start()
 

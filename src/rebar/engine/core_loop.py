@@ -93,8 +93,13 @@ class _OpenProfile:
 
 
 class CoreLoop:
-    def __init__(self, core: EngineCore, inbox: Inbox, outbox: Outbox) -> None:
+    def __init__(
+        self, core: EngineCore, inbox: Inbox, outbox: Outbox, with_stats: bool = True
+    ) -> None:
+        """`with_stats`: attach the core's counters to every delivery (another process cannot
+        read them in place; a thread of this one can, and skips the copy each step)."""
         self.core, self.inbox, self.outbox = core, inbox, outbox
+        self.with_stats = with_stats
         self._profile: _OpenProfile | None = None
 
     def run(self) -> None:
@@ -124,8 +129,9 @@ class CoreLoop:
             self._hand_on(delivery)
 
     def _hand_on(self, delivery: Delivery) -> None:
-        if delivery or not self.core.has_unfinished_requests():
-            delivery.stats = self.core.stats()
+        if delivery or (self.with_stats and not self.core.has_unfinished_requests()):
+            if self.with_stats:
+                delivery.stats = self.core.stats()
             self.outbox(delivery)
 
     def _apply(self, command: Command, delivery: Delivery) -> None:

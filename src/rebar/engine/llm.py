@@ -94,10 +94,7 @@ class LLM(ModelText):
     # ----- decoder models -----------------------------------------------------------------
     def _require_decoder(self) -> EngineCore:
         if self.engine is None:
-            raise InvalidRequestError(
-                f"{self.config.source_architecture} is an embedding model; it cannot generate",
-                "model",
-            )
+            raise self.not_a_decoder()
         return self.engine
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:

@@ -34,11 +34,13 @@ class ModelText:
     @property
     def max_model_len(self) -> int:
         if self._max_model_len is None:
-            raise InvalidRequestError(
-                f"{self.config.source_architecture} is an embedding model; it cannot generate",
-                "model",
-            )
+            raise self.not_a_decoder()
         return self._max_model_len
+
+    def not_a_decoder(self) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"{self.config.source_architecture} is an embedding model; it cannot generate", "model"
+        )
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text`; no BOS is added and special tokens in the text are parsed."""
