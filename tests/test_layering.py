@@ -54,6 +54,7 @@ PURE_PYTHON = frozenset(
         "rebar.engine.request",
         "rebar.engine.sampling_params",
         "rebar.engine.scheduler",
+        "rebar.engine.structured",
     }
 )
 TENSOR_LIBRARIES = frozenset({"torch", "numpy"})

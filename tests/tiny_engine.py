@@ -45,11 +45,15 @@ def tiny_model(config: ModelConfig, seed: int = 0) -> LlamaModel:
     return model.eval().requires_grad_(False)
 
 
-def tiny_tokenizer(folder: Path) -> Tokenizer:
+def tiny_tokenizer(folder: Path, characters: bool = False) -> Tokenizer:
+    """Words w2..w95 (or, with `characters`, a byte-level BPE of single characters: space and
+    ASCII '!'..'}', which grammar libraries can read token bytes from)."""
     from tokenizers import Tokenizer as BackendTokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
 
+    if characters:
+        return _character_tokenizer(folder)
     vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
     backend = BackendTokenizer(WordLevel(vocab, unk_token="<s>"))
     backend.pre_tokenizer = WhitespaceSplit()
@@ -60,7 +64,31 @@ def tiny_tokenizer(folder: Path) -> Tokenizer:
     return Tokenizer.from_hf_folder(folder)
 
 
-def make_core(tmp_path: Path, num_blocks: int = 64, seed: int = 0, **engine: object) -> EngineCore:
+def _character_tokenizer(folder: Path) -> Tokenizer:
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    characters = ["\u0120"] + [chr(c) for c in range(ord("!"), ord("}") + 1)]  # \u0120: space
+    vocab = {"<s>": 0, "</s>": 1, **{c: i + 2 for i, c in enumerate(characters)}}
+    assert len(vocab) == VOCAB
+    backend = BackendTokenizer(BPE(vocab, [], unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<s>", "</s>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    return Tokenizer.from_hf_folder(folder)
+
+
+def make_core(
+    tmp_path: Path,
+    num_blocks: int = 64,
+    seed: int = 0,
+    characters: bool = False,
+    **engine: object,
+) -> EngineCore:
     config = tiny_config()
     settings = {"block_size": 4, "max_model_len": 128, **engine}
     kv_dtype = EngineConfig(**settings).kv_dtype(torch.float32, torch.device("cpu"))
@@ -69,7 +97,7 @@ def make_core(tmp_path: Path, num_blocks: int = 64, seed: int = 0, **engine: obj
     return EngineCore(
         tiny_model(config, seed),
         config,
-        tiny_tokenizer(tmp_path / "tok"),
+        tiny_tokenizer(tmp_path / "tok", characters),
         engine_config,
         torch.float32,
         torch.device("cpu"),

@@ -636,3 +636,66 @@ def test_whole_row_sums_are_the_same_bits_alone_or_in_a_batch() -> None:
         alone = sampler._row_sums(values[start : start + size].clone())
         assert torch.equal(alone, together[start : start + size])
     assert torch.allclose(together, values.double().sum(-1, keepdim=True), rtol=1e-12)
+
+
+# ----- grammar masks --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class AllowOnly:
+    """A LogitsMask allowing, in row `rows[j]`, only the tokens `allowed[j]`."""
+
+    rows: list[int]
+    allowed: list[set[int]]
+    applied: int = 0
+
+    def apply_(self, logits: torch.Tensor) -> None:
+        self.applied += 1
+        for row, tokens in zip(self.rows, self.allowed):
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool)
+            keep[list(tokens)] = True
+            logits[row] = logits[row].masked_fill(~keep, float("-inf"))
+
+
+def test_a_mask_limits_greedy_and_sampled_rows_and_leaves_the_rest_alone() -> None:
+    logits = LOGITS.repeat(3, 1)
+    original = logits.clone()
+    greedy = SamplingParams(temperature=0)
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    rows = [
+        SampleRequest(greedy, None, [], []),
+        SampleRequest(sampled, make_generator(sampled), [], []),
+        SampleRequest(greedy, None, [], []),
+    ]
+    for _ in range(50):
+        mask = AllowOnly([0, 1], [{3}, {2, 4}])
+        got = [t.token_id for t in sample_batch(logits, rows, mask)]
+        assert got[0] == 3 and got[1] in {2, 4} and got[2] == 0
+        assert mask.applied == 1
+    assert torch.equal(logits, original)  # the caller's logits are never written
+
+
+def test_a_mask_draws_in_proportion_among_what_it_allows() -> None:
+    params = SamplingParams(temperature=1.0, seed=11)
+    generator = make_generator(params)
+    counts = {2: 0, 4: 0}
+    for _ in range(3000):
+        row = [SampleRequest(params, generator, [], [])]
+        counts[sample_batch(LOGITS[None], row, AllowOnly([0], [{2, 4}]))[0].token_id] += 1
+    assert counts[2] / 3000 == pytest.approx(0.15 / 0.2, abs=0.03)  # p2 / (p2 + p4)
+
+
+def test_logprobs_under_a_mask_are_the_models_own() -> None:
+    params = SamplingParams(temperature=0, logprobs=2)
+    token = sample_batch(LOGITS[None], [SampleRequest(params, None, [], [])], AllowOnly([0], [{3}]))
+    assert token[0].token_id == 3
+    assert token[0].logprobs.logprob == pytest.approx(math.log(0.1), abs=1e-5)
+    assert [t for t, _ in token[0].logprobs.top] == [0, 1]
+
+
+def test_a_mask_that_allows_nothing_fails_only_its_row() -> None:
+    greedy = SamplingParams(temperature=0)
+    rows = [SampleRequest(greedy, None, [], []), SampleRequest(greedy, None, [], [])]
+    got = sample_batch(LOGITS.repeat(2, 1), rows, AllowOnly([1], [set()]))
+    assert got[0] is not None and got[0].token_id == 0
+    assert got[1] is None

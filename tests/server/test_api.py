@@ -293,9 +293,17 @@ def test_tokenize_and_detokenize(server) -> None:
             "prompt",
         ),
         (CHAT, {"model": "smollm2", "messages": ASK, "temperature": "hot"}, "temperature"),
-        (CHAT, {"model": "smollm2", "messages": ASK, "tools": [{"type": "function"}]}, "tools"),
+        (
+            CHAT,
+            {"model": "smollm2", "messages": ASK, "tools": [{"type": "function"}]},
+            "tools.0.function",
+        ),
         (CHAT, {"model": "smollm2", "messages": ASK, "usr": "alice"}, "usr"),  # a typo of user
-        (CHAT, {"model": "smollm2", "messages": ASK, "response_format": {"type": "text"}}, None),
+        (
+            CHAT,
+            {"model": "smollm2", "messages": ASK, "response_format": {"type": "json_schema"}},
+            "response_format",
+        ),
         (CHAT, {"model": "smollm2", "messages": ASK, "n": 0}, "n"),
         (CHAT, {"model": "smollm2", "messages": ASK, "logit_bias": {"999999": 1}}, "logit_bias"),
         (CHAT, {"model": "smollm2", "messages": [{"role": "wizard", "content": "x"}]}, None),

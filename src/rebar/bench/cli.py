@@ -1,5 +1,5 @@
-"""`rebar bench offline | serve | compare | http | gate | make-model`: argument parsing and the
-commands (heavy imports happen only when one runs)."""
+"""`rebar bench offline | serve | compare | http | grammar | gate | make-model`: argument parsing
+and the commands (heavy imports happen only when one runs)."""
 
 from __future__ import annotations
 
@@ -164,6 +164,31 @@ def cmd_bench_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_grammar(args: argparse.Namespace) -> int:
+    from rebar.bench.grammar_cost import run_grammar_cost, to_json
+    from rebar.engine.llm import LLM
+
+    batches = sorted(set(args.batch))
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        engine_config=engine_config_from_flags(args, max_num_seqs=max(batches)),
+        dequantize=args.dequantize,
+    )
+    core = llm.engine
+    if core is None:
+        raise llm.not_a_decoder()
+    run_grammar_cost(core, 1, 8, seed=args.seed + 999)  # warm-up: kernels, grammar tokenizer
+    results = []
+    for batch in batches:
+        result = run_grammar_cost(core, batch, args.tokens, seed=args.seed)
+        print(result.row(), flush=True)
+        results.append(result)
+    _write_json(args.json, to_json(results))
+    return 0
+
+
 def add_bench_parser(
     commands: Any,
     add_model_args: Callable[[argparse.ArgumentParser], None],
@@ -176,6 +201,7 @@ def add_bench_parser(
     _add_serve_parser(bench)
     _add_compare_parser(bench, positive_int)
     _add_http_parser(bench, positive_int)
+    _add_grammar_parser(bench, add_model_args, positive_int)
     _add_gate_parser(bench, positive_int)
     _add_make_model_parser(bench, positive_int)
 
@@ -295,6 +321,31 @@ def _add_http_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     http.add_argument("--llama-server", default=None, help="path of llama-server")
     http.add_argument("--json", default=None, help="also write the report as JSON to this file")
     http.set_defaults(handler=cmd_bench_http)
+
+
+def _add_grammar_parser(
+    bench: Any,
+    add_model_args: Callable[[argparse.ArgumentParser], None],
+    positive_int: Callable[[str], int],
+) -> None:
+    grammar = bench.add_parser(
+        "grammar",
+        help="what structured outputs' token masks cost per decode step",
+        description=(
+            "Runs the same sampled requests without and with a JSON schema at each batch size "
+            "and reports the engine's mean decode step for both and the time its token masks "
+            "took per step (filling and applying them), as a share of the plain step."
+        ),
+    )
+    add_model_args(grammar)
+    grammar.add_argument(
+        "--batch", type=positive_int, nargs="+", default=[1, 16], help="batch sizes (1 16)"
+    )
+    grammar.add_argument("--tokens", type=positive_int, default=128, help="tokens per request")
+    grammar.add_argument("--seed", type=int, default=0)
+    grammar.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    add_engine_flags(grammar, skip={"max_num_seqs"})
+    grammar.set_defaults(handler=cmd_bench_grammar)
 
 
 def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:

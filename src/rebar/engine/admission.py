@@ -1,22 +1,35 @@
 """A request's one check, before any of it runs: the prompt fits the vocabulary and the context
-window, and the params name only tokens the model has. Pure (no torch), so a front end in another
-process checks requests exactly as the core would."""
+window, the params name only tokens the model has, and a structured output's schema or grammar
+compiles. Pure (no torch; the grammar check is handed in), so a front end in another process
+checks requests exactly as the core would."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.structured import StructuredOutput
 from rebar.errors import InvalidRequestError
+
+
+class GrammarCheck(Protocol):
+    """Raises InvalidRequestError when a structured output cannot be followed
+    (`rebar.engine.grammar.Grammars`)."""
+
+    def check(self, spec: StructuredOutput) -> None: ...
 
 
 class RequestChecker:
     """Admits requests for one model: `vocab_size` token ids, a context window of
     `max_model_len`."""
 
-    def __init__(self, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, vocab_size: int, max_model_len: int, grammars: GrammarCheck | None = None
+    ) -> None:
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        self.grammars = grammars
         self._key = object()  # marks the AdmittedRequests this checker made
 
     def admit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> AdmittedRequest:
@@ -24,6 +37,12 @@ class RequestChecker:
         without checking again. Thread-safe."""
         prompt = self._check_prompt(prompt_token_ids)
         params.check_vocab(self.vocab_size)
+        if params.structured is not None:
+            if self.grammars is None:
+                raise InvalidRequestError(
+                    "this engine does not constrain outputs", params.structured.param
+                )
+            self.grammars.check(params.structured)  # compiled once per schema, then cached
         max_total = self._max_total_tokens(len(prompt), params)
         return AdmittedRequest(tuple(prompt), params, max_total, self._key)
 

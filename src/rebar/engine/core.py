@@ -17,6 +17,7 @@ from torch import nn
 from rebar.engine.admission import RequestChecker
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
+from rebar.engine.grammar import GrammarMatcher, Grammars, StepMask, TokenMasks
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.outputs import (
     DEADLINE_EXCEEDED,
@@ -50,6 +51,7 @@ class EngineSideState:
     index: int
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None
+    matcher: GrammarMatcher | None = None  # where the output stands in its grammar, if it has one
     # Logprobs wait here, with the offset where their token's text starts, until that text is
     # released: a stream never reports a token whose text it has not shown (held-back stop-string
     # prefixes, EOS and stop tokens are never shown).
@@ -78,6 +80,8 @@ class EngineStats:
     # Durations of whole steps (schedule, model, sampling, outputs) by kind: "decode" when every
     # scheduled request computed one token, else "prefill" (prompt tokens in the step).
     step_seconds: dict[str, DurationHistogram] = field(default_factory=dict)
+    # Per step with grammar-constrained rows: filling and applying their token masks.
+    grammar_mask_seconds: DurationHistogram | None = None
 
 
 class EngineCore:
@@ -130,7 +134,9 @@ class EngineCore:
         )
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
-        self.checker = RequestChecker(tokenizer.vocab_size, self.max_model_len)
+        self.grammars = Grammars(tokenizer, model_config.vocab_size)
+        self.token_masks = TokenMasks(model_config.vocab_size)
+        self.checker = RequestChecker(tokenizer.vocab_size, self.max_model_len, self.grammars)
         self.num_requests_added = 0
         self.step_seconds = {kind: DurationHistogram.empty() for kind in ("decode", "prefill")}
 
@@ -186,6 +192,9 @@ class EngineCore:
                     self.tokenizer, params.stop, params.skip_special_tokens
                 ),
                 generator=make_generator(child_params),
+                matcher=(
+                    None if params.structured is None else self.grammars.matcher(params.structured)
+                ),
             )
             request = Request(
                 child_id,
@@ -354,8 +363,14 @@ class EngineCore:
     def _sample_and_append(
         self, requests: list[Request], logits: torch.Tensor
     ) -> list[RequestOutput]:
+        outputs = []
+        done = [r for r in requests if _grammar_done(r)]
+        if done:  # e.g. ignore_eos past a complete output: nothing more may follow it
+            outputs = [self._finish(r, RequestStatus.FINISHED_STOPPED) for r in done]
+            logits = logits[[i for i, r in enumerate(requests) if not _grammar_done(r)]]
+            requests = [r for r in requests if not _grammar_done(r)]
         if not requests:
-            return []
+            return outputs
         # Token histories are only read by penalties; copying them every step would cost O(length).
         rows = [
             SampleRequest(r.params, _state_of(r).generator, r.prompt_token_ids, r.output_token_ids)
@@ -363,12 +378,20 @@ class EngineCore:
             else SampleRequest(r.params, _state_of(r).generator, (), ())
             for r in requests
         ]
+        constrained = [
+            (i, matcher)
+            for i, r in enumerate(requests)
+            if (matcher := _state_of(r).matcher) is not None
+        ]
+        mask = self.token_masks.fill(constrained) if constrained else None
         try:
-            sampled = sample_batch(logits, rows)
+            sampled = sample_batch(logits, rows, mask)
         except Exception:  # isolate the row that cannot be sampled
             logger.exception("batched sampling failed; sampling rows one at a time")
-            sampled = [self._sample_one(logits[i : i + 1], row) for i, row in enumerate(rows)]
-        outputs = []
+            sampled = [
+                self._sample_one(logits[i : i + 1], row, mask and mask.for_row(i))
+                for i, row in enumerate(rows)
+            ]
         for request, token in zip(requests, sampled):
             if token is None:
                 logger.error(
@@ -385,9 +408,11 @@ class EngineCore:
         return outputs
 
     @staticmethod
-    def _sample_one(logits: torch.Tensor, row: SampleRequest) -> SampledToken | None:
+    def _sample_one(
+        logits: torch.Tensor, row: SampleRequest, mask: StepMask | None
+    ) -> SampledToken | None:
         try:
-            return sample_batch(logits, [row])[0]
+            return sample_batch(logits, [row], mask)[0]
         except Exception:
             logger.exception("sampling one row failed")
             return None
@@ -400,6 +425,15 @@ class EngineCore:
         request.append_output(token_id)
         params = request.params
         new = (token_id,)
+        if state.matcher is not None and not state.matcher.consume(token_id):
+            # The mask allowed only tokens the grammar accepts; this is a fault, not the model.
+            logger.error(
+                "request %s: the grammar refused token %d: %s",
+                request.request_id,
+                token_id,
+                state.matcher.error,
+            )
+            return self._fail(request)
         if token_id in self.tokenizer.special.eos_token_ids and not params.ignore_eos:
             return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
         if token_id in params.stop_token_ids:
@@ -410,6 +444,8 @@ class EngineCore:
         delta = state.detokenizer.add(token_id)
         if state.detokenizer.stopped:
             request.stop_reason = state.detokenizer.stop_string
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
+        if state.matcher is not None and state.matcher.done:
             return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
         if request.num_tokens >= request.max_total_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, delta, new)
@@ -441,6 +477,7 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_requests_added=self.num_requests_added,
             step_seconds={kind: h.copy() for kind, h in self.step_seconds.items()},
+            grammar_mask_seconds=self.token_masks.seconds.copy(),
         )
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -461,6 +498,11 @@ def _timing(request: Request) -> RequestTiming:
         request.first_token_time,
         request.finished_time,
     )
+
+
+def _grammar_done(request: Request) -> bool:
+    matcher = _state_of(request).matcher
+    return matcher is not None and matcher.done
 
 
 def _state_of(request: Request) -> EngineSideState:

@@ -24,6 +24,7 @@ from rebar.engine.async_engine import EngineFront, EngineUnavailableError
 from rebar.engine.core import EngineStats
 from rebar.engine.core_loop import Command, CoreLoop, Delivery, Stop
 from rebar.engine.engine_config import EngineConfig
+from rebar.engine.grammar import Grammars
 from rebar.engine.model_text import ModelText
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.request import AdmittedRequest
@@ -52,6 +53,7 @@ class _Ready:
     max_model_len: int
     load_seconds: float
     stats: EngineStats
+    vocab_size: int  # logits per row (a grammar's mask width)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,12 @@ class EngineProcess(EngineFront):
         self.tokenizer = text.tokenizer
         self.max_model_len = ready.max_model_len
         self.load_seconds = ready.load_seconds
-        self.checker = RequestChecker(self.tokenizer.vocab_size, self.max_model_len)
+        # Schemas are checked here too (before a response starts); the child compiles its own.
+        self.checker = RequestChecker(
+            self.tokenizer.vocab_size,
+            self.max_model_len,
+            Grammars(self.tokenizer, ready.vocab_size),
+        )
         self._stats = ready.stats
         self._process = process
         self._commands: Connection = commands
@@ -238,7 +245,9 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
         results.send(_LoadFailed(f"{type(exc).__name__}: {exc}"))
         return
     core = llm.engine
-    results.send(_Ready(core.max_model_len, llm.load_seconds, core.stats()))
+    results.send(
+        _Ready(core.max_model_len, llm.load_seconds, core.stats(), core.grammars.vocab_size)
+    )
     try:
         CoreLoop(core, _PipeInbox(commands), results.send).run()
     except (BrokenPipeError, EOFError, OSError):

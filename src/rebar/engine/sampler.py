@@ -3,7 +3,8 @@
 `sample_batch` is what the engine calls once per step for every running request. It makes one
 pass over the batch, each stage a batched tensor operation on the rows that need it:
 
-1. logit_bias, then repetition, presence and frequency penalties;
+1. logit_bias, then repetition, presence and frequency penalties, then the step's grammar mask
+   (tokens a row's grammar forbids become -inf);
 2. greedy rows (temperature 0) take the argmax of what stage 1 left;
 3. sampled rows divide by their temperature and keep the tokens that top_k, top_p and min_p all
    allow, expressed as one threshold per row: a token is kept when its scaled logit reaches it;
@@ -11,7 +12,8 @@ pass over the batch, each stage a batched tensor operation on the rows that need
    distribution of its kept tokens, taken in token-id order;
 5. rows that asked for them get their log-probabilities.
 
-The fast path: a batch whose rows are all greedy without logit_bias or penalties is one argmax.
+The fast path: a batch whose rows are all greedy without logit_bias, penalties or a grammar is one
+argmax.
 
 What the filters keep: top_k the k best tokens and every token tied with the k-th; top_p, within
 what top_k kept, the best tokens until those ranked before the next one hold top_p of that mass
@@ -33,6 +35,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -71,6 +74,14 @@ class SampledToken:
     logprobs: TokenLogprobs | None
 
 
+class LogitsMask(Protocol):
+    """Forbidden tokens of some rows, applied to the sampler's own copy of the logits."""
+
+    rows: list[int]
+
+    def apply_(self, logits: torch.Tensor) -> None: ...
+
+
 def make_generator(params: SamplingParams) -> torch.Generator | None:
     """A private RNG for a seeded request, so its tokens do not depend on other requests."""
     if params.greedy or params.seed is None:
@@ -81,7 +92,7 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 
 
 def sample_batch(
-    logits: torch.Tensor, requests: Sequence[SampleRequest]
+    logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None = None
 ) -> list[SampledToken | None]:
     """Pick one token per row of `logits` ([len(requests), vocab] float32); see the module
     docstring.
@@ -91,15 +102,16 @@ def sample_batch(
     row's result depends only on its own logits, params, token history and generator, never on the
     other rows, so a seeded row draws the same tokens alone or in any batch; each sampled
     (non-greedy) row consumes exactly one float64 uniform from its generator (or, without one, from
-    the global CPU RNG) per call, unless it gets None; greedy rows consume none.
+    the global CPU RNG) per call, unless it gets None; greedy rows consume none. A row that `mask`
+    names only ever gets a token its mask allows (None when it allows none).
     """
     if logits.dim() != 2 or logits.shape[0] != len(requests):
         raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
-    if all(_is_plain_greedy(r.params) for r in requests):
+    if mask is None and all(_is_plain_greedy(r.params) for r in requests):
         # Fast path: nothing to add, scale or draw.
         token_ids, valid = logits.argmax(-1), _has_finite_best(logits)
     else:
-        token_ids, valid = _sample_rows(logits, requests)
+        token_ids, valid = _sample_rows(logits, requests, mask)
     # Checked on every row: argmax of a NaN row would otherwise return a plausible id.
     valid &= (token_ids >= 0) & (token_ids < logits.shape[1])
     token_ids = torch.where(valid, token_ids, 0)
@@ -120,13 +132,14 @@ def _has_finite_best(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _sample_rows(
-    logits: torch.Tensor, requests: Sequence[SampleRequest]
+    logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [rows] and whether each row could be sampled [rows], for any mix of rows."""
-    processed = _processed(logits, requests)
+    processed = _processed(logits, requests, mask)
     valid = _has_finite_best(logits)
     if processed is not logits:
-        # Bias and penalties can overflow a row that was fine: both versions need a best value.
+        # Bias and penalties can overflow a row that was fine, and a mask can leave a row with
+        # nothing: both versions need a best value.
         valid &= _has_finite_best(processed)
     token_ids = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
     greedy = [i for i, r in enumerate(requests) if r.params.greedy]
@@ -140,18 +153,22 @@ def _sample_rows(
     return token_ids, valid
 
 
-def _processed(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """Float32 logits after every row's logit_bias and penalties: a new tensor, or `logits` itself
-    (never written to) when it is float32 and no row has any."""
+def _processed(
+    logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None
+) -> torch.Tensor:
+    """Float32 logits after every row's logit_bias, penalties and mask: a new tensor, or `logits`
+    itself (never written to) when it is float32 and no row has any."""
     if logits.dtype != torch.float32:
         logits = logits.float()
     penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
-    if not penalised and all(r.params.logit_bias is None for r in requests):
+    if mask is None and not penalised and all(r.params.logit_bias is None for r in requests):
         return logits
     processed = logits.clone(memory_format=torch.contiguous_format)
     _add_logit_bias(processed, [r.params for r in requests])
     if penalised:
         _apply_penalties(processed, [requests[i] for i in penalised], penalised)
+    if mask is not None:
+        mask.apply_(processed)
     return processed
 
 

@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from rebar.engine.structured import StructuredOutput
 from rebar.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 16
@@ -154,7 +155,9 @@ class SamplingParams:
     logits of the named tokens first; it is stored as a hashable, read-only `LogitBias` (string keys
     holding decimal integers are accepted, as JSON sends them; an empty map becomes None).
     `logprobs=None` returns no log-probabilities; k in [0, 20] returns the chosen token's plus the k
-    most likely alternatives, all taken from the model's raw logits.
+    most likely alternatives, all taken from the model's raw logits. `structured` constrains the
+    output to a JSON schema, any JSON object or a grammar (`rebar.engine.structured`): each token
+    is sampled among those that keep the output valid.
 
     After construction every numeric field holds a plain `int` or `float` and every sequence a
     tuple, so the object is safely immutable and hashable.
@@ -176,6 +179,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] | None = None
     logprobs: int | None = None  # None = disabled
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         # Accept a single string or any sequence for the tuple fields, as the OpenAI API does.
@@ -228,6 +232,11 @@ class SamplingParams:
         frequency = _checked_real(
             "frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY
         )
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise InvalidRequestError(
+                f"structured must be a StructuredOutput, got {type(self.structured).__name__}",
+                "structured",
+            )
         return {
             "repetition_penalty": repetition,
             "presence_penalty": presence,

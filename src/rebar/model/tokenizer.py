@@ -151,6 +151,11 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
+    def backend_json(self) -> str:
+        """The whole tokenizer as Hugging Face `tokenizer.json` text (what grammar libraries read
+        to learn each token's bytes)."""
+        return self._backend.to_str()
+
     def set_truncation(self, max_length: int) -> None:
         """Truncate encodings (post-processor tokens included) to `max_length`; used by encoders."""
         self._backend.enable_truncation(max_length)

@@ -136,6 +136,8 @@ def canonical_request(
     fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     fields["logit_bias"] = sorted((params.logit_bias or {}).items())
     fields["stop"], fields["stop_token_ids"] = list(params.stop), list(params.stop_token_ids)
+    if params.structured is not None:
+        fields["structured"] = dataclasses.asdict(params.structured)
     return {"endpoint": endpoint, "prompt": prompt_ids, "params": fields, **(extra or {})}
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -11,6 +12,7 @@ from rebar.engine.async_engine import EngineFront
 from rebar.engine.model_text import ModelText
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.structured import StructuredOutput
 from rebar.errors import InvalidRequestError
 from rebar.server import prompts
 from rebar.server.schemas import (
@@ -26,9 +28,21 @@ async def chat_input(
     engine: EngineFront, llm: ModelText, body: ChatCompletionRequest
 ) -> AdmittedRequest:
     """The chat request as the engine runs it: its messages in the model's template, admitted."""
+    if body.tools is not None or body.tool_choice is not None:
+        raise InvalidRequestError("tools are not supported yet", "tools")
     params = chat_params(body)
     messages = template_messages(body.messages, llm)
-    return engine.admit(await prompts.chat_prompt(llm, messages), params)
+    return await admit(engine, await prompts.chat_prompt(llm, messages), params)
+
+
+async def admit(
+    engine: EngineFront, prompt_ids: list[int], params: SamplingParams
+) -> AdmittedRequest:
+    """`engine.admit`; on a worker thread when a schema must be compiled (milliseconds, and the
+    model's grammar tokenizer on first use: up to seconds), so other clients are not stalled."""
+    if params.structured is None:
+        return engine.admit(prompt_ids, params)
+    return await asyncio.to_thread(engine.admit, prompt_ids, params)
 
 
 def template_messages(messages: Sequence[ChatMessage], llm: ModelText) -> list[dict[str, Any]]:
@@ -103,7 +117,7 @@ async def completion_input(
     answer."""
     params = completion_params(body)
     prompt = single_prompt(body.prompt)
-    admitted = engine.admit(await prompts.text_prompt(llm, prompt), params)
+    admitted = await admit(engine, await prompts.text_prompt(llm, prompt), params)
     if not body.echo:
         return admitted, ""
     # Admitted first: only ids the model has can be decoded for the echo.
@@ -146,6 +160,25 @@ def sampling_params(
         # JSON keys are strings; SamplingParams reads decimal ones as token ids and refuses others.
         logit_bias=cast(Mapping[int, float] | None, body.logit_bias),
         logprobs=logprobs,
+        structured=structured_output(body),
+    )
+
+
+def structured_output(body: _SamplingFields) -> StructuredOutput | None:
+    """What `response_format` asks the output to be (None: free text)."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput.json_object()
+    assert fmt.json_schema is not None  # the schema's validator requires it
+    schema = fmt.json_schema.schema_
+    return StructuredOutput.json_schema(
+        {"type": "object"} if schema is None else schema,
+        # Objects are closed unless the client says strict: false (as vLLM and llama.cpp close
+        # them): a small model given room for more keys keeps adding them.
+        strict=fmt.json_schema.strict is not False,
+        param="response_format.json_schema.schema",
     )
 
 

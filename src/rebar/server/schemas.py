@@ -137,6 +137,55 @@ def _part_text(index: int, part: dict[str, Any]) -> str:
     return text
 
 
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the answer must follow."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """`text` (the default), `json_object` (any JSON object) or `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError(
+                "invalid_format", "type 'json_schema' needs a json_schema object"
+            )
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise PydanticCustomError(
+                "invalid_format", "json_schema is given only with type 'json_schema'"
+            )
+        return self
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none = no arguments
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
 class _SamplingFields(_Strict):
     """Fields shared by chat and completions, mapped onto SamplingParams."""
 
@@ -159,6 +208,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -167,6 +217,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # Accepted and not acted on: by OpenAI's definition they never change the output.
     metadata: dict[str, str] | None = None
     store: bool | None = None

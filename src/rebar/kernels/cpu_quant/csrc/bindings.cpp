@@ -231,6 +231,30 @@ at::Tensor silu_and_mul_op(const at::Tensor& gate_in, const at::Tensor& up_in) {
   return out;
 }
 
+// Sets logits[rows[j], i] = -inf wherever bit i of bitmask[j] is clear: logits [batch, vocab]
+// float32 and contiguous, bitmask [len(rows), >= ceil(vocab / 32)] int32, rows int64.
+void mask_logits_op(at::Tensor& logits, const at::Tensor& bitmask_in, const at::Tensor& rows_in) {
+  check_float_cpu(logits, "logits");
+  TORCH_CHECK_VALUE(logits.dim() == 2 && logits.is_contiguous(), "logits must be [batch, vocab] and contiguous");
+  TORCH_CHECK_VALUE(bitmask_in.scalar_type() == at::kInt && bitmask_in.dim() == 2 && bitmask_in.device().is_cpu(),
+                    "bitmask must be an int32 [rows, words] CPU tensor");
+  TORCH_CHECK_VALUE(rows_in.scalar_type() == at::kLong && rows_in.dim() == 1 && rows_in.size(0) == bitmask_in.size(0),
+                    "rows must be int64 [", bitmask_in.size(0), "], got ", rows_in.sizes());
+  const int64_t vocab = logits.size(1), batch = logits.size(0);
+  TORCH_CHECK_VALUE(bitmask_in.size(1) * 32 >= vocab, "bitmask has ", bitmask_in.size(1), " words for ", vocab,
+                    " logits");
+  const at::Tensor bitmask = bitmask_in.contiguous(), rows = rows_in.contiguous();
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  for (int64_t j = 0; j < rows.size(0); ++j) {
+    TORCH_CHECK_VALUE(row_ids[j] >= 0 && row_ids[j] < batch, "row ", row_ids[j], " is outside [0, ", batch, ")");
+  }
+  float* out = logits.data_ptr<float>();
+  const int32_t* mask = bitmask.data_ptr<int32_t>();
+  const int64_t words = bitmask.size(1);
+  // On the calling thread: a row takes microseconds, less than waking torch's threads would.
+  for (int64_t j = 0; j < rows.size(0); ++j) mask_logits(out + row_ids[j] * vocab, mask + j * words, vocab);
+}
+
 // Rotates x [tokens, heads, head_dim] (contiguous) in place by cos and sin [tokens, head_dim].
 void rope_op(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   check_float_cpu(x, "x");
@@ -414,6 +438,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x -> (int8 codes, per-block scales, per-group sums, half-block sums)");
   m.def("isa", [] { return std::string(rebar_cpu_quant::isa_name()); }, "the integer instruction set built for");
   m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
+  m.def("mask_logits_", &rebar_cpu_quant::mask_logits_op, "-inf where a row's token bitmask has a clear bit");
   m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, int64_t>())

@@ -2,7 +2,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "simd.h"
 
@@ -58,6 +60,30 @@ void rope(float* x, int64_t num_heads, int64_t head_dim, const float* cos, const
       v[i] = a * cos[i] - b * sin[i];
       v[i + half] = b * cos[i + half] + a * sin[i + half];
     }
+  }
+}
+
+}  // namespace rebar_cpu_quant
+
+namespace rebar_cpu_quant {
+
+void mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  const int64_t num_words = (n + 31) / 32;
+  for (int64_t w = 0; w < num_words; ++w) {
+    const uint32_t word = static_cast<uint32_t>(bitmask[w]);
+    const int64_t begin = w * 32, count = std::min<int64_t>(32, n - begin);
+    if (word == 0xFFFFFFFFu) continue;
+    float* out = logits + begin;
+    if (word == 0) {
+      std::fill(out, out + count, minus_inf);
+      continue;
+    }
+    if (count == 32) {  // a fixed-length select, which the compiler turns into vector blends
+      for (int b = 0; b < 32; ++b) out[b] = ((word >> b) & 1u) ? out[b] : minus_inf;
+      continue;
+    }
+    for (int64_t b = 0; b < count; ++b) out[b] = ((word >> b) & 1u) ? out[b] : minus_inf;
   }
 }
 
