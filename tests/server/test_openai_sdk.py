@@ -411,22 +411,40 @@ def test_negative_temperature_is_a_bad_request(client) -> None:
     assert error_of(caught.value)["param"] == "temperature"
 
 
-def test_unsupported_parameters_are_refused_by_name(client) -> None:
+def test_tool_requests_that_cannot_be_served_are_refused_by_name(client) -> None:
     tools = [
         {
             "type": "function",
             "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
         }
     ]
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=4, tools=tools)
-    error = error_of(caught.value)
-    assert error["param"] == "tools" and "tools" in error["message"]
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(
-            model="smollm2", messages=ASK, max_tokens=4, extra_body={"tools": tools}
-        )
-    assert error_of(caught.value)["param"] == "tools"
+    cases = [
+        (
+            {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "nope",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": tools + tools}, "tools", "same name"),
+        (
+            {"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "response_format",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools.0.function.name",
+            None,
+        ),
+    ]
+    for extra, param, words in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="smollm2", messages=ASK, max_tokens=4, extra_body=extra
+            )
+        error = error_of(caught.value)
+        assert error["param"] == param, (extra, error)
+        assert words is None or words in error["message"], error
 
 
 # ----- messages as stock clients send them ---------------------------------------------------------

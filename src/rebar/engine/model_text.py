@@ -55,12 +55,16 @@ class ModelText:
         return self.tokenizer.decode(ids)
 
     def chat_prompt_ids(
-        self, messages: Messages, add_generation_prompt: bool = True, bos: bool = True
+        self,
+        messages: Messages,
+        add_generation_prompt: bool = True,
+        bos: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of `messages` in the model's own chat template, message contents kept as text
         (a typed `<|im_start|>` never becomes a control token); led by BOS when the model wants one
         and `bos` is True."""
         ids = chat_prompt_ids(
-            self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt
+            self.tokenizer, self.checkpoint.chat_template, messages, add_generation_prompt, tools
         )
         return with_bos(self.tokenizer, ids) if bos else ids

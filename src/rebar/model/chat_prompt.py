@@ -24,15 +24,21 @@ def chat_prompt_ids(
     template: str | None,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
-    """The ids of `messages` rendered by `template` (no BOS added: callers decide, as for any
-    prompt)."""
+    """The ids of `messages` (and `tools`) rendered by `template` (no BOS added: callers decide,
+    as for any prompt)."""
     special = tokenizer.special
     contents = [message.get("content") for message in messages]
     if not any(isinstance(text, str) and tokenizer.holds_special_text(text) for text in contents):
         return tokenizer.encode(
             render_chat(
-                template, messages, add_generation_prompt, special.bos_token, special.eos_token
+                template,
+                messages,
+                add_generation_prompt,
+                special.bos_token,
+                special.eos_token,
+                tools,
             )
         )
     nonce = uuid.uuid4().hex  # cannot occur in the messages or the template by chance
@@ -43,7 +49,7 @@ def chat_prompt_ids(
         for i, message in enumerate(messages)
     ]
     rendered = render_chat(
-        template, marked, add_generation_prompt, special.bos_token, special.eos_token
+        template, marked, add_generation_prompt, special.bos_token, special.eos_token, tools
     )
     ids: list[int] = []
     # re.split with a group alternates template text and the index of the content at each marker.

@@ -69,9 +69,10 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for `messages`; errors are typed (no template, bad messages, template
-    refusal)."""
+    """The prompt text for `messages` (and `tools`, for templates that read them); errors are
+    typed (no template, bad messages, template refusal)."""
     if template is None:
         raise UnsupportedModelError(
             "this model has no chat template; use a plain completion instead"
@@ -83,6 +84,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **({} if tools is None else {"tools": list(tools)}),
         )
     except TemplateError:
         raise

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -22,17 +23,33 @@ from rebar.server.schemas import (
     ToolCall,
     _SamplingFields,
 )
+from rebar.server.tools import ToolPlan, plan_tools, with_system_prompt
 
 
 async def chat_input(
     engine: EngineFront, llm: ModelText, body: ChatCompletionRequest
-) -> AdmittedRequest:
-    """The chat request as the engine runs it: its messages in the model's template, admitted."""
-    if body.tools is not None or body.tool_choice is not None:
-        raise InvalidRequestError("tools are not supported yet", "tools")
+) -> tuple[AdmittedRequest, ToolPlan | None]:
+    """The chat request as the engine runs it (its messages and tools in the model's template,
+    admitted), and how its tools read the answer."""
+    plan = plan_tools(body, llm)
     params = chat_params(body)
     messages = template_messages(body.messages, llm)
-    return await admit(engine, await prompts.chat_prompt(llm, messages), params)
+    tools = None
+    if plan is not None:
+        if plan.forced is not None:
+            if params.structured is not None:
+                raise InvalidRequestError(
+                    "a forced tool_choice cannot be combined with response_format", "tool_choice"
+                )
+            params = dataclasses.replace(params, structured=plan.forced)
+        if plan.reader is not None and plan.reader.format == "mistral":
+            # Its calls start with a special token, which the answer's text must keep.
+            params = dataclasses.replace(params, skip_special_tokens=False)
+        if plan.system_prompt is not None:
+            messages = with_system_prompt(messages, plan.system_prompt)
+        tools = plan.template_tools
+    ids = await prompts.chat_prompt(llm, messages, tools=tools)
+    return await admit(engine, ids, params), plan
 
 
 async def admit(

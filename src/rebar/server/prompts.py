@@ -33,11 +33,12 @@ async def chat_prompt(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     bos: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """`ModelText.chat_prompt_ids`, off the loop for long conversations (/tokenize passes
     bos=False: bare ids)."""
     return await off_loop(
-        _chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos
+        _chars(messages), llm.chat_prompt_ids, messages, add_generation_prompt, bos, tools
     )
 
 

@@ -18,6 +18,7 @@ from rebar.server.rendering import Renderer, respond
 from rebar.server.response_fields import chat_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import ChatCompletionRequest
 from rebar.server.state import server_state
+from rebar.server.tool_calls import ToolCallReader, ToolCallStream, new_call_id, openai_tool_call
 
 router = APIRouter()
 
@@ -26,13 +27,14 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     llm, engine = state.chat_model(body.model)
-    admitted = await chat_input(engine, llm, body)
+    admitted, tools = await chat_input(engine, llm, body)
     render = ChatRenderer(
         llm.tokenizer,
         f"chatcmpl-{request_context(request.scope).internal_id}",
         body.model,
         admitted.params.logprobs is not None,
         thinking_start(llm, list(admitted.prompt_token_ids)),
+        tools.reader if tools is not None else None,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(
@@ -50,22 +52,43 @@ class ChatRenderer(Renderer):
         model: str,
         with_logprobs: bool,
         thinking: bool | None = None,
+        tools: ToolCallReader | None = None,
     ) -> None:
         """`thinking`: None for a model that does not think; else whether its answers start
-        inside the `<think>` block (the prompt opened it)."""
+        inside the `<think>` block (the prompt opened it). `tools` reads tool calls out of the
+        answers (None: answers are all text)."""
         super().__init__(response_id, model)
         self.tokenizer, self.with_logprobs = tokenizer, with_logprobs
         self.thinking = thinking
+        self.tools = tools
         self._splitters: dict[int, ReasoningSplitter] = {}
+        self._tool_streams: dict[int, ToolCallStream] = {}
 
     def _split(self, text: str) -> tuple[str, str]:
         """A whole answer as (reasoning, content); all content for a model that does not think."""
         return ("", text) if self.thinking is None else reasoning.split(text, self.thinking)
 
-    def _message(self, text: str) -> dict:
+    def _answer(self, text: str) -> tuple[str, str, list[dict]]:
+        """A whole answer as (reasoning, content, tool calls)."""
         thought, content = self._split(text)
-        message = {"role": "assistant", "content": content}
+        if self.tools is None:
+            return thought, content, []
+        answer = self.tools.parse(content)
+        calls = [openai_tool_call(call, new_call_id()) for call in answer.calls]
+        return thought, answer.content, calls
+
+    def _message(self, text: str) -> dict:
+        thought, content, calls = self._answer(text)
+        message: dict = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
         return message | ({"reasoning_content": thought} if self.thinking is not None else {})
+
+    @staticmethod
+    def _reason(reason: str | None, has_calls: bool) -> str | None:
+        """OpenAI's finish_reason: "tool_calls" for an answer that ended by calling tools."""
+        reason = openai_finish_reason(reason)
+        return "tool_calls" if has_calls and reason == "stop" else reason
 
     def json(self, completion: Completion) -> dict:
         return {
@@ -76,13 +99,13 @@ class ChatRenderer(Renderer):
             "choices": [
                 {
                     "index": c.index,
-                    "message": self._message(c.text),
+                    "message": message,
                     "logprobs": chat_logprobs(self.tokenizer, list(c.logprobs))
                     if self.with_logprobs
                     else None,
-                    "finish_reason": openai_finish_reason(c.finish_reason),
+                    "finish_reason": self._reason(c.finish_reason, "tool_calls" in message),
                 }
-                for c in completion.choices
+                for c, message in ((c, self._message(c.text)) for c in completion.choices)
             ],
             "usage": usage(
                 completion.num_prompt_tokens,
@@ -98,17 +121,38 @@ class ChatRenderer(Renderer):
         )
         return self.chunk([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": None}])
 
-    def _final(self, index: int, reason: str | None) -> str:
+    def _tool_call_delta(self, index: int, call: dict) -> str:
+        return self.chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {"tool_calls": [call]},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+
+    def _final(self, index: int, reason: str | None, has_calls: bool = False) -> str:
         return self.chunk(
             [
                 {
                     "index": index,
                     "delta": {},
                     "logprobs": None,
-                    "finish_reason": openai_finish_reason(reason),
+                    "finish_reason": self._reason(reason, has_calls),
                 }
             ]
         )
+
+    def _tool_events(self, index: int, text: str, final: bool) -> tuple[str, list[str]]:
+        """Content left after reading tool calls out of `text`, and the calls' chunks."""
+        if self.tools is None:
+            return text, []
+        stream = self._tool_streams.setdefault(index, self.tools.stream())
+        events = stream.feed(text) + (stream.finish() if final else [])
+        content = "".join(e.content for e in events)
+        return content, [self._tool_call_delta(index, e.tool_call) for e in events if e.tool_call]
 
     def opening(self, n: int) -> Iterator[str]:
         for index in range(n):
@@ -133,16 +177,21 @@ class ChatRenderer(Renderer):
             if output.finished:
                 held_thought, held_text = splitter.finish()
                 thought, text = thought + held_thought, text + held_text
+        text, calls = self._tool_events(output.index, text, output.finished)
         if thought or text or (self.with_logprobs and output.logprobs):
             yield self._delta(output.index, text, list(output.logprobs), thought)
+        yield from calls
         if output.finished:
             error = sse.error_event(output)
             if error:
                 yield error
-            yield self._final(output.index, output.finish_reason)
+            stream = self._tool_streams.get(output.index)
+            yield self._final(output.index, output.finish_reason, bool(stream and stream.num_calls))
 
     def replay_chunks(self, choice: Choice) -> Iterator[str]:
-        thought, text = self._split(choice.text)
+        thought, text, calls = self._answer(choice.text)
         if thought or text or choice.logprobs:
             yield self._delta(choice.index, text, list(choice.logprobs), thought)
-        yield self._final(choice.index, choice.finish_reason)
+        for i, call in enumerate(calls):
+            yield self._tool_call_delta(choice.index, {"index": i, **call})
+        yield self._final(choice.index, choice.finish_reason, bool(calls))
