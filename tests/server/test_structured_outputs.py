@@ -158,6 +158,28 @@ def test_streamed_outputs_follow_the_schema(client) -> None:
         follows(text, PERSON)
 
 
+def test_objects_are_closed_unless_strict_is_false(client) -> None:
+    def sampled(strict: bool | None) -> list[str]:
+        completion = client.chat.completions.create(
+            model="smollm2",
+            messages=ask("Introduce a neighbour of mine."),
+            response_format=json_schema_format(PERSON, "person", strict=strict),
+            n=4,
+            temperature=1.0,
+            seed=21,
+            max_tokens=150,
+        )
+        assert all(c.finish_reason == "stop" for c in completion.choices)
+        return [c.message.content for c in completion.choices]
+
+    for text in sampled(strict=None):  # strict left out: closed, as with strict: true
+        follows(text, PERSON)
+    opened = [json.loads(text) for text in sampled(strict=False)]
+    for document in opened:  # the schema as JSON Schema reads it: other keys are allowed...
+        jsonschema.validate(document, PERSON)
+    assert any(set(d) > set(PERSON["properties"]) for d in opened)  # ...and this model adds some
+
+
 # --- json_object ----------------------------------------------------------------------------
 
 
@@ -260,6 +282,7 @@ def with_property(sub: dict) -> dict:
         pytest.param(
             json_schema_format([CITY]), SCHEMA_PARAM, "object|dictionary", id="schema-is-a-list"
         ),
+        pytest.param(json_schema_format(False), SCHEMA_PARAM, "admits nothing", id="schema-false"),
     ],
 )
 def test_unusable_formats_are_400s_naming_the_problem(
@@ -297,6 +320,21 @@ def test_unusable_formats_are_400s_naming_the_problem(
     assert_idle(app_of)
 
 
+def test_a_true_schema_admits_any_json_value(client) -> None:
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=ask("Give me a JSON value."),
+        max_tokens=40,
+        temperature=0,
+        response_format=json_schema_format(True),
+    )
+    choice = answer.choices[0]
+    if choice.finish_reason == "stop":
+        json.loads(choice.message.content)
+    else:
+        assert choice.message.content
+
+
 # --- disconnects ----------------------------------------------------------------------------
 
 
@@ -318,9 +356,8 @@ def test_client_leaving_a_constrained_stream_aborts_it(client, server) -> None:
     assert_idle(app, timeout=1.0)
 
     # The same schema serves the next request from a fresh matcher.
-    answer = client.chat.completions.create(**{**body, "stream": False, "max_tokens": 12}).choices[
-        0
-    ]
+    again = client.chat.completions.create(**{**body, "stream": False, "max_tokens": 12})
+    answer = again.choices[0]
     assert answer.finish_reason == "length" and answer.message.content.startswith('{"story": "')
 
 

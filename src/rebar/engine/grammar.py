@@ -78,7 +78,10 @@ class Grammars:
             return compiled
 
     def _compile(self, spec: StructuredOutput) -> llguidance.LLMatcher:
-        grammar = grammar_text(spec)
+        try:
+            grammar = grammar_text(spec)
+        except ValueError as exc:
+            raise InvalidRequestError(f"{_what(spec)} cannot be used: {exc}", spec.param) from exc
         tokenizer = self._grammar_tokenizer(spec.param)
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:

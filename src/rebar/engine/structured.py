@@ -40,10 +40,11 @@ class StructuredOutput:
         cls, schema: Any, strict: bool = False, param: str = "response_format"
     ) -> StructuredOutput:
         """A schema given as a dict (or `true`); raises InvalidRequestError when it is not one."""
-        if not isinstance(schema, dict | bool):
-            raise InvalidRequestError(
-                f"the JSON schema must be an object, got {type(schema).__name__}", param
-            )
+        if schema is True:
+            schema = {}  # JSON Schema's `true`: any value
+        if schema is False or not isinstance(schema, dict):
+            what = "false (it admits nothing)" if schema is False else type(schema).__name__
+            raise InvalidRequestError(f"the JSON schema must be an object, got {what}", param)
         # Key order kept: a schema lists properties in the order the output writes them.
         source = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         if len(source) > MAX_SOURCE_CHARS:

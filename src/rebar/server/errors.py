@@ -70,9 +70,20 @@ def error_response(
     )
 
 
+# What pydantic puts in an error's location for the member of a union that failed: a type
+# ("str", "dict[str,any]", "function-after[...]"), not a field of the request.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "literal"})
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    location = [
+        str(part) for part in first.get("loc", ()) if part != "body" and not _is_union_tag(part)
+    ]
     param = ".".join(location) or None
     if first.get("type") == "json_invalid":
         return (

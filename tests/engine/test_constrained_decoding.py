@@ -225,6 +225,9 @@ def test_strict_closes_objects_the_schema_leaves_open() -> None:
 def test_schema_key_order_is_kept_and_sizes_are_bounded() -> None:
     spec = StructuredOutput.json_schema({"properties": {"z": {}, "a": {}}})
     assert list(spec.schema()["properties"]) == ["z", "a"]
+    assert StructuredOutput.json_schema(True).schema() == {}
+    with pytest.raises(InvalidRequestError, match="admits nothing"):
+        StructuredOutput.json_schema(False)
     with pytest.raises(InvalidRequestError) as caught:
         StructuredOutput.json_schema([1, 2])
     assert caught.value.param == "response_format"
