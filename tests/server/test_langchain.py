@@ -76,3 +76,68 @@ def test_a_tool_result_in_the_history_is_accepted(chat) -> None:
         ]
     )
     assert isinstance(answer.content, str) and answer.response_metadata["finish_reason"]
+
+
+# ----- tools and structured outputs as LangChain asks for them ----------------------------------
+
+
+def get_weather(city: str, unit: str) -> str:
+    """The current weather in a city.
+
+    Args:
+        city: the city's name
+        unit: celsius or fahrenheit
+    """
+    return f"21 degrees {unit} in {city}"
+
+
+def test_bind_tools_with_a_forced_tool_gives_parsed_tool_calls(chat) -> None:
+    bound = chat.bind_tools([get_weather], tool_choice="get_weather").bind(max_tokens=80)
+    answer = bound.invoke([messages.HumanMessage("What is the weather in Paris?")])
+    assert answer.tool_calls, answer
+    call = answer.tool_calls[0]
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    assert set(call["args"]) == {"city", "unit"} and isinstance(call["args"]["city"], str)
+    assert answer.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_bind_tools_streams_tool_call_chunks_that_add_up(chat) -> None:
+    bound = chat.bind_tools([get_weather], tool_choice="any").bind(max_tokens=80)
+    chunks = list(bound.stream([messages.HumanMessage("Weather in Lisbon, please?")]))
+    assert sum(len(c.tool_call_chunks) for c in chunks) > 1  # name, then fragments
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole = whole + chunk
+    assert whole.tool_calls and whole.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(whole.tool_calls[0]["args"], dict)
+
+
+def test_a_tool_answer_round_trips_through_the_history(chat) -> None:
+    bound = chat.bind_tools([get_weather], tool_choice="get_weather").bind(max_tokens=80)
+    ask = messages.HumanMessage("What is the weather in Oslo?")
+    call = bound.invoke([ask])
+    result = messages.ToolMessage(
+        get_weather(**call.tool_calls[0]["args"]), tool_call_id=call.tool_calls[0]["id"]
+    )
+    answer = chat.bind_tools([get_weather]).invoke([ask, call, result])
+    assert isinstance(answer, messages.AIMessage)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_with_structured_output_returns_the_schema_object(chat, method) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        """A city and its country."""
+
+        name: str = pydantic.Field(max_length=30)
+        country: str = pydantic.Field(max_length=30)
+
+    roomy = chat.model_copy(update={"max_tokens": 96})  # room for the whole object
+    structured = roomy.with_structured_output(City, method=method)
+    prompt = "Name a city in Japan as JSON with keys name and country."
+    result = structured.invoke([messages.HumanMessage(prompt)])
+    if method == "json_mode":  # any JSON object: LangChain parses it into the model
+        assert isinstance(result, City | dict)
+    else:
+        assert isinstance(result, City) and result.name and result.country
