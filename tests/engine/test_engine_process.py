@@ -165,3 +165,12 @@ def test_a_child_that_dies_fails_its_streams_and_says_why(model_dir) -> None:
             asyncio.run(collect(engine, [3]))
     finally:
         engine.shutdown()
+
+
+def test_structured_outputs_are_checked_in_front_as_in_the_core(engine) -> None:
+    from rebar.engine.structured import StructuredOutput
+
+    params = SamplingParams(structured=StructuredOutput.json_schema({"type": "object"}))
+    with pytest.raises(InvalidRequestError) as info:  # this tiny tokenizer has no decoder
+        engine.admit([5, 9], params)
+    assert info.value.param == "response_format" and "constrained outputs" in str(info.value)

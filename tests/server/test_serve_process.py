@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,6 +150,28 @@ def test_engine_in_its_own_process_serves_drains_and_reports_a_crash(tmp_path) -
         metrics = httpx.get(url + "/metrics", timeout=10).text
         assert 'rebar_engine_step_seconds_count{kind="decode"}' in metrics
         assert "rebar_kv_cache_usage_ratio" in metrics
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        structured = {
+            **body,
+            "stream": False,
+            "ignore_eos": False,
+            "max_tokens": 30,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": schema},
+            },
+        }
+        answer = httpx.post(url + "/v1/chat/completions", json=structured, timeout=60).json()
+        assert set(json.loads(answer["choices"][0]["message"]["content"])) == {"n"}
+        bad = {
+            **structured,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"not": {}}},
+            },
+        }
+        refused = httpx.post(url + "/v1/chat/completions", json=bad, timeout=60)
+        assert refused.status_code == 400 and "not" in refused.json()["error"]["message"]
 
         os.kill(child, signal.SIGKILL)  # a crash in the engine, not in the server
         wait_for(url, "/health", 503)
