@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rebar.obs.metrics import ServerMetrics
 from rebar.server.middleware import route_template
-from rebar.timing import STEP_BUCKETS, DurationHistogram, RequestTiming
+from rebar.timing import FINE_BUCKETS, STEP_BUCKETS, DurationHistogram, RequestTiming
 
 
 class FakeClock:
@@ -98,6 +98,9 @@ def test_each_metrics_object_has_its_own_registry() -> None:
 
 def test_state_collector_reads_engine_caches_store_and_models() -> None:
     decode_steps = DurationHistogram.empty()
+    masks = DurationHistogram.empty(FINE_BUCKETS)
+    masks.observe(0.00005)
+    masks.observe(0.0003)
     for seconds in (0.004, 0.005, 0.2):
         decode_steps.observe(seconds)
     stats = SimpleNamespace(
@@ -111,6 +114,7 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         num_preemptions=1,
         num_requests_added=5,
         step_seconds={"decode": decode_steps, "prefill": DurationHistogram.empty()},
+        grammar_mask_seconds=masks,
     )
     engine = SimpleNamespace(stats=lambda: stats)
     chat = SimpleNamespace(
@@ -143,6 +147,10 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     under_a_tenth = repr(next(b for b in STEP_BUCKETS if b >= 0.1))
     assert s[("rebar_engine_step_seconds_bucket", (("kind", "decode"), ("le", under_a_tenth)))] == 2
     assert s[("rebar_engine_step_seconds_count", (("kind", "prefill"),))] == 0
+    assert s[("rebar_engine_grammar_mask_seconds_count", ())] == 2
+    assert s[("rebar_engine_grammar_mask_seconds_sum", ())] == pytest.approx(0.00035)
+    fine = repr(next(b for b in FINE_BUCKETS if b >= 0.0001))
+    assert s[("rebar_engine_grammar_mask_seconds_bucket", (("le", fine),))] == 1
     assert s[("rebar_response_cache_total", (("result", "hit"),))] == 3
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
     assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0

@@ -3,7 +3,7 @@
 import type { Answer } from "./chat_stream";
 
 export interface AnswerStats {
-  /** From the start of the try that produced the answer to its first text. */
+  /** From the start of the try that produced the answer to its first output (reasoning included). */
   readonly ttftMs: number | null;
   /** Tokens after the first one, over the time between the first and the last. */
   readonly tokensPerSecond: number | null;

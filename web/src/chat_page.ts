@@ -8,6 +8,7 @@ import {
   streamChat,
   type Answer,
   type ChatMessage,
+  type Output,
   type RetryNotice,
   type StreamDeps,
   type StreamObserver,
@@ -38,11 +39,13 @@ export interface PageElements {
   readonly stop: HTMLButtonElement;
 }
 
+const NO_OUTPUT: Output = { text: "", reasoning: "", toolCalls: [] };
+
 /** An answer being streamed: its view, what it shows, and how to stop it. */
 interface InFlight {
   readonly view: TurnView;
   readonly controller: AbortController;
-  shownText: string;
+  shown: Output;
 }
 
 export class ChatPage {
@@ -107,11 +110,11 @@ export class ChatPage {
       this.status.show("No model to send to yet: the server has not listed one.", "error");
       return;
     }
-    this.addTurn({ role: "user", content: text, note: "", error: null });
+    this.addTurn({ role: "user", content: text, reasoning: "", toolCalls: [], note: "", error: null });
     this.el.prompt.value = "";
     this.el.prompt.focus(); // Send is about to be disabled: keep the keyboard where the next message goes
     const view = this.conversation.append("assistant");
-    const flight: InFlight = { view, controller: new AbortController(), shownText: "" };
+    const flight: InFlight = { view, controller: new AbortController(), shown: NO_OUTPUT };
     this.inFlight = flight;
     this.setBusy(true);
     view.setStreaming(true);
@@ -133,9 +136,7 @@ export class ChatPage {
     }
     view.setStreaming(false);
     view.setStale(false);
-    view.setText(turn.content);
-    view.setNote(turn.note);
-    view.setError(turn.error);
+    view.showTurn(turn);
     this.inFlight = null;
     this.turns.push(turn);
     this.storage.saveConversation(this.turns);
@@ -150,14 +151,14 @@ export class ChatPage {
           this.status.show(`Trying again (try ${attempt} of ${DEFAULT_RETRY_POLICY.maxAttempts})…`);
         }
       },
-      onText: (text: string) => {
-        flight.shownText = text;
-        flight.view.setText(text);
+      onOutput: (output: Output) => {
+        flight.shown = output;
+        flight.view.setOutput(output);
         flight.view.setStale(false);
         this.conversation.scrollToEnd();
       },
       onRetry: (notice: RetryNotice) => {
-        flight.view.setStale(flight.shownText !== "");
+        flight.view.setStale(hasOutput(flight.shown));
         this.status.countdown(notice.delayMs, (seconds) =>
           `${notice.reason} (request id ${notice.failedRequestId}); trying again in ${seconds} s ` +
           `(try ${notice.nextAttempt} of ${notice.maxAttempts})…`,
@@ -180,8 +181,8 @@ export class ChatPage {
     } else {
       this.status.clear();
     }
-    // A try stopped during a retry wait has no text of its own: keep the earlier try's.
-    return { role: "assistant", content: answer.text || flight.shownText, note: parts.join(" · "), error: null };
+    // A try stopped during a retry wait has no output of its own: keep the earlier try's.
+    return { ...assistantTurn(hasOutput(answer) ? answer : flight.shown), note: parts.join(" · ") };
   }
 
   private failedTurn(flight: InFlight, error: unknown): Turn {
@@ -190,7 +191,7 @@ export class ChatPage {
         ? { message: error.message, requestId: error.requestId }
         : { message: error instanceof Error ? error.message : String(error), requestId: "none" };
     this.status.show(`The request failed (request id ${failure.requestId}).`, "error");
-    return { role: "assistant", content: flight.shownText, note: "", error: failure };
+    return { ...assistantTurn(flight.shown), error: failure };
   }
 
   private stop(): void {
@@ -211,11 +212,14 @@ export class ChatPage {
   private addTurn(turn: Turn): void {
     this.turns.push(turn);
     this.storage.saveConversation(this.turns);
-    const view = this.conversation.append(turn.role);
-    view.setText(turn.content);
+    this.conversation.append(turn.role).showTurn(turn);
   }
 
-  /** The system prompt, then every turn with text: a stopped or partial answer is context too. */
+  /**
+   * The system prompt, then every turn with text: a stopped or partial answer is context too.
+   * Reasoning stays out (the server leaves it out of the prompt anyway), and so do tool calls:
+   * the page has no tool results to answer them with.
+   */
   private messagesFor(settings: Settings): ChatMessage[] {
     const messages: ChatMessage[] = [];
     if (settings.systemPrompt.trim() !== "") {
@@ -230,10 +234,10 @@ export class ChatPage {
   }
 
   private turnsWithInFlight(): Turn[] {
-    if (this.inFlight === null || this.inFlight.shownText === "") {
+    if (this.inFlight === null || !hasOutput(this.inFlight.shown)) {
       return this.turns;
     }
-    return [...this.turns, { role: "assistant", content: this.inFlight.shownText, note: "interrupted", error: null }];
+    return [...this.turns, { ...assistantTurn(this.inFlight.shown), note: "interrupted" }];
   }
 
   private setBusy(busy: boolean): void {
@@ -290,6 +294,16 @@ export class ChatPage {
     this.status.show(`${waiting}; asking again shortly (request id ${error.requestId}).`, error.status === 503 ? "info" : "error");
     this.modelsRetry = setTimeout(() => void this.loadModels(), MODELS_RETRY_MS);
   }
+}
+
+function hasOutput(output: Output): boolean {
+  return output.text !== "" || output.reasoning !== "" || output.toolCalls.length > 0;
+}
+
+/** An answer's turn with no note and no error yet. */
+function assistantTurn(output: Output): Turn {
+  const { text, reasoning, toolCalls } = output;
+  return { role: "assistant", content: text, reasoning, toolCalls, note: "", error: null };
 }
 
 function browserDeps(): StreamDeps {

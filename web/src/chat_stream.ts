@@ -2,13 +2,14 @@
  * One streamed chat completion, tried again per the retry policy until it finishes, fails for
  * good, or the caller aborts it.
  *
- * A try that fails mid-stream leaves its text with the observer: the caller keeps showing it
- * until the next try produces text of its own, which then replaces it.
+ * A try that fails mid-stream leaves its output with the observer: the caller keeps showing it
+ * until the next try produces output of its own, which then replaces it.
  */
 
 import { errorMessage, RequestError, requestHeaders } from "./http";
 import { decideRetry, describeFailure, type Failure, type RetryPolicy } from "./retry";
 import { SSEParser } from "./sse";
+import { mergeToolCallDeltas, type ToolCall } from "./tool_calls";
 
 export interface ChatMessage {
   readonly role: "system" | "user" | "assistant";
@@ -35,26 +36,33 @@ export interface RetryNotice {
   readonly failedRequestId: string;
 }
 
+/** What a try has produced. An ordinary answer has only text: no reasoning, no tool calls. */
+export interface Output {
+  readonly text: string;
+  /** A reasoning model's thinking, streamed before the text. */
+  readonly reasoning: string;
+  readonly toolCalls: readonly ToolCall[];
+}
+
 export interface StreamObserver {
   onAttempt(attempt: number, requestId: string): void;
-  /** The whole answer of the current try so far. */
-  onText(text: string): void;
+  /** The whole output of the current try so far, each time it grows. */
+  onOutput(output: Output): void;
   onRetry(notice: RetryNotice): void;
 }
 
 /** The outcome of the last try; times are on `StreamDeps.now`'s clock. */
-export interface Answer {
-  readonly text: string;
-  /** Set when the stream ended normally ("stop", "length"). */
+export interface Answer extends Output {
+  /** Set when the stream ended normally ("stop", "length", "tool_calls"). */
   readonly finishReason: string | null;
-  /** True when the caller aborted: `text` is what had arrived by then. */
+  /** True when the caller aborted: the output is what had arrived by then. */
   readonly stopped: boolean;
   readonly requestId: string;
   readonly attempt: number;
   readonly startedAt: number;
   readonly firstTokenAt: number | null;
   readonly lastTokenAt: number | null;
-  /** The server's completion_tokens when it reported usage, else the chunks that carried text. */
+  /** The server's completion_tokens when it reported usage, else the chunks that carried output. */
   readonly numTokens: number;
 }
 
@@ -82,10 +90,12 @@ class TryFailed extends Error {
 
 interface TryState {
   text: string;
+  reasoning: string;
+  toolCalls: readonly ToolCall[];
   finishReason: string | null;
   firstTokenAt: number | null;
   lastTokenAt: number | null;
-  numTextChunks: number;
+  numOutputChunks: number;
   usageTokens: number | null;
   done: boolean;
 }
@@ -137,10 +147,12 @@ export async function streamChat(
 function newTryState(): TryState {
   return {
     text: "",
+    reasoning: "",
+    toolCalls: [],
     finishReason: null,
     firstTokenAt: null,
     lastTokenAt: null,
-    numTextChunks: 0,
+    numOutputChunks: 0,
     usageTokens: null,
     done: false,
   };
@@ -149,6 +161,8 @@ function newTryState(): TryState {
 function answer(state: TryState, requestId: string, attempt: number, startedAt: number, stopped: boolean): Answer {
   return {
     text: state.text,
+    reasoning: state.reasoning,
+    toolCalls: state.toolCalls,
     finishReason: state.finishReason,
     stopped,
     requestId,
@@ -156,7 +170,7 @@ function answer(state: TryState, requestId: string, attempt: number, startedAt: 
     startedAt,
     firstTokenAt: state.firstTokenAt,
     lastTokenAt: state.lastTokenAt,
-    numTokens: state.usageTokens ?? state.numTextChunks,
+    numTokens: state.usageTokens ?? state.numOutputChunks,
   };
 }
 
@@ -239,8 +253,15 @@ async function readEvents(
   }
 }
 
+interface ChatDelta {
+  content?: string | null;
+  reasoning_content?: string | null;
+  /** Checked entry by entry in `mergeToolCallDeltas`. */
+  tool_calls?: unknown;
+}
+
 interface ChatChunk {
-  choices?: { delta?: { content?: string | null }; finish_reason?: string | null }[];
+  choices?: { delta?: ChatDelta; finish_reason?: string | null }[];
   usage?: { completion_tokens?: number } | null;
   error?: { message?: string };
 }
@@ -263,18 +284,37 @@ function applyEvent(data: string, requestId: string, state: TryState, observer: 
     state.usageTokens = chunk.usage.completion_tokens;
   }
   const choice = chunk.choices?.[0];
-  const content = choice?.delta?.content;
-  if (typeof content === "string" && content !== "") {
+  if (applyDelta(choice?.delta ?? {}, state)) {
+    // Reasoning and tool calls are tokens too: they count for the first token and the speed.
     const now = deps.now();
     state.firstTokenAt ??= now;
     state.lastTokenAt = now;
-    state.numTextChunks += 1;
-    state.text += content;
-    observer.onText(state.text);
+    state.numOutputChunks += 1;
+    observer.onOutput({ text: state.text, reasoning: state.reasoning, toolCalls: state.toolCalls });
   }
   if (choice?.finish_reason) {
     state.finishReason = choice.finish_reason;
   }
+}
+
+/** Adds one delta's reasoning, text and tool-call fragments to `state`; false when it had none. */
+function applyDelta(delta: ChatDelta, state: TryState): boolean {
+  const { reasoning_content: reasoning, content } = delta;
+  let grew = false;
+  if (typeof reasoning === "string" && reasoning !== "") {
+    state.reasoning += reasoning;
+    grew = true;
+  }
+  if (typeof content === "string" && content !== "") {
+    state.text += content;
+    grew = true;
+  }
+  const toolCalls = mergeToolCallDeltas(state.toolCalls, delta.tool_calls);
+  if (toolCalls !== state.toolCalls) {
+    state.toolCalls = toolCalls;
+    grew = true;
+  }
+  return grew;
 }
 
 function messageOf(error: unknown): string {

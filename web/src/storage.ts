@@ -5,6 +5,8 @@
  * cut short falls back to the default instead of breaking the page.
  */
 
+import type { ToolCall } from "./tool_calls";
+
 export interface Settings {
   readonly model: string;
   readonly systemPrompt: string;
@@ -23,6 +25,9 @@ export interface TurnError {
 export interface Turn {
   readonly role: "user" | "assistant";
   readonly content: string;
+  /** A reasoning model's thinking before `content`; "" for every other turn. */
+  readonly reasoning: string;
+  readonly toolCalls: readonly ToolCall[];
   readonly note: string;
   readonly error: TurnError | null;
 }
@@ -59,7 +64,7 @@ export class ChatStorage {
 
   loadConversation(): Turn[] {
     const raw = this.readJson(KEYS.conversation);
-    return Array.isArray(raw) ? raw.flatMap((item) => (isTurn(item) ? [item] : [])) : [];
+    return Array.isArray(raw) ? raw.flatMap((item) => turnFrom(item) ?? []) : [];
   }
 
   saveConversation(turns: readonly Turn[]): void {
@@ -103,17 +108,28 @@ function finiteOr(value: unknown, fallback: number): number {
   return typeof value === "number" && Number.isFinite(value) ? value : fallback;
 }
 
-function isTurn(value: unknown): value is Turn {
+/** A stored turn, or null when it is not one; an older page's turn has no reasoning or tool calls. */
+function turnFrom(value: unknown): Turn | null {
   if (!isRecord(value)) {
-    return false;
+    return null;
   }
-  const error = value["error"];
+  const { role, content, note, error } = value;
   const errorOk =
     error === null || (isRecord(error) && typeof error["message"] === "string" && typeof error["requestId"] === "string");
+  if ((role !== "user" && role !== "assistant") || typeof content !== "string" || typeof note !== "string" || !errorOk) {
+    return null;
+  }
+  const reasoning = typeof value["reasoning"] === "string" ? value["reasoning"] : "";
+  const toolCalls = Array.isArray(value["toolCalls"]) ? value["toolCalls"].filter(isToolCall) : [];
+  return { role, content, reasoning, toolCalls, note, error: error as TurnError | null };
+}
+
+function isToolCall(value: unknown): value is ToolCall {
   return (
-    (value["role"] === "user" || value["role"] === "assistant") &&
-    typeof value["content"] === "string" &&
-    typeof value["note"] === "string" &&
-    errorOk
+    isRecord(value) &&
+    typeof value["index"] === "number" &&
+    typeof value["id"] === "string" &&
+    typeof value["name"] === "string" &&
+    typeof value["arguments"] === "string"
   );
 }

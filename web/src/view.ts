@@ -5,14 +5,23 @@
  * sends can inject markup.
  */
 
+import type { Output } from "./chat_stream";
 import type { Turn, TurnError } from "./storage";
+import { formatArguments, type ToolCall } from "./tool_calls";
 
 const SPEAKERS = { user: "You", assistant: "Assistant" } as const;
 
-/** One message on screen, updated in place while its answer streams. */
+/**
+ * One message on screen, updated in place while its answer streams: a collapsed reasoning block
+ * above the text and a block per tool call below it, each there only when the answer has one.
+ */
 export class TurnView {
   readonly element: HTMLElement;
+  private readonly reasoning: HTMLDetailsElement;
+  private readonly reasoningText: HTMLElement;
   private readonly content: HTMLElement;
+  private readonly toolCalls: HTMLElement;
+  private readonly callBlocks: ToolCallBlock[] = [];
   private readonly note: HTMLElement;
   private readonly error: HTMLElement;
 
@@ -21,16 +30,36 @@ export class TurnView {
     this.element.setAttribute("aria-label", SPEAKERS[role]);
     const speaker = element("h2", "speaker");
     speaker.textContent = SPEAKERS[role];
+    // Closed by default: the answer is what most readers came for.
+    this.reasoning = document.createElement("details");
+    this.reasoning.className = "reasoning";
+    const summary = element("summary", "");
+    summary.textContent = "Reasoning";
+    this.reasoningText = element("div", "reasoning-text");
+    this.reasoning.append(summary, this.reasoningText);
     this.content = element("div", "content");
+    this.toolCalls = element("div", "tool-calls");
     this.note = element("p", "note");
     this.error = element("p", "error");
+    this.reasoning.hidden = true;
+    this.toolCalls.hidden = true;
     this.note.hidden = true;
     this.error.hidden = true;
-    this.element.append(speaker, this.content, this.note, this.error);
+    this.element.append(speaker, this.reasoning, this.content, this.toolCalls, this.note, this.error);
   }
 
-  setText(text: string): void {
-    this.content.textContent = text;
+  /** Everything a turn shows: its output, note and error. */
+  showTurn(turn: Turn): void {
+    this.setOutput({ text: turn.content, reasoning: turn.reasoning, toolCalls: turn.toolCalls });
+    this.setNote(turn.note);
+    this.setError(turn.error);
+  }
+
+  setOutput(output: Output): void {
+    this.reasoningText.textContent = output.reasoning;
+    this.reasoning.hidden = output.reasoning === "";
+    this.content.textContent = output.text;
+    this.setToolCalls(output.toolCalls);
   }
 
   /** While true, screen readers wait for the answer instead of reading every token. */
@@ -39,7 +68,7 @@ export class TurnView {
     this.element.classList.toggle("streaming", streaming);
   }
 
-  /** Marks text left by a failed try, shown until the next try's text replaces it. */
+  /** Marks output left by a failed try, shown until the next try's output replaces it. */
   setStale(stale: boolean): void {
     this.element.classList.toggle("stale", stale);
   }
@@ -59,6 +88,21 @@ export class TurnView {
       this.error.append(`${error.message} — request id `, id);
     }
   }
+
+  /** One block per call, kept from update to update and rewritten as its arguments grow. */
+  private setToolCalls(calls: readonly ToolCall[]): void {
+    this.callBlocks.splice(calls.length).forEach((block) => block.element.remove());
+    calls.forEach((call, i) => {
+      let block = this.callBlocks[i];
+      if (block === undefined) {
+        block = new ToolCallBlock();
+        this.callBlocks.push(block);
+        this.toolCalls.append(block.element);
+      }
+      block.show(call);
+    });
+    this.toolCalls.hidden = calls.length === 0;
+  }
 }
 
 export class ConversationView {
@@ -67,10 +111,7 @@ export class ConversationView {
   show(turns: readonly Turn[]): void {
     this.container.replaceChildren();
     for (const turn of turns) {
-      const view = this.append(turn.role);
-      view.setText(turn.content);
-      view.setNote(turn.note);
-      view.setError(turn.error);
+      this.append(turn.role).showTurn(turn);
     }
     this.scrollToEnd(true);
   }
@@ -123,6 +164,24 @@ export class StatusLine {
       clearInterval(this.timer);
       this.timer = null;
     }
+  }
+}
+
+/** One tool call under an answer: "Tool call <name>", then its arguments. */
+class ToolCallBlock {
+  readonly element = element("section", "tool-call");
+  private readonly name = element("code", "tool-name");
+  private readonly arguments = element("pre", "tool-arguments");
+
+  constructor() {
+    const heading = element("p", "tool-call-heading");
+    heading.append("Tool call ", this.name);
+    this.element.append(heading, this.arguments);
+  }
+
+  show(call: ToolCall): void {
+    this.name.textContent = call.name;
+    this.arguments.textContent = formatArguments(call.arguments);
   }
 }
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { streamChat, type ChatRequest, type RetryNotice, type StreamDeps } from "../src/chat_stream";
+import { streamChat, type ChatRequest, type Output, type RetryNotice, type StreamDeps } from "../src/chat_stream";
 import { RequestError } from "../src/http";
 import type { RetryPolicy } from "../src/retry";
 
@@ -17,8 +17,12 @@ const REQUEST: ChatRequest = {
 const encoder = new TextEncoder();
 
 function sse(...texts: string[]): string {
-  const chunks = texts.map((text) => `data: ${JSON.stringify({ choices: [{ delta: { content: text } }] })}\n\n`);
-  return chunks.join("");
+  return deltas(...texts.map((text) => ({ content: text })));
+}
+
+/** One event per delta, as the server streams a choice. */
+function deltas(...items: object[]): string {
+  return items.map((delta) => `data: ${JSON.stringify({ choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`).join("");
 }
 
 const FINISH = 'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":3}}\n\ndata: [DONE]\n\n';
@@ -76,15 +80,16 @@ function fakeDeps(responses: (Response | Error)[]) {
 }
 
 function recorder() {
+  const outputs: Output[] = [];
   const texts: string[] = [];
   const retries: RetryNotice[] = [];
   const attempts: [number, string][] = [];
   const observer = {
     onAttempt: (attempt: number, requestId: string) => void attempts.push([attempt, requestId]),
-    onText: (text: string) => void texts.push(text),
+    onOutput: (output: Output) => void (outputs.push(output), texts.push(output.text)),
     onRetry: (notice: RetryNotice) => void retries.push(notice),
   };
-  return { observer, texts, retries, attempts };
+  return { observer, outputs, texts, retries, attempts };
 }
 
 function header(init: RequestInit, name: string): string | undefined {
@@ -189,7 +194,7 @@ describe("streamChat", () => {
     });
     const { deps, calls } = fakeDeps([new Response(body, { status: 200 })]);
     const { observer } = recorder();
-    const observing = { ...observer, onText: (text: string) => (observer.onText(text), controller.abort()) };
+    const observing = { ...observer, onOutput: (output: Output) => (observer.onOutput(output), controller.abort()) };
     const answer = await streamChat(REQUEST, observing, controller.signal, POLICY, deps);
 
     assert.equal(answer.stopped, true);
@@ -205,5 +210,130 @@ describe("streamChat", () => {
     const answer = await streamChat(REQUEST, observer, controller.signal, POLICY, waiting);
     assert.equal(answer.stopped, true);
     assert.equal(calls.length, 1);
+  });
+});
+
+const FINISH_TOOL_CALLS = 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\ndata: [DONE]\n\n';
+const DONE = "data: [DONE]\n\n";
+
+/** rebar's first chunk of every stream. */
+const OPENING = { role: "assistant", content: "" };
+
+describe("streamChat: reasoning and tool calls", () => {
+  it("gives an ordinary answer no reasoning and no tool calls", async () => {
+    const { deps } = fakeDeps([streamed([deltas(OPENING) + sse("Hi", " there") + FINISH])]);
+    const { observer, outputs } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+
+    assert.equal(answer.text, "Hi there");
+    assert.equal(answer.reasoning, "");
+    assert.deepEqual(answer.toolCalls, []);
+    assert.deepEqual(outputs, [
+      { text: "Hi", reasoning: "", toolCalls: [] },
+      { text: "Hi there", reasoning: "", toolCalls: [] },
+    ]);
+  });
+
+  it("streams reasoning before the text, each growing on its own", async () => {
+    const body =
+      deltas(OPENING, { reasoning_content: "Let me" }, { reasoning_content: " think." }, { content: "Paris" }, { content: "." }) +
+      'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n' +
+      DONE;
+    const { deps } = fakeDeps([streamed([body.slice(0, 70), body.slice(70)])]);
+    const { observer, outputs } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+
+    assert.deepEqual(
+      outputs.map((o) => [o.reasoning, o.text]),
+      [
+        ["Let me", ""],
+        ["Let me think.", ""],
+        ["Let me think.", "Paris"],
+        ["Let me think.", "Paris."],
+      ],
+    );
+    assert.equal(answer.reasoning, "Let me think.");
+    assert.equal(answer.text, "Paris.");
+    assert.equal(answer.finishReason, "stop");
+    // Thinking is output: the first token is the first reasoning chunk, and every chunk counts.
+    assert.equal(answer.numTokens, 4);
+    assert.ok(answer.firstTokenAt !== null && answer.lastTokenAt !== null && answer.lastTokenAt > answer.firstTokenAt);
+  });
+
+  it("takes reasoning and text from one delta (an answer replayed from the cache)", async () => {
+    const body = deltas({ reasoning_content: "hm", content: "Paris." }) + FINISH;
+    const { deps } = fakeDeps([streamed([body])]);
+    const { observer, outputs } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+    assert.deepEqual(outputs, [{ text: "Paris.", reasoning: "hm", toolCalls: [] }]);
+    assert.equal(answer.reasoning, "hm");
+  });
+
+  it("builds tool calls by index: name first, then the argument fragments in order", async () => {
+    const call = (index: number, id: string, name: string) => ({
+      tool_calls: [{ index, id, type: "function", function: { name, arguments: "" } }],
+    });
+    const fragment = (index: number, args: string) => ({ tool_calls: [{ index, function: { arguments: args } }] });
+    const body =
+      deltas(
+        OPENING,
+        call(0, "call_a", "get_weather"),
+        fragment(0, '{"city": '),
+        fragment(0, '"Paris"}'),
+        call(1, "call_b", "add"),
+        fragment(1, '{"a": 1, '),
+        fragment(1, '"b": 2}'),
+      ) + FINISH_TOOL_CALLS;
+    const { deps } = fakeDeps([streamed([body.slice(0, 200), body.slice(200, 420), body.slice(420)])]);
+    const { observer, outputs } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+
+    const weather = { index: 0, id: "call_a", name: "get_weather" };
+    const add = { index: 1, id: "call_b", name: "add" };
+    assert.deepEqual(
+      outputs.map((o) => o.toolCalls),
+      [
+        [{ ...weather, arguments: "" }],
+        [{ ...weather, arguments: '{"city": ' }],
+        [{ ...weather, arguments: '{"city": "Paris"}' }],
+        [{ ...weather, arguments: '{"city": "Paris"}' }, { ...add, arguments: "" }],
+        [{ ...weather, arguments: '{"city": "Paris"}' }, { ...add, arguments: '{"a": 1, ' }],
+        [{ ...weather, arguments: '{"city": "Paris"}' }, { ...add, arguments: '{"a": 1, "b": 2}' }],
+      ],
+    );
+    assert.equal(answer.finishReason, "tool_calls");
+    assert.equal(answer.text, "");
+    assert.equal(answer.reasoning, "");
+    assert.deepEqual(answer.toolCalls, outputs.at(-1)?.toolCalls);
+    assert.equal(answer.numTokens, 6);
+  });
+
+  it("keeps text, reasoning and tool calls of one answer side by side", async () => {
+    const body =
+      deltas(
+        { reasoning_content: "Need the weather." },
+        { content: "Checking." },
+        { tool_calls: [{ index: 0, id: "call_a", type: "function", function: { name: "get_weather", arguments: '{"city":"Oslo"}' } }] },
+      ) + FINISH_TOOL_CALLS;
+    const { deps } = fakeDeps([streamed([body])]);
+    const { observer } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+    assert.equal(answer.reasoning, "Need the weather.");
+    assert.equal(answer.text, "Checking.");
+    assert.deepEqual(answer.toolCalls, [{ index: 0, id: "call_a", name: "get_weather", arguments: '{"city":"Oslo"}' }]);
+  });
+
+  it("starts a retried try with no reasoning or tool calls of the failed one", async () => {
+    const failedTry = deltas(
+      { reasoning_content: "Half a thought" },
+      { tool_calls: [{ index: 0, id: "call_x", type: "function", function: { name: "f", arguments: "{" } }] },
+    );
+    const { deps } = fakeDeps([streamed([failedTry], true), streamed([sse("Fine.") + FINISH])]);
+    const { observer, outputs } = recorder();
+    const answer = await streamChat(REQUEST, observer, new AbortController().signal, POLICY, deps);
+    assert.equal(answer.attempt, 2);
+    assert.deepEqual(outputs.at(-1), { text: "Fine.", reasoning: "", toolCalls: [] });
+    assert.equal(answer.reasoning, "");
+    assert.deepEqual(answer.toolCalls, []);
   });
 });

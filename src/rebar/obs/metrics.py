@@ -293,6 +293,15 @@ class StateCollector(Collector):
         for kind, histogram in st.step_seconds.items():
             steps.add_metric([kind], histogram.cumulative(), histogram.total_s)
         yield steps
+        masks = st.grammar_mask_seconds
+        if masks is not None:
+            family = HistogramMetricFamily(
+                "rebar_engine_grammar_mask_seconds",
+                "Per step with grammar-constrained requests (response_format, forced tool calls): "
+                "filling and applying their token masks.",
+            )
+            family.add_metric([], masks.cumulative(), masks.total_s)
+            yield family
 
     def _models(self) -> Iterator[Metric]:
         models = self.state.models

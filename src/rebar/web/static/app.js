@@ -202,6 +202,51 @@ function withoutLeadingSpace(value) {
   return value.startsWith(" ") ? value.slice(1) : value;
 }
 
+// src/tool_calls.ts
+function mergeToolCallDeltas(calls, deltas) {
+  if (!Array.isArray(deltas)) {
+    return calls;
+  }
+  let merged = calls;
+  for (const delta of deltas) {
+    if (isRecord(delta)) {
+      merged = mergeOne(merged, delta);
+    }
+  }
+  return merged;
+}
+function mergeOne(calls, delta) {
+  const fn = isRecord(delta["function"]) ? delta["function"] : {};
+  const id = stringOr(delta["id"], "");
+  const last = calls[calls.length - 1];
+  const startsNext = last === void 0 || id !== "" && id !== last.id;
+  const index = typeof delta["index"] === "number" ? delta["index"] : startsNext ? calls.length : last.index;
+  const call = calls.find((c) => c.index === index) ?? { index, id: "", name: "", arguments: "" };
+  const next = {
+    index,
+    // As OpenAI's SDK merges them: a name or id that comes again replaces it, arguments add up.
+    id: id || call.id,
+    name: stringOr(fn["name"], "") || call.name,
+    arguments: call.arguments + stringOr(fn["arguments"], "")
+  };
+  return [...calls.filter((c) => c.index !== index), next].sort((a, b) => a.index - b.index);
+}
+function formatArguments(text) {
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return text;
+  }
+  return typeof value === "object" && value !== null ? JSON.stringify(value, null, 2) : text;
+}
+function isRecord(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+function stringOr(value, fallback) {
+  return typeof value === "string" ? value : fallback;
+}
+
 // src/chat_stream.ts
 var TryFailed = class extends Error {
   constructor(failure, message) {
@@ -250,10 +295,12 @@ async function streamChat(request, observer, signal, policy, deps) {
 function newTryState() {
   return {
     text: "",
+    reasoning: "",
+    toolCalls: [],
     finishReason: null,
     firstTokenAt: null,
     lastTokenAt: null,
-    numTextChunks: 0,
+    numOutputChunks: 0,
     usageTokens: null,
     done: false
   };
@@ -261,6 +308,8 @@ function newTryState() {
 function answer(state, requestId, attempt, startedAt, stopped) {
   return {
     text: state.text,
+    reasoning: state.reasoning,
+    toolCalls: state.toolCalls,
     finishReason: state.finishReason,
     stopped,
     requestId,
@@ -268,7 +317,7 @@ function answer(state, requestId, attempt, startedAt, stopped) {
     startedAt,
     firstTokenAt: state.firstTokenAt,
     lastTokenAt: state.lastTokenAt,
-    numTokens: state.usageTokens ?? state.numTextChunks
+    numTokens: state.usageTokens ?? state.numOutputChunks
   };
 }
 async function runTry(request, requestId, state, observer, signal, deps) {
@@ -352,18 +401,34 @@ function applyEvent(data, requestId, state, observer, deps) {
     state.usageTokens = chunk.usage.completion_tokens;
   }
   const choice = chunk.choices?.[0];
-  const content = choice?.delta?.content;
-  if (typeof content === "string" && content !== "") {
+  if (applyDelta(choice?.delta ?? {}, state)) {
     const now = deps.now();
     state.firstTokenAt ??= now;
     state.lastTokenAt = now;
-    state.numTextChunks += 1;
-    state.text += content;
-    observer.onText(state.text);
+    state.numOutputChunks += 1;
+    observer.onOutput({ text: state.text, reasoning: state.reasoning, toolCalls: state.toolCalls });
   }
   if (choice?.finish_reason) {
     state.finishReason = choice.finish_reason;
   }
+}
+function applyDelta(delta, state) {
+  const { reasoning_content: reasoning, content } = delta;
+  let grew = false;
+  if (typeof reasoning === "string" && reasoning !== "") {
+    state.reasoning += reasoning;
+    grew = true;
+  }
+  if (typeof content === "string" && content !== "") {
+    state.text += content;
+    grew = true;
+  }
+  const toolCalls = mergeToolCallDeltas(state.toolCalls, delta.tool_calls);
+  if (toolCalls !== state.toolCalls) {
+    state.toolCalls = toolCalls;
+    grew = true;
+  }
+  return grew;
 }
 function messageOf(error) {
   return error instanceof Error ? error.message : String(error);
@@ -408,7 +473,7 @@ var ChatStorage = class {
   storage;
   loadSettings() {
     const raw = this.readJson(KEYS.settings);
-    if (!isRecord(raw)) {
+    if (!isRecord2(raw)) {
       return DEFAULT_SETTINGS;
     }
     return {
@@ -429,7 +494,7 @@ var ChatStorage = class {
   }
   loadConversation() {
     const raw = this.readJson(KEYS.conversation);
-    return Array.isArray(raw) ? raw.flatMap((item) => isTurn(item) ? [item] : []) : [];
+    return Array.isArray(raw) ? raw.flatMap((item) => turnFrom(item) ?? []) : [];
   }
   saveConversation(turns) {
     this.write(KEYS.conversation, JSON.stringify(turns));
@@ -459,26 +524,38 @@ var ChatStorage = class {
     }
   }
 };
-function isRecord(value) {
+function isRecord2(value) {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 function finiteOr(value, fallback) {
   return typeof value === "number" && Number.isFinite(value) ? value : fallback;
 }
-function isTurn(value) {
-  if (!isRecord(value)) {
-    return false;
+function turnFrom(value) {
+  if (!isRecord2(value)) {
+    return null;
   }
-  const error = value["error"];
-  const errorOk = error === null || isRecord(error) && typeof error["message"] === "string" && typeof error["requestId"] === "string";
-  return (value["role"] === "user" || value["role"] === "assistant") && typeof value["content"] === "string" && typeof value["note"] === "string" && errorOk;
+  const { role, content, note, error } = value;
+  const errorOk = error === null || isRecord2(error) && typeof error["message"] === "string" && typeof error["requestId"] === "string";
+  if (role !== "user" && role !== "assistant" || typeof content !== "string" || typeof note !== "string" || !errorOk) {
+    return null;
+  }
+  const reasoning = typeof value["reasoning"] === "string" ? value["reasoning"] : "";
+  const toolCalls = Array.isArray(value["toolCalls"]) ? value["toolCalls"].filter(isToolCall) : [];
+  return { role, content, reasoning, toolCalls, note, error };
+}
+function isToolCall(value) {
+  return isRecord2(value) && typeof value["index"] === "number" && typeof value["id"] === "string" && typeof value["name"] === "string" && typeof value["arguments"] === "string";
 }
 
 // src/view.ts
 var SPEAKERS = { user: "You", assistant: "Assistant" };
 var TurnView = class {
   element;
+  reasoning;
+  reasoningText;
   content;
+  toolCalls;
+  callBlocks = [];
   note;
   error;
   constructor(role) {
@@ -486,22 +563,40 @@ var TurnView = class {
     this.element.setAttribute("aria-label", SPEAKERS[role]);
     const speaker = element("h2", "speaker");
     speaker.textContent = SPEAKERS[role];
+    this.reasoning = document.createElement("details");
+    this.reasoning.className = "reasoning";
+    const summary = element("summary", "");
+    summary.textContent = "Reasoning";
+    this.reasoningText = element("div", "reasoning-text");
+    this.reasoning.append(summary, this.reasoningText);
     this.content = element("div", "content");
+    this.toolCalls = element("div", "tool-calls");
     this.note = element("p", "note");
     this.error = element("p", "error");
+    this.reasoning.hidden = true;
+    this.toolCalls.hidden = true;
     this.note.hidden = true;
     this.error.hidden = true;
-    this.element.append(speaker, this.content, this.note, this.error);
+    this.element.append(speaker, this.reasoning, this.content, this.toolCalls, this.note, this.error);
   }
-  setText(text) {
-    this.content.textContent = text;
+  /** Everything a turn shows: its output, note and error. */
+  showTurn(turn) {
+    this.setOutput({ text: turn.content, reasoning: turn.reasoning, toolCalls: turn.toolCalls });
+    this.setNote(turn.note);
+    this.setError(turn.error);
+  }
+  setOutput(output) {
+    this.reasoningText.textContent = output.reasoning;
+    this.reasoning.hidden = output.reasoning === "";
+    this.content.textContent = output.text;
+    this.setToolCalls(output.toolCalls);
   }
   /** While true, screen readers wait for the answer instead of reading every token. */
   setStreaming(streaming) {
     this.element.setAttribute("aria-busy", String(streaming));
     this.element.classList.toggle("streaming", streaming);
   }
-  /** Marks text left by a failed try, shown until the next try's text replaces it. */
+  /** Marks output left by a failed try, shown until the next try's output replaces it. */
   setStale(stale) {
     this.element.classList.toggle("stale", stale);
   }
@@ -519,6 +614,20 @@ var TurnView = class {
       this.error.append(`${error.message} — request id `, id);
     }
   }
+  /** One block per call, kept from update to update and rewritten as its arguments grow. */
+  setToolCalls(calls) {
+    this.callBlocks.splice(calls.length).forEach((block) => block.element.remove());
+    calls.forEach((call, i) => {
+      let block = this.callBlocks[i];
+      if (block === void 0) {
+        block = new ToolCallBlock();
+        this.callBlocks.push(block);
+        this.toolCalls.append(block.element);
+      }
+      block.show(call);
+    });
+    this.toolCalls.hidden = calls.length === 0;
+  }
 };
 var ConversationView = class {
   constructor(container) {
@@ -528,10 +637,7 @@ var ConversationView = class {
   show(turns) {
     this.container.replaceChildren();
     for (const turn of turns) {
-      const view = this.append(turn.role);
-      view.setText(turn.content);
-      view.setNote(turn.note);
-      view.setError(turn.error);
+      this.append(turn.role).showTurn(turn);
     }
     this.scrollToEnd(true);
   }
@@ -580,6 +686,20 @@ var StatusLine = class {
     }
   }
 };
+var ToolCallBlock = class {
+  element = element("section", "tool-call");
+  name = element("code", "tool-name");
+  arguments = element("pre", "tool-arguments");
+  constructor() {
+    const heading = element("p", "tool-call-heading");
+    heading.append("Tool call ", this.name);
+    this.element.append(heading, this.arguments);
+  }
+  show(call) {
+    this.name.textContent = call.name;
+    this.arguments.textContent = formatArguments(call.arguments);
+  }
+};
 function element(tag, className) {
   const node = document.createElement(tag);
   node.className = className;
@@ -590,6 +710,7 @@ function element(tag, className) {
 var CHAT_ENDPOINT = "/v1/chat/completions";
 var MODELS_ENDPOINT = "/v1/models";
 var MODELS_RETRY_MS = 2e3;
+var NO_OUTPUT = { text: "", reasoning: "", toolCalls: [] };
 var ChatPage = class {
   constructor(el) {
     this.el = el;
@@ -649,11 +770,11 @@ var ChatPage = class {
       this.status.show("No model to send to yet: the server has not listed one.", "error");
       return;
     }
-    this.addTurn({ role: "user", content: text, note: "", error: null });
+    this.addTurn({ role: "user", content: text, reasoning: "", toolCalls: [], note: "", error: null });
     this.el.prompt.value = "";
     this.el.prompt.focus();
     const view = this.conversation.append("assistant");
-    const flight = { view, controller: new AbortController(), shownText: "" };
+    const flight = { view, controller: new AbortController(), shown: NO_OUTPUT };
     this.inFlight = flight;
     this.setBusy(true);
     view.setStreaming(true);
@@ -675,9 +796,7 @@ var ChatPage = class {
     }
     view.setStreaming(false);
     view.setStale(false);
-    view.setText(turn.content);
-    view.setNote(turn.note);
-    view.setError(turn.error);
+    view.showTurn(turn);
     this.inFlight = null;
     this.turns.push(turn);
     this.storage.saveConversation(this.turns);
@@ -691,14 +810,14 @@ var ChatPage = class {
           this.status.show(`Trying again (try ${attempt} of ${DEFAULT_RETRY_POLICY.maxAttempts})…`);
         }
       },
-      onText: (text) => {
-        flight.shownText = text;
-        flight.view.setText(text);
+      onOutput: (output) => {
+        flight.shown = output;
+        flight.view.setOutput(output);
         flight.view.setStale(false);
         this.conversation.scrollToEnd();
       },
       onRetry: (notice) => {
-        flight.view.setStale(flight.shownText !== "");
+        flight.view.setStale(hasOutput(flight.shown));
         this.status.countdown(
           notice.delayMs,
           (seconds) => `${notice.reason} (request id ${notice.failedRequestId}); trying again in ${seconds} s (try ${notice.nextAttempt} of ${notice.maxAttempts})…`
@@ -720,12 +839,12 @@ var ChatPage = class {
     } else {
       this.status.clear();
     }
-    return { role: "assistant", content: answer2.text || flight.shownText, note: parts.join(" · "), error: null };
+    return { ...assistantTurn(hasOutput(answer2) ? answer2 : flight.shown), note: parts.join(" · ") };
   }
   failedTurn(flight, error) {
     const failure = error instanceof RequestError ? { message: error.message, requestId: error.requestId } : { message: error instanceof Error ? error.message : String(error), requestId: "none" };
     this.status.show(`The request failed (request id ${failure.requestId}).`, "error");
-    return { role: "assistant", content: flight.shownText, note: "", error: failure };
+    return { ...assistantTurn(flight.shown), error: failure };
   }
   stop() {
     this.inFlight?.controller.abort();
@@ -743,10 +862,13 @@ var ChatPage = class {
   addTurn(turn) {
     this.turns.push(turn);
     this.storage.saveConversation(this.turns);
-    const view = this.conversation.append(turn.role);
-    view.setText(turn.content);
+    this.conversation.append(turn.role).showTurn(turn);
   }
-  /** The system prompt, then every turn with text: a stopped or partial answer is context too. */
+  /**
+   * The system prompt, then every turn with text: a stopped or partial answer is context too.
+   * Reasoning stays out (the server leaves it out of the prompt anyway), and so do tool calls:
+   * the page has no tool results to answer them with.
+   */
   messagesFor(settings) {
     const messages = [];
     if (settings.systemPrompt.trim() !== "") {
@@ -760,10 +882,10 @@ var ChatPage = class {
     return messages;
   }
   turnsWithInFlight() {
-    if (this.inFlight === null || this.inFlight.shownText === "") {
+    if (this.inFlight === null || !hasOutput(this.inFlight.shown)) {
       return this.turns;
     }
-    return [...this.turns, { role: "assistant", content: this.inFlight.shownText, note: "interrupted", error: null }];
+    return [...this.turns, { ...assistantTurn(this.inFlight.shown), note: "interrupted" }];
   }
   setBusy(busy) {
     this.el.send.disabled = busy;
@@ -816,6 +938,13 @@ var ChatPage = class {
     this.modelsRetry = setTimeout(() => void this.loadModels(), MODELS_RETRY_MS);
   }
 };
+function hasOutput(output) {
+  return output.text !== "" || output.reasoning !== "" || output.toolCalls.length > 0;
+}
+function assistantTurn(output) {
+  const { text, reasoning, toolCalls } = output;
+  return { role: "assistant", content: text, reasoning, toolCalls, note: "", error: null };
+}
 function browserDeps() {
   return {
     fetch: (input, init) => fetch(input, init),
