@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rebar.server.tool_call_stream import ToolCallStream
 from rebar.server.tool_calls import ParsedCall, ToolCallReader
 
 NAMES = ("get_weather", "add")
@@ -22,7 +23,7 @@ ADD = ParsedCall("add", '{"a": 1, "b": 2}')
 
 def streamed(reader: ToolCallReader, pieces: list[str]) -> tuple[str, list[ParsedCall], list]:
     """(content, calls, tool-call deltas) of an answer fed in `pieces`."""
-    stream = reader.stream()
+    stream = ToolCallStream(reader)
     events = [e for piece in pieces for e in stream.feed(piece)] + stream.finish()
     content = "".join(e.content for e in events)
     deltas = [e.tool_call for e in events if e.tool_call is not None]
@@ -74,7 +75,7 @@ def test_forced_calls_stream_their_arguments_while_written(pieces) -> None:
     for cut in cuts(text, pieces):
         content, calls, _deltas = streamed(reader, cut)
         assert content == "" and all(map(same_call, calls, (WEATHER, ADD))), cut
-    stream = reader.stream()
+    stream = ToolCallStream(reader)
     first = stream.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1')
     assert [e.tool_call["function"] for e in first] == [
         {"name": "add", "arguments": ""},
@@ -180,6 +181,6 @@ def test_mistral_calls_in_both_spellings(text) -> None:
 
 def test_mistral_text_answers_stream_as_they_come() -> None:
     reader = ToolCallReader("mistral", NAMES)
-    stream = reader.stream()
+    stream = ToolCallStream(reader)
     assert [e.content for e in stream.feed("It is")] == ["It is"]  # not held: cannot be a call
     assert reader.parse("[TOOL_CALLS] broken").calls == ()

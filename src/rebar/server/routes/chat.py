@@ -18,7 +18,8 @@ from rebar.server.rendering import Renderer, respond
 from rebar.server.response_fields import chat_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import ChatCompletionRequest
 from rebar.server.state import server_state
-from rebar.server.tool_calls import ToolCallReader, ToolCallStream, new_call_id, openai_tool_call
+from rebar.server.tool_call_stream import ToolCallStream
+from rebar.server.tool_calls import ToolCallReader, new_call_id, openai_tool_call
 
 router = APIRouter()
 
@@ -149,7 +150,7 @@ class ChatRenderer(Renderer):
         """Content left after reading tool calls out of `text`, and the calls' chunks."""
         if self.tools is None:
             return text, []
-        stream = self._tool_streams.setdefault(index, self.tools.stream())
+        stream = self._tool_streams.setdefault(index, ToolCallStream(self.tools))
         events = stream.feed(text) + (stream.finish() if final else [])
         content = "".join(e.content for e in events)
         return content, [self._tool_call_delta(index, e.tool_call) for e in events if e.tool_call]
