@@ -46,8 +46,9 @@ def tiny_model(config: ModelConfig, seed: int = 0) -> LlamaModel:
 
 
 def tiny_tokenizer(folder: Path, characters: bool = False) -> Tokenizer:
-    """Words w2..w95 (or, with `characters`, a byte-level BPE of single characters: space and
-    ASCII '!'..'}', which grammar libraries can read token bytes from)."""
+    """Words w2..w95 (or, with `characters`, a byte-level BPE of single characters: space,
+    newline and ASCII '!'..'}' but the backtick, which grammar libraries can read token bytes
+    from)."""
     from tokenizers import Tokenizer as BackendTokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -69,7 +70,9 @@ def _character_tokenizer(folder: Path) -> Tokenizer:
     from tokenizers import decoders, pre_tokenizers
     from tokenizers.models import BPE
 
-    characters = ["\u0120"] + [chr(c) for c in range(ord("!"), ord("}") + 1)]  # \u0120: space
+    # Byte-level spellings: \u0120 is a space, \u010a a newline (the backtick makes room for it).
+    printable = [chr(c) for c in range(ord("!"), ord("}") + 1) if chr(c) != "`"]
+    characters = ["\u0120", "\u010a", *printable]
     vocab = {"<s>": 0, "</s>": 1, **{c: i + 2 for i, c in enumerate(characters)}}
     assert len(vocab) == VOCAB
     backend = BackendTokenizer(BPE(vocab, [], unk_token=None))

@@ -302,3 +302,44 @@ def test_forced_call_grammars_accept_only_valid_calls(
         assert accepted == ok, text
         if ok:
             assert matcher.done or matcher.consume(smollm2_tokenizer.special.eos_token_ids[0])
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+def test_forced_calls_sampled_from_a_random_model_always_parse_and_validate(tmp_path, fmt) -> None:
+    from rebar.engine.sampling_params import SamplingParams
+    from rebar.server.tool_calls import ToolCallReader
+    from tiny_engine import make_core, run_to_completion
+
+    small = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "op": {"enum": ["plus", "minus"]},
+                },
+                "required": ["a", "op"],
+            },
+        },
+    }
+    tools = [Tool.model_validate(small)]
+    spec = StructuredOutput.lark(forced_calls_grammar(fmt, tools, one_call=True), "tool_choice")
+    core = make_core(tmp_path, characters=True, num_blocks=512, max_model_len=256, max_num_seqs=8)
+    for i in range(8):
+        params = SamplingParams(max_tokens=150, temperature=1.0, seed=i, structured=spec)
+        core.add_request(str(i), [5, 9, 20 + i], params)
+    reader = ToolCallReader(fmt, ["add"])
+    finished = 0
+    for outputs in run_to_completion(core).values():
+        if outputs[-1].finish_reason != "stop":
+            continue  # a long integer may run past max_tokens
+        finished += 1
+        answer = reader.parse("".join(o.text_delta for o in outputs))
+        assert len(answer.calls) == 1 and answer.content == ""
+        for call in answer.calls:
+            arguments = json.loads(call.arguments)
+            jsonschema.validate(arguments, small["function"]["parameters"])
+            assert set(arguments) == {"a", "op"}
+    assert finished >= 6
