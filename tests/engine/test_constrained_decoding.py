@@ -27,7 +27,10 @@ SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "properties": {"x": {"type": "integer"}, "y": {"type": "number"}},
+                "properties": {
+                    "x": {"type": "integer", "minimum": -99, "maximum": 99},
+                    "y": {"type": "boolean"},
+                },
                 "required": ["x", "y"],
             },
             "maxItems": 2,

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
-from web_tools import REPO
+from web_tools import SCREENSHOT_DIR
 
 from live_server import server_settings, serving_models
 
-SCREENSHOT_DIR = Path(os.environ.get("REBAR_TEST_ARTIFACTS", REPO / "build" / "test-artifacts"))
 STATS = re.compile(r"first token \d+\.\d\d s · \d+\.\d tokens/s · \d+ tokens")
 
 

@@ -8,10 +8,12 @@ page's request on its way to the server, as a user who configured tools would.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 from chat_page_driver import GENERATION_TIMEOUT_MS, expect, open_page
+from web_tools import SCREENSHOT_DIR
 
 from live_server import server_settings, serving_models
 
@@ -79,7 +81,7 @@ def tool_call_deltas(index: int, call_id: str, name: str, arguments: dict) -> li
         {"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]},
         *(
             {"tool_calls": [{"index": index, "function": {"arguments": text[a:b]}}]}
-            for a, b in zip(cuts, cuts[1:])
+            for a, b in itertools.pairwise(cuts)
         ),
     ]
 
@@ -137,6 +139,8 @@ def test_reasoning_is_collapsed_above_the_answer_and_tool_calls_are_shown_below_
     expect(reasoning).to_have_js_property("open", True)
     expect(reasoning.locator(".reasoning-text")).to_be_visible()
     assert chat.page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    chat.page.screenshot(path=str(SCREENSHOT_DIR / "chat-reasoning-and-tools.png"), full_page=True)
 
     # Kept across a reload, collapsed again.
     chat.page.reload()

@@ -6,6 +6,7 @@ A missing tool skips its tests with the command that installs it; under CI (CI=t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = REPO / "web"
 STATIC_DIR = REPO / "src" / "rebar" / "web" / "static"
 CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT_DIR = Path(os.environ.get("REBAR_TEST_ARTIFACTS", REPO / "build" / "test-artifacts"))
 
 
 def missing_tool(message: str) -> NoReturn:
