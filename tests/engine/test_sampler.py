@@ -649,12 +649,13 @@ class AllowOnly:
     allowed: list[set[int]]
     applied: int = 0
 
-    def apply_(self, logits: torch.Tensor) -> None:
+    def apply_(self, logits: torch.Tensor) -> list[int]:
         self.applied += 1
         for row, tokens in zip(self.rows, self.allowed):
             keep = torch.zeros(logits.shape[1], dtype=torch.bool)
             keep[list(tokens)] = True
             logits[row] = logits[row].masked_fill(~keep, float("-inf"))
+        return [len(tokens) for tokens in self.allowed]
 
 
 def test_a_mask_limits_greedy_and_sampled_rows_and_leaves_the_rest_alone() -> None:
@@ -699,3 +700,23 @@ def test_a_mask_that_allows_nothing_fails_only_its_row() -> None:
     got = sample_batch(LOGITS.repeat(2, 1), rows, AllowOnly([1], [set()]))
     assert got[0] is not None and got[0].token_id == 0
     assert got[1] is None
+
+
+@pytest.mark.parametrize("num_allowed", [1, 3, 63, 64, 200, 1023, 2000])
+@pytest.mark.parametrize("extra", [{}, {"min_p": 0.05}, {"top_p": 0.8}, {"top_k": 20}])
+def test_a_masked_row_draws_what_the_whole_row_would(num_allowed, extra) -> None:
+    """Few allowed tokens are drawn among the best candidates, not over the whole row: the same
+    tokens from the same uniforms, whichever way is taken."""
+    gen = torch.Generator().manual_seed(num_allowed)
+    logits = torch.randn(1, 5000, generator=gen) * 3
+    allowed = set(torch.randperm(5000, generator=gen)[:num_allowed].tolist())
+    forbidden = torch.ones(5000, dtype=torch.bool)
+    forbidden[list(allowed)] = False
+    params = SamplingParams(temperature=0.9, seed=7, **extra)
+    masked_gen, plain_gen = make_generator(params), make_generator(params)
+    pre_masked = logits.masked_fill(forbidden, float("-inf"))
+    for _ in range(40):
+        row = [SampleRequest(params, masked_gen, [], [])]
+        with_mask = sample_batch(logits, row, AllowOnly([0], [allowed]))[0].token_id
+        plain = sample_batch(pre_masked, [SampleRequest(params, plain_gen, [], [])])[0].token_id
+        assert with_mask == plain and with_mask in allowed

@@ -36,8 +36,9 @@ def test_reference_forbids_exactly_the_clear_bits(vocab) -> None:
     bitmask = random_bitmask(3, vocab, seed=vocab)
     logits = torch.randn(5, vocab)
     original = logits.clone()
-    reference_apply_token_bitmask_(logits, bitmask, [4, 0, 2])
+    counts = reference_apply_token_bitmask_(logits, bitmask, [4, 0, 2])
     allowed = allowed_by_bits(bitmask, vocab)
+    assert counts == allowed.sum(-1).tolist()
     for j, row in enumerate([4, 0, 2]):
         assert torch.equal(logits[row][allowed[j]], original[row][allowed[j]])
         assert torch.isneginf(logits[row][~allowed[j]]).all()
@@ -51,9 +52,10 @@ def test_compiled_kernel_equals_the_reference(vocab) -> None:
     bitmask = random_bitmask(4, vocab, seed=7)
     logits = torch.randn(6, vocab)
     expected = logits.clone()
-    reference_apply_token_bitmask_(expected, bitmask, [5, 1, 0, 3])
-    token_mask.apply_token_bitmask_(logits, bitmask, [5, 1, 0, 3])
+    expected_counts = reference_apply_token_bitmask_(expected, bitmask, [5, 1, 0, 3])
+    counts = token_mask.apply_token_bitmask_(logits, bitmask, [5, 1, 0, 3])
     assert torch.equal(logits, expected)
+    assert counts == expected_counts
 
 
 def test_compiled_kernel_refuses_bad_arguments() -> None:

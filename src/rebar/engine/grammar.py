@@ -181,7 +181,9 @@ class StepMask:
         j = self.rows.index(row)
         return StepMask([0], self.bitmask[j : j + 1], self.started, self.seconds)
 
-    def apply_(self, logits: torch.Tensor) -> None:
-        """Forbidden tokens of the masked rows to -inf, in place (the sampler's processed copy)."""
-        apply_token_bitmask_(logits, self.bitmask, self.rows)
+    def apply_(self, logits: torch.Tensor) -> list[int]:
+        """Forbidden tokens of the masked rows to -inf, in place (the sampler's processed copy);
+        returns how many tokens each row still allows."""
+        allowed = apply_token_bitmask_(logits, self.bitmask, self.rows)
         self.seconds.observe(time.perf_counter() - self.started)
+        return allowed

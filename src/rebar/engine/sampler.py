@@ -79,7 +79,9 @@ class LogitsMask(Protocol):
 
     rows: list[int]
 
-    def apply_(self, logits: torch.Tensor) -> None: ...
+    def apply_(self, logits: torch.Tensor) -> list[int]:
+        """Mask in place; returns how many tokens each of `rows` still allows."""
+        ...
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
@@ -135,7 +137,7 @@ def _sample_rows(
     logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [rows] and whether each row could be sampled [rows], for any mix of rows."""
-    processed = _processed(logits, requests, mask)
+    processed, allowed = _processed(logits, requests, mask)
     valid = _has_finite_best(logits)
     if processed is not logits:
         # Bias and penalties can overflow a row that was fine, and a mask can leave a row with
@@ -149,27 +151,32 @@ def _sample_rows(
         i for i, (r, ok) in enumerate(zip(requests, valid.tolist())) if ok and not r.params.greedy
     ]
     if sampled:
-        token_ids[sampled] = _draw(processed[sampled], [requests[i] for i in sampled])
+        token_ids[sampled] = _draw(
+            processed[sampled],
+            [requests[i] for i in sampled],
+            {j: allowed[i] for j, i in enumerate(sampled) if i in allowed},
+        )
     return token_ids, valid
 
 
 def _processed(
     logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None
-) -> torch.Tensor:
-    """Float32 logits after every row's logit_bias, penalties and mask: a new tensor, or `logits`
-    itself (never written to) when it is float32 and no row has any."""
+) -> tuple[torch.Tensor, dict[int, int]]:
+    """Float32 logits after every row's logit_bias, penalties and mask (a new tensor, or `logits`
+    itself, never written to, when it is float32 and no row has any), and how many tokens each
+    masked row allows."""
     if logits.dtype != torch.float32:
         logits = logits.float()
     penalised = [i for i, r in enumerate(requests) if r.params.has_penalties]
     if mask is None and not penalised and all(r.params.logit_bias is None for r in requests):
-        return logits
+        return logits, {}
     processed = logits.clone(memory_format=torch.contiguous_format)
     _add_logit_bias(processed, [r.params for r in requests])
     if penalised:
         _apply_penalties(processed, [requests[i] for i in penalised], penalised)
-    if mask is not None:
-        mask.apply_(processed)
-    return processed
+    if mask is None:
+        return processed, {}
+    return processed, dict(zip(mask.rows, mask.apply_(processed), strict=True))
 
 
 def _add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
@@ -253,15 +260,21 @@ def _apply_penalties(
 CANDIDATE_WIDTHS = (64, 1024)
 
 
-def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-    """One token id per row ([rows]) of `logits` ([rows, vocab], bias and penalties applied).
+def _draw(
+    logits: torch.Tensor, requests: Sequence[SampleRequest], allowed: dict[int, int] | None = None
+) -> torch.Tensor:
+    """One token id per row ([rows]) of `logits` ([rows, vocab], bias, penalties and masks
+    applied); `allowed[row]` is how many tokens a masked row's grammar still allows.
 
     A row with top_k or top_p whose kept set lies within its best CANDIDATE_WIDTHS tokens draws
-    among those; every other row draws over its whole vocabulary. Either way it draws the same
-    token from the same uniform: the cumulative distribution runs over the kept tokens in token-id
-    order, and a dropped token adds exactly 0 to it. So which width settles a row, and which rows
-    share a width, changes nothing but the time taken.
+    among those, and so does a masked row whose allowed tokens fit in one (a grammar often allows
+    a handful, and exp over a row of -inf is slow); every other row draws over its whole
+    vocabulary. Either way it draws the same token from the same uniform: the cumulative
+    distribution runs over the kept tokens in token-id order, and a dropped token adds exactly 0
+    to it. So which width settles a row, and which rows share a width, changes nothing but the
+    time taken.
     """
+    allowed = allowed or {}
     params = [r.params for r in requests]
     uniforms = _uniforms([r.generator for r in requests], logits.device)
     vocab_size = logits.shape[1]
@@ -269,8 +282,16 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
     masses = _whole_masses(logits, params)
     token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
     pending = [i for i, p in enumerate(params) if _narrows(p, vocab_size)]
+    # Masked rows that do not narrow: tried only at the width their allowed tokens fit in.
+    fitting = {
+        i: next((w for w in CANDIDATE_WIDTHS if count < w), None)
+        for i, count in allowed.items()
+        if not _narrows(params[i], vocab_size)
+    }
+    settled_masked: set[int] = set()
     for width in CANDIDATE_WIDTHS:
         rows = [i for i in pending if params[i].top_k <= width or params[i].top_k >= vocab_size]
+        rows += [i for i, w in fitting.items() if w == width]
         if not rows:
             continue
         cut = _Thresholds(
@@ -281,11 +302,19 @@ def _draw(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tens
             token_ids[[rows[j] for j in fit]] = _draw_in_token_order(cut, fit, uniforms[rows])
             settled = {rows[j] for j in fit}
             pending = [i for i in pending if i not in settled]
+            settled_masked |= settled & set(fitting)
     if pending:  # their kept sets may reach past every width: sort the whole row
         wide = [params[i] for i in pending]
         cut = _Thresholds(logits[pending], wide, thresholds[pending], masses[pending], vocab_size)
         thresholds[pending] = cut.values
-    whole = sorted(pending + [i for i, p in enumerate(params) if not _narrows(p, vocab_size)])
+    whole = sorted(
+        pending
+        + [
+            i
+            for i, p in enumerate(params)
+            if not _narrows(p, vocab_size) and i not in settled_masked
+        ]
+    )
     if whole:
         scaled = _scaled(logits[whole], [params[i] for i in whole], in_place=True)
         weights = scaled.exp()
@@ -357,16 +386,18 @@ class _Thresholds:
         top_k_cut = torch.where(has_top_k & (top_k <= width), kth, -math.inf)
         last = self.candidates[:, -1:]
         complete = width == vocab_size
+        # The last candidate is -inf (masked): every token the row may take is a candidate.
+        holds_all = torch.isneginf(last)
         self.values = torch.maximum(top_k_cut, min_p)
-        fits = last < self.values
+        fits = (last < self.values) | holds_all
         if any(p.top_p < 1.0 for p in params):
             has_top_p = torch.tensor([[p.top_p < 1.0] for p in params], device=logits.device)
             # top_p measures mass within what top_k kept: known when the candidates hold all of it.
-            mass_known = ~has_top_k | complete | (last < top_k_cut)
+            mass_known = ~has_top_k | complete | (last < top_k_cut) | holds_all
             top_p_cut = self._top_p_cut(params, has_top_k, top_k_cut, masses, complete)
             top_p_cut = torch.where(has_top_p & mass_known, top_p_cut, -math.inf)
             self.values = torch.maximum(self.values, top_p_cut)
-            fits = (last < self.values) & (mass_known | ~has_top_p)
+            fits = ((last < self.values) | holds_all) & (mass_known | ~has_top_p)
         self.exact = (fits | complete).squeeze(1)
 
     def _top_p_cut(

@@ -19,13 +19,14 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """In place: logits[rows[j], i] = -inf wherever bit i of bitmask[j] is clear.
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> list[int]:
+    """In place: logits[rows[j], i] = -inf wherever bit i of bitmask[j] is clear; returns how many
+    tokens each of `rows` still allows.
 
     `logits` is [batch, vocab] float32, `bitmask` [len(rows), >= bitmask_words(vocab)] int32.
     """
     if not rows:
-        return
+        return []
     extension = loaded_extension()
     if (
         extension is not None
@@ -33,9 +34,10 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: list
         and logits.device.type == "cpu"
         and logits.is_contiguous()
     ):
-        extension.mask_logits_(logits, bitmask, torch.tensor(rows, dtype=torch.long))
-        return
-    reference_apply_token_bitmask_(logits, bitmask, rows)
+        return extension.mask_logits_(
+            logits, bitmask, torch.tensor(rows, dtype=torch.long)
+        ).tolist()
+    return reference_apply_token_bitmask_(logits, bitmask, rows)
 
 
 _BITS = torch.tensor([1 << b for b in range(31)] + [-(1 << 31)], dtype=torch.int32)
@@ -43,7 +45,7 @@ _BITS = torch.tensor([1 << b for b in range(31)] + [-(1 << 31)], dtype=torch.int
 
 def reference_apply_token_bitmask_(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]
-) -> None:
+) -> list[int]:
     """The same in torch, on any device."""
     vocab = logits.shape[1]
     words = bitmask_words(vocab)
@@ -54,3 +56,4 @@ def reference_apply_token_bitmask_(
     allowed = allowed.reshape(len(rows), -1)[:, :vocab]
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return allowed.sum(-1).tolist()

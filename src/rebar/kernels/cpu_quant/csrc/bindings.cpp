@@ -232,8 +232,9 @@ at::Tensor silu_and_mul_op(const at::Tensor& gate_in, const at::Tensor& up_in) {
 }
 
 // Sets logits[rows[j], i] = -inf wherever bit i of bitmask[j] is clear: logits [batch, vocab]
-// float32 and contiguous, bitmask [len(rows), >= ceil(vocab / 32)] int32, rows int64.
-void mask_logits_op(at::Tensor& logits, const at::Tensor& bitmask_in, const at::Tensor& rows_in) {
+// float32 and contiguous, bitmask [len(rows), >= ceil(vocab / 32)] int32, rows int64. Returns how
+// many tokens each row still allows (int64 [len(rows)]).
+at::Tensor mask_logits_op(at::Tensor& logits, const at::Tensor& bitmask_in, const at::Tensor& rows_in) {
   check_float_cpu(logits, "logits");
   TORCH_CHECK_VALUE(logits.dim() == 2 && logits.is_contiguous(), "logits must be [batch, vocab] and contiguous");
   TORCH_CHECK_VALUE(bitmask_in.scalar_type() == at::kInt && bitmask_in.dim() == 2 && bitmask_in.device().is_cpu(),
@@ -251,8 +252,11 @@ void mask_logits_op(at::Tensor& logits, const at::Tensor& bitmask_in, const at::
   float* out = logits.data_ptr<float>();
   const int32_t* mask = bitmask.data_ptr<int32_t>();
   const int64_t words = bitmask.size(1);
+  at::Tensor allowed = at::empty({rows.size(0)}, rows.options());
+  int64_t* counts = allowed.data_ptr<int64_t>();
   // On the calling thread: a row takes microseconds, less than waking torch's threads would.
-  for (int64_t j = 0; j < rows.size(0); ++j) mask_logits(out + row_ids[j] * vocab, mask + j * words, vocab);
+  for (int64_t j = 0; j < rows.size(0); ++j) counts[j] = mask_logits(out + row_ids[j] * vocab, mask + j * words, vocab);
+  return allowed;
 }
 
 // Rotates x [tokens, heads, head_dim] (contiguous) in place by cos and sin [tokens, head_dim].

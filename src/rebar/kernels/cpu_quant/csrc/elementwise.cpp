@@ -67,13 +67,17 @@ void rope(float* x, int64_t num_heads, int64_t head_dim, const float* cos, const
 
 namespace rebar_cpu_quant {
 
-void mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
+int64_t mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const int64_t num_words = (n + 31) / 32;
+  int64_t allowed = 0;
   for (int64_t w = 0; w < num_words; ++w) {
-    const uint32_t word = static_cast<uint32_t>(bitmask[w]);
     const int64_t begin = w * 32, count = std::min<int64_t>(32, n - begin);
-    if (word == 0xFFFFFFFFu) continue;
+    // Bits past the vocabulary's end (in the last word) count for nothing.
+    const uint32_t in_range = count == 32 ? 0xFFFFFFFFu : ((1u << count) - 1u);
+    const uint32_t word = static_cast<uint32_t>(bitmask[w]) & in_range;
+    allowed += __builtin_popcount(word);
+    if (word == in_range) continue;
     float* out = logits + begin;
     if (word == 0) {
       std::fill(out, out + count, minus_inf);
@@ -85,6 +89,7 @@ void mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
     }
     for (int64_t b = 0; b < count; ++b) out[b] = ((word >> b) & 1u) ? out[b] : minus_inf;
   }
+  return allowed;
 }
 
 }  // namespace rebar_cpu_quant

@@ -22,7 +22,7 @@ namespace rebar_cpu_quant {
 
 // Sets logits[i] = -inf for every i in [0, n) whose bit is clear in `bitmask` (bit i % 32 of word
 // i / 32, as token-mask libraries write it). Words with every bit set are skipped, words with none
-// are filled at once: a grammar's mask is mostly one or the other.
-void mask_logits(float* logits, const int32_t* bitmask, int64_t n);
+// are filled at once: a grammar's mask is mostly one or the other. Returns how many stay allowed.
+int64_t mask_logits(float* logits, const int32_t* bitmask, int64_t n);
 
 }  // namespace rebar_cpu_quant
