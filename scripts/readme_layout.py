@@ -22,6 +22,7 @@ NAME_COLUMN = 22
 # What lives beside src/: not Python packages, so described here.
 OTHER_FOLDERS = (
     ("deploy/", "Prometheus alert rules (+ promtool tests) and the Grafana dashboard"),
+    ("contracts/", "the bundled models' contracts (`rebar contract check`, run by the tests)"),
     (
         "tests/",
         "mirrors src/rebar/ (tests/web: the chat page; tests/reliability: fuzz, faults, soak)",

@@ -45,6 +45,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "eval": frozenset({"engine", "model", "quant"}),
     # Benchmarks load models as `rebar serve` does (config) and report which kernels ran.
     "bench": frozenset({"engine", "model", "config", "setting_flags", "kernels"}),
+    "contract_cli": frozenset({"engine"}),  # `rebar contract write | check`
 }
 # The engine's pure-Python side: may import only one another and the foundation, and never torch.
 PURE_PYTHON = frozenset(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rebar.bench.cli import add_bench_parser
+from rebar.contract_cli import add_contract_parser
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
 from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
@@ -303,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(commands, _add_model_args, _positive_int)
     _add_profile_parser(commands)
     _add_config_parser(commands)
+    add_contract_parser(commands, _add_model_args)
     return parser
 
 

@@ -215,6 +215,7 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
 
     import torch
 
+    from rebar.engine.contract import enforce_beside
     from rebar.engine.llm import LLM
     from rebar.obs.logs import configure_logging
 
@@ -236,6 +237,7 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
             raise ConfigError(
                 f"models.chat: {spec.model} is an embedding model; it cannot generate"
             )
+        enforce_beside(llm)
     except RebarError as exc:
         kind = next(k for k, cls in _LOAD_ERRORS.items() if isinstance(exc, cls))
         results.send(_LoadFailed(str(exc), kind))

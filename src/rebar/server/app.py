@@ -19,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
 from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.contract import enforce_beside
 from rebar.engine.engine_process import EngineProcess, EngineSpec
 from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
@@ -74,10 +75,12 @@ def load_models(settings: Settings) -> ServedModels:
                 raise ConfigError(
                     f"models.chat: {m.chat} is an embedding model; it cannot generate"
                 )
+            enforce_beside(llm)  # before the engine starts: a model that breaks it never serves
             served.chat, served.engine = llm, AsyncEngine(llm.engine)
         logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
     if m.embedding:
         served.embedding = LLM(m.embedding, dtype=m.dtype, device=m.device)
+        enforce_beside(served.embedding)
         served.embedding_name = served_name(m.embedding)
         logger.info(
             "loaded embedding model %s in %.1fs",
