@@ -21,7 +21,11 @@ WIDTH = 100
 NAME_COLUMN = 22
 # What lives beside src/: not Python packages, so described here.
 OTHER_FOLDERS = (
-    ("deploy/", "Prometheus alert rules (+ promtool tests) and the Grafana dashboard"),
+    (
+        "deploy/",
+        "Prometheus alert rules (+ promtool tests), the Grafana dashboard, the systemd unit "
+        "and the Locust load file",
+    ),
     ("contracts/", "the bundled models' contracts (`rebar contract check`, run by the tests)"),
     (
         "tests/",
