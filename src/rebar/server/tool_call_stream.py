@@ -59,7 +59,6 @@ class ToolCallStream:
     _holding: bool | None = None  # whole-answer formats: None until the answer's start is seen
     _whole: str = ""
     _blank: str = ""  # whitespace after a call, not yet known to belong to the answer
-    calls_sent: list[ParsedCall] = field(default_factory=list)
 
     @property
     def num_calls(self) -> int:
@@ -127,7 +126,6 @@ class ToolCallStream:
             call.index, call.arguments_start = self._num_calls, head.end()
             self._num_calls += 1
             name = json.loads(f'"{head.group(1)}"')
-            self.calls_sent.append(ParsedCall(name, ""))
             events.append(
                 StreamEvent(
                     tool_call={
@@ -173,7 +171,6 @@ class ToolCallStream:
             return [self._text(HERMES_OPEN + block + HERMES_CLOSE)]
         index = self._num_calls
         self._num_calls += 1
-        self.calls_sent.append(parsed)
         head = {"index": index, "id": new_call_id(), "type": "function"}
         events = [
             StreamEvent(tool_call=head | {"function": {"name": parsed.name, "arguments": ""}})
@@ -213,7 +210,6 @@ class ToolCallStream:
             for parsed in answer.calls:
                 events.append(StreamEvent(tool_call=_whole_delta(self._num_calls, parsed)))
                 self._num_calls += 1
-                self.calls_sent.append(parsed)
             return events
         events = []
         if self._call is not None:  # an unclosed block: text, unless its call already went out
