@@ -247,3 +247,16 @@ def test_a_tokenizer_without_token_bytes_is_refused_clearly(tmp_path) -> None:
     core = make_core(tmp_path)  # word-level tokenizer, no decoder
     with pytest.raises(InvalidRequestError, match="does not support constrained outputs"):
         core.add_request("x", PROMPT, SamplingParams(max_tokens=4, structured=STRICT))
+
+
+def test_a_prefix_cache_hit_changes_no_constrained_token(tmp_path) -> None:
+    core = char_core(tmp_path)
+    prompt = [3 + (i * 7) % 90 for i in range(30)]
+    params = SamplingParams(max_tokens=150, temperature=0, structured=STRICT)
+    runs = []
+    for name in ("first", "second"):
+        core.add_request(name, prompt, params)
+        runs.append(run_to_completion(core)[(name, 0)])
+    assert runs[0][-1].num_cached_tokens == 0 and runs[1][-1].num_cached_tokens >= 24
+    assert tokens_of(runs[1]) == tokens_of(runs[0])
+    jsonschema.validate(json.loads(text_of(runs[1])), SCHEMA)
