@@ -184,3 +184,37 @@ def test_mistral_text_answers_stream_as_they_come() -> None:
     stream = ToolCallStream(reader)
     assert [e.content for e in stream.feed("It is")] == ["It is"]  # not held: cannot be a call
     assert reader.parse("[TOOL_CALLS] broken").calls == ()
+
+
+# ----- the chat renderer's chunks -------------------------------------------------------------------
+
+
+def chunks_of(text_pieces: list[str], reader: ToolCallReader) -> list[dict]:
+    from types import SimpleNamespace
+
+    from rebar.engine.outputs import RequestOutput
+    from rebar.server.routes.chat import ChatRenderer
+
+    render = ChatRenderer(SimpleNamespace(), "chatcmpl-1", "m", False, None, reader)
+    events = []
+    for i, piece in enumerate(text_pieces):
+        last = i == len(text_pieces) - 1
+        output = RequestOutput("r", 0, (1,), piece, last, "stop" if last else None)
+        events += list(render.output_chunks(output))
+    return [json.loads(e[6:])["choices"][0] for e in events if e.startswith("data: {")]
+
+
+def test_a_stream_keeps_text_and_calls_in_the_answers_order() -> None:
+    text = (
+        'Checking.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+        " Then I will add more."
+    )
+    choices = chunks_of([text], ToolCallReader("hermes", NAMES))
+    order = [
+        "call" if c["delta"].get("tool_calls") else c["delta"].get("content")
+        for c in choices
+        if c["finish_reason"] is None
+    ]
+    assert order[0] == "Checking." and order[-1] == " Then I will add more."
+    assert set(order[1:-1]) == {"call"}
+    assert choices[-1]["finish_reason"] == "tool_calls"

@@ -147,13 +147,22 @@ class ChatRenderer(Renderer):
         )
 
     def _tool_events(self, index: int, text: str, final: bool) -> tuple[str, list[str]]:
-        """Content left after reading tool calls out of `text`, and the calls' chunks."""
+        """The content before the first tool call in `text`, then the chunks of what follows
+        it (call deltas, and any later text), in the order the answer has them."""
         if self.tools is None:
             return text, []
         stream = self._tool_streams.setdefault(index, ToolCallStream(self.tools))
         events = stream.feed(text) + (stream.finish() if final else [])
-        content = "".join(e.content for e in events)
-        return content, [self._tool_call_delta(index, e.tool_call) for e in events if e.tool_call]
+        first_call = next((i for i, e in enumerate(events) if e.tool_call), len(events))
+        lead = "".join(e.content for e in events[:first_call])
+        rest = [
+            self._tool_call_delta(index, e.tool_call)
+            if e.tool_call
+            else self._delta(index, e.content, [])
+            for e in events[first_call:]
+            if e.tool_call or e.content
+        ]
+        return lead, rest
 
     def opening(self, n: int) -> Iterator[str]:
         for index in range(n):
@@ -178,10 +187,10 @@ class ChatRenderer(Renderer):
             if output.finished:
                 held_thought, held_text = splitter.finish()
                 thought, text = thought + held_thought, text + held_text
-        text, calls = self._tool_events(output.index, text, output.finished)
+        text, after = self._tool_events(output.index, text, output.finished)
         if thought or text or (self.with_logprobs and output.logprobs):
             yield self._delta(output.index, text, list(output.logprobs), thought)
-        yield from calls
+        yield from after
         if output.finished:
             error = sse.error_event(output)
             if error:
