@@ -25,13 +25,6 @@ GREEDY = {"model": "smollm2", "messages": ASK, "max_tokens": 24, "temperature": 
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    url, _ = server
-    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
-        yield sdk
-
-
-@pytest.fixture(scope="module")
 def app_of(server):
     return server[1]
 

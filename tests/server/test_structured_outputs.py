@@ -50,13 +50,6 @@ LONG_STORY = {
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    url, _ = server
-    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300) as sdk:
-        yield sdk
-
-
-@pytest.fixture(scope="module")
 def app_of(server):
     return server[1]
 

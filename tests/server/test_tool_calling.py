@@ -54,13 +54,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    url, _ = server
-    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
-        yield sdk
-
-
 def engine_idle(app, timeout: float = 2.0) -> bool:
     core = app.state.rebar.models.engine.core
     end = time.monotonic() + timeout
