@@ -94,37 +94,3 @@ class DurationHistogram:
 
     def copy(self) -> DurationHistogram:
         return DurationHistogram(list(self.counts), self.total_s, self.num, self.bounds)
-
-    def minus(self, earlier: DurationHistogram) -> DurationHistogram:
-        """The durations observed since `earlier` (a copy of this histogram taken before)."""
-        if earlier.bounds != self.bounds:
-            raise ValueError("histograms with different buckets")
-        counts = [n - m for n, m in zip(self.counts, earlier.counts, strict=True)]
-        return DurationHistogram(
-            counts, self.total_s - earlier.total_s, self.num - earlier.num, self.bounds
-        )
-
-    def plus(self, other: DurationHistogram) -> DurationHistogram:
-        """Both histograms' durations together."""
-        if other.bounds != self.bounds:
-            raise ValueError("histograms with different buckets")
-        counts = [n + m for n, m in zip(self.counts, other.counts, strict=True)]
-        return DurationHistogram(
-            counts, self.total_s + other.total_s, self.num + other.num, self.bounds
-        )
-
-    @property
-    def mean_s(self) -> float | None:
-        return self.total_s / self.num if self.num else None
-
-    def quantile(self, q: float) -> float | None:
-        """The q-quantile, linear within its bucket (Prometheus' histogram_quantile)."""
-        if not self.num:
-            return None
-        rank, seen, lower = q * self.num, 0, 0.0
-        for index, count in enumerate(self.counts):
-            upper = self.bounds[index] if index < len(self.bounds) else lower
-            if count and seen + count >= rank:
-                return lower + (upper - lower) * max(0.0, rank - seen) / count
-            seen, lower = seen + count, upper
-        return lower

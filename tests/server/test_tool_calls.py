@@ -179,6 +179,15 @@ def test_mistral_calls_in_both_spellings(text) -> None:
         assert content == "" and all(map(same_call, calls, (WEATHER, ADD)))
 
 
+def test_without_parallel_calls_a_whole_answer_keeps_its_other_calls_as_text() -> None:
+    text = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, ' + (
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}]'
+    )
+    answer = ToolCallReader("mistral", NAMES, parallel=False).parse(text)
+    assert answer.calls == (WEATHER,)
+    assert json.loads(answer.content) == [{"name": "add", "arguments": {"a": 1, "b": 2}}]
+
+
 def test_mistral_text_answers_stream_as_they_come() -> None:
     reader = ToolCallReader("mistral", NAMES)
     stream = ToolCallStream(reader)

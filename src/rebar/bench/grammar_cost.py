@@ -14,10 +14,10 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from rebar.bench.server_metrics import StepHistogram
 from rebar.engine.core import EngineCore
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.structured import StructuredOutput
-from rebar.timing import DurationHistogram
 
 # A schema whose outputs run long (at least 40 records), so every constrained request decodes for
 # its whole token budget, as the plain ones do: the batch stays full in both runs.
@@ -72,13 +72,13 @@ def run_grammar_cost(core: EngineCore, batch: int, output_len: int, seed: int = 
     before, _, _ = _run(core, batch, output_len, None, seed)
     constrained, masks, tokens = _run(core, batch, output_len, spec, seed)
     after, _, _ = _run(core, batch, output_len, None, seed)
-    plain = after.plus(before)
+    plain_s = (before.total_s + after.total_s) / max(before.count + after.count, 1)
     return GrammarCost(
         batch=batch,
         output_len=output_len,
-        plain_step_ms=1000 * (plain.mean_s or 0.0),
-        constrained_step_ms=1000 * (constrained.mean_s or 0.0),
-        mask_ms_mean=1000 * (masks.mean_s or 0.0),
+        plain_step_ms=1000 * plain_s,
+        constrained_step_ms=1000 * (constrained.mean or 0.0),
+        mask_ms_mean=1000 * (masks.mean or 0.0),
         mask_ms_p50=1000 * (masks.quantile(0.5) or 0.0),
         constrained_tokens=tokens,
     )
@@ -90,13 +90,12 @@ def _run(
     output_len: int,
     spec: StructuredOutput | None,
     seed: int,
-) -> tuple[DurationHistogram, DurationHistogram, int]:
+) -> tuple[StepHistogram, StepHistogram, int]:
     """Decode-step and mask histograms over one run of `batch` requests at once, and the tokens
     generated."""
-    steps_before = core.stats().step_seconds["decode"]
-    masks_before = core.token_masks.seconds.copy()
+    steps_before = StepHistogram.of(core.stats().step_seconds["decode"])
+    masks_before = StepHistogram.of(core.token_masks.seconds)
     tokenizer = core.tokenizer
-    ids = []
     for index in range(batch):
         request_id = f"grammar-bench-{time.monotonic_ns()}-{index}"
         params = SamplingParams(
@@ -107,12 +106,11 @@ def _run(
             structured=spec,
         )
         core.add_request(request_id, tokenizer.encode(PROMPT.format(index=index)), params)
-        ids.append(request_id)
     tokens = 0
     while core.has_unfinished_requests():
         tokens += sum(len(o.new_token_ids) for o in core.step())
-    steps = core.stats().step_seconds["decode"].minus(steps_before)
-    return steps, core.token_masks.seconds.minus(masks_before), tokens
+    steps = StepHistogram.of(core.stats().step_seconds["decode"]).minus(steps_before)
+    return steps, StepHistogram.of(core.token_masks.seconds).minus(masks_before), tokens
 
 
 def to_json(results: list[GrammarCost]) -> str:

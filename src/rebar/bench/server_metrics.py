@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from rebar.timing import DurationHistogram
+
 STEP_METRIC = "rebar_engine_step_seconds"
 
 
@@ -23,6 +25,12 @@ class StepHistogram:
     buckets: tuple[tuple[float, float], ...]
     total_s: float
     count: float
+
+    @classmethod
+    def of(cls, histogram: DurationHistogram) -> StepHistogram:
+        """The engine's own histogram (read in-process, not scraped)."""
+        buckets = tuple((float(bound), float(n)) for bound, n in histogram.cumulative())
+        return cls(buckets, histogram.total_s, float(histogram.num))
 
     def minus(self, earlier: StepHistogram) -> StepHistogram:
         if [b for b, _ in earlier.buckets] != [b for b, _ in self.buckets]:

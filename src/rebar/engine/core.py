@@ -363,14 +363,9 @@ class EngineCore:
     def _sample_and_append(
         self, requests: list[Request], logits: torch.Tensor
     ) -> list[RequestOutput]:
-        outputs = []
-        done = [r for r in requests if _grammar_done(r)]
-        if done:  # e.g. ignore_eos past a complete output: nothing more may follow it
-            outputs = [self._finish(r, RequestStatus.FINISHED_STOPPED) for r in done]
-            logits = logits[[i for i, r in enumerate(requests) if not _grammar_done(r)]]
-            requests = [r for r in requests if not _grammar_done(r)]
         if not requests:
-            return outputs
+            return []
+        outputs = []
         # Token histories are only read by penalties; copying them every step would cost O(length).
         rows = [
             SampleRequest(r.params, _state_of(r).generator, r.prompt_token_ids, r.output_token_ids)
@@ -446,6 +441,8 @@ class EngineCore:
             request.stop_reason = state.detokenizer.stop_string
             return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
         if state.matcher is not None and state.matcher.done:
+            # Nothing may follow a complete output (not even under ignore_eos): every way on
+            # from here finishes, so a sequence is never sampled past its grammar's end.
             return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
         if request.num_tokens >= request.max_total_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, delta, new)
@@ -498,11 +495,6 @@ def _timing(request: Request) -> RequestTiming:
         request.first_token_time,
         request.finished_time,
     )
-
-
-def _grammar_done(request: Request) -> bool:
-    matcher = _state_of(request).matcher
-    return matcher is not None and matcher.done
 
 
 def _state_of(request: Request) -> EngineSideState:

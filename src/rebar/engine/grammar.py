@@ -46,8 +46,8 @@ class Grammars:
     """Compiled grammars for one model: `check` before admitting, `matcher` per sequence.
 
     Thread-safe: the server checks on a worker thread while the engine thread makes matchers. The
-    grammar tokenizer is built on first use (0.2 s for a 49k vocabulary, 2.4 s for 262k), so a
-    service that never sees a structured request never pays for it.
+    grammar tokenizer is built on first use (0.2-0.4 s for a 49k vocabulary, 2.4-3.4 s for 262k),
+    so a service that never sees a structured request never pays for it.
     """
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:

@@ -88,11 +88,11 @@ class ToolCallStream:
         events: list[StreamEvent] = []
         while True:
             if self._call is None:
-                start = self._pending.find(HERMES_OPEN)
-                if start < 0 or not (self.reader.parallel or not self._num_calls):
-                    keep = _partial_suffix(self._pending, HERMES_OPEN)
-                    if start >= 0:
-                        keep = 0
+                # Without parallel calls, blocks after the first are text.
+                may_open = self.reader.parallel or not self._num_calls
+                start = self._pending.find(HERMES_OPEN) if may_open else -1
+                if start < 0:  # hold back what may be the start of a tag
+                    keep = _partial_suffix(self._pending, HERMES_OPEN) if may_open else 0
                     text, self._pending = _cut(self._pending, len(self._pending) - keep)
                     if text:
                         events.append(self._text(text))

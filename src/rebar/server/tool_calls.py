@@ -106,12 +106,15 @@ class ToolCallReader:
         return ParsedAnswer("".join(content).strip() if calls else text, tuple(calls))
 
     def _whole_answer(self, text: str, decode) -> ParsedAnswer:
-        values = decode(text)
-        calls = [self.call_from(v, key) for v, key in values] if values else []
-        if not calls or any(c is None for c in calls):
+        values = decode(text) or []
+        calls = [self.call_from(v, key) for v, key in values]
+        if not calls or None in calls:
             return ParsedAnswer(text, ())
-        kept = [c for c in calls if c is not None]
-        return ParsedAnswer("", tuple(kept if self.parallel else kept[:1]))
+        if self.parallel or len(calls) == 1:
+            return ParsedAnswer("", tuple(c for c in calls if c is not None))
+        # One call only: the first; the others stay in the answer, as JSON, not dropped.
+        rest = json.dumps([v for v, _ in values[1:]], ensure_ascii=False)
+        return ParsedAnswer(rest, (calls[0],) if calls[0] else ())
 
 
 def json_or_none(text: str) -> Any:

@@ -113,9 +113,6 @@ def _checked(llm: ModelText, tool: Tool, index: int) -> dict[str, Any]:
     as_dict = tool.model_dump(exclude_none=True, by_alias=True)
     if llm.tokenizer.holds_special_text(json.dumps(as_dict, ensure_ascii=False)):
         raise InvalidRequestError(f"tools.{index} holds control-token text", f"tools.{index}")
-    parameters = tool.function.parameters
-    if parameters is not None and not isinstance(parameters, dict):
-        raise InvalidRequestError("parameters must be a JSON schema object", f"tools.{index}")
     return as_dict
 
 

@@ -91,23 +91,24 @@ class ChatRenderer(Renderer):
         reason = openai_finish_reason(reason)
         return "tool_calls" if has_calls and reason == "stop" else reason
 
+    def _choice(self, choice: Choice) -> dict:
+        message = self._message(choice.text)
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": chat_logprobs(self.tokenizer, list(choice.logprobs))
+            if self.with_logprobs
+            else None,
+            "finish_reason": self._reason(choice.finish_reason, "tool_calls" in message),
+        }
+
     def json(self, completion: Completion) -> dict:
         return {
             "id": self.response_id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": message,
-                    "logprobs": chat_logprobs(self.tokenizer, list(c.logprobs))
-                    if self.with_logprobs
-                    else None,
-                    "finish_reason": self._reason(c.finish_reason, "tool_calls" in message),
-                }
-                for c, message in ((c, self._message(c.text)) for c in completion.choices)
-            ],
+            "choices": [self._choice(c) for c in completion.choices],
             "usage": usage(
                 completion.num_prompt_tokens,
                 completion.num_completion_tokens,
