@@ -6,10 +6,7 @@ import importlib.util
 import shutil
 
 import pytest
-from chat_page_driver import open_page
 from web_tools import CHROMIUM, WEB_DIR, missing_tool
-
-from live_server import server_settings, serving_models
 
 
 @pytest.fixture(scope="session")
@@ -38,19 +35,3 @@ def chromium_browser():
             yield browser
         finally:
             browser.close()
-
-
-@pytest.fixture(scope="module")
-def chat_server(served_models):
-    """(url, app) of a real server on the bundled models, for one test module's pages."""
-    with serving_models(served_models, server_settings()) as (url, app):
-        yield url, app
-
-
-@pytest.fixture
-def chat(chromium_browser, chat_server):
-    """The chat page, opened on `chat_server` with its model loaded."""
-    url, _app = chat_server
-    with open_page(chromium_browser, url) as page:
-        page.wait_for_model()
-        yield page

@@ -5,10 +5,27 @@ from __future__ import annotations
 import re
 import time
 
-from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric
+import pytest
+from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
 from web_tools import SCREENSHOT_DIR
 
+from live_server import server_settings, serving_models
+
 STATS = re.compile(r"first token \d+\.\d\d s · \d+\.\d tokens/s · \d+ tokens")
+
+
+@pytest.fixture(scope="module")
+def chat_server(served_models):
+    with serving_models(served_models, server_settings()) as (url, app):
+        yield url, app
+
+
+@pytest.fixture
+def chat(chromium_browser, chat_server):
+    url, _app = chat_server
+    with open_page(chromium_browser, url) as page:
+        page.wait_for_model()
+        yield page
 
 
 def test_answer_streams_in_token_by_token_and_survives_a_reload(chat, chat_server) -> None:

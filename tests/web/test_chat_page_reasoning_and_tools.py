@@ -11,8 +11,11 @@ from __future__ import annotations
 import itertools
 import json
 
-from chat_page_driver import GENERATION_TIMEOUT_MS, expect
+import pytest
+from chat_page_driver import GENERATION_TIMEOUT_MS, expect, open_page
 from web_tools import SCREENSHOT_DIR
+
+from live_server import server_settings, serving_models
 
 CHAT_ROUTE = "**/v1/chat/completions"
 REASONING = "The user asks two things.\nI need the weather tool and the adder. <b>not bold</b>"
@@ -33,6 +36,20 @@ WEATHER_TOOL = {
         },
     },
 }
+
+
+@pytest.fixture(scope="module")
+def chat_server(served_models):
+    with serving_models(served_models, server_settings()) as (url, app):
+        yield url, app
+
+
+@pytest.fixture
+def chat(chromium_browser, chat_server):
+    url, _app = chat_server
+    with open_page(chromium_browser, url) as page:
+        page.wait_for_model()
+        yield page
 
 
 def sse_stream(deltas: list[dict], finish_reason: str) -> str:
