@@ -15,11 +15,13 @@ from rebar.store import MemoryStore, RateDecision, ResilientStore, StoreError
 
 
 class FlakyStore(MemoryStore):
-    """A MemoryStore that can be made to fail (`down`) or stall (`delay_s`); counts calls."""
+    """A MemoryStore that can be made to fail (`down`, raising `error`) or stall (`delay_s`);
+    counts calls."""
 
     def __init__(self) -> None:
         super().__init__()
         self.down = False
+        self.error: Exception = StoreError("backend down")
         self.delay_s = 0.0
         self.num_calls = 0
 
@@ -28,7 +30,7 @@ class FlakyStore(MemoryStore):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.down:
-            raise StoreError("backend down")
+            raise self.error
 
     async def get(self, key):  # type: ignore[override]
         await self._enter()
@@ -53,6 +55,14 @@ class FlakyStore(MemoryStore):
     async def rate_limit(self, key, cost, limit, window_ms, *, clamp=False):  # type: ignore[override]
         await self._enter()
         return await super().rate_limit(key, cost, limit, window_ms, clamp=clamp)
+
+    async def publish(self, channel, message):  # type: ignore[override]
+        await self._enter()
+        return await super().publish(channel, message)
+
+    async def subscribe(self, channel):  # type: ignore[override]
+        await self._enter()
+        return await super().subscribe(channel)
 
     async def ping(self) -> bool:
         await self._enter()
@@ -315,6 +325,101 @@ def test_hung_redis_times_out_to_fallbacks(silent_port: int) -> None:
         assert await _timed(store.set_if_absent("lock", b"1", 1000)) is True
         assert store.circuit_open and store.num_errors == 2
         assert (await _timed(store.rate_limit("rl", 1, 5, 60_000))).allowed
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_publish_falls_back_to_nobody_reached() -> None:
+    async def main() -> None:
+        inner = FlakyStore()
+        store = ResilientStore(inner, failure_threshold=2, open_for_s=30)
+        sub = await store.subscribe("events")
+        assert await store.publish("events", b"up") == 1
+        inner.down = True
+        assert await store.publish("events", b"lost") == 0
+        assert await store.publish("events", b"lost") == 0
+        assert store.circuit_open and store.num_errors == 2
+        calls = inner.num_calls
+        assert await store.publish("events", b"short-circuited") == 0
+        assert inner.num_calls == calls and store.num_short_circuited == 1
+        with pytest.raises(TypeError):
+            await store.publish("events", "text")  # type: ignore[arg-type]
+        assert await asyncio.wait_for(anext(sub), 5) == b"up"
+        await store.close()
+        with pytest.raises(StopAsyncIteration):
+            await anext(sub)
+
+    asyncio.run(main())
+
+
+def test_slow_publish_times_out_to_zero() -> None:
+    async def main() -> None:
+        inner = FlakyStore()
+        inner.delay_s = 5
+        store = ResilientStore(inner, call_timeout_s=0.1)
+        assert await _timed(store.publish("events", b"m")) == 0
+        assert store.num_errors == 1
+
+    asyncio.run(main())
+
+
+def test_subscribe_passes_through_the_circuit() -> None:
+    async def main() -> None:
+        inner = FlakyStore()
+        store = ResilientStore(inner, failure_threshold=1, open_for_s=30)
+        inner.down = True
+        await store.get("k")
+        assert store.circuit_open
+        with pytest.raises(StoreError, match="backend down"):  # no fallback: raised
+            await store.subscribe("events")
+        inner.error = ConnectionRefusedError("refused")
+        with pytest.raises(StoreError, match="ConnectionRefusedError"):  # wrapped
+            await store.subscribe("events")
+        assert store.num_errors == 1 and store.num_short_circuited == 0  # the circuit is not told
+
+        inner.down = False
+        sub = await store.subscribe("events")  # the circuit is still open: subscribe goes through
+        assert store.circuit_open and inner.num_calls == 4
+        assert await inner.publish("events", b"direct") == 1
+        assert await asyncio.wait_for(anext(sub), 5) == b"direct"
+        await sub.close()
+
+        inner.delay_s = 5
+        start = time.monotonic()
+        with pytest.raises(StoreError, match="timed out"):
+            await store.subscribe("events")
+        assert time.monotonic() - start < 1.5
+
+    asyncio.run(main())
+
+
+def test_redis_killed_under_pubsub(own_redis_server) -> None:
+    from rebar.store import RedisStore
+
+    server = own_redis_server
+
+    async def main() -> None:
+        store = ResilientStore(RedisStore(server.url), failure_threshold=3, open_for_s=30)
+        sub = await store.subscribe("events")
+        assert await store.publish("events", b"up") == 1
+        assert await asyncio.wait_for(anext(sub), 5) == b"up"
+        waiting = asyncio.create_task(anext(sub))
+        await asyncio.sleep(0.05)
+
+        server.kill()
+        with pytest.raises(StoreError):  # the subscription is the backend's: its loss is raised
+            await asyncio.wait_for(waiting, 3)
+        assert await _timed(store.publish("events", b"lost")) == 0
+        start = time.monotonic()
+        with pytest.raises(StoreError):
+            await store.subscribe("events")
+        assert time.monotonic() - start < 1.5
+
+        server.restart()
+        again = await store.subscribe("events")
+        assert server.cli("PUBLISH", "events", "back") == "1"
+        assert await asyncio.wait_for(anext(again), 5) == b"back"
         await store.close()
 
     asyncio.run(main())

@@ -1,4 +1,5 @@
-"""Side-service storage: response and embedding caches, rate-limit counters, locks.
+"""Side-service storage: response and embedding caches, rate-limit counters, locks, and
+publish/subscribe for events between server processes.
 
 `MemoryStore` (in-process, the default, nothing to start) and `RedisStore` (a real Redis server,
 shared by every process) implement the `Store` protocol; `ResilientStore` wraps either so backend
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rebar.store.base import RateDecision, Store, StoreError
+from rebar.store.base import RateDecision, Store, StoreError, Subscription
 from rebar.store.memory import MemoryStore
 from rebar.store.rate_limit import RateLimiter, RateLimitResult, RateLimits, format_reset
 from rebar.store.resilient import ResilientStore
@@ -28,6 +29,7 @@ __all__ = [
     "ResilientStore",
     "Store",
     "StoreError",
+    "Subscription",
     "format_reset",
     "open_store",
 ]

@@ -10,12 +10,17 @@ and the shared test suite checks them against it:
   e.g. `b"3"`); callers should give them their own key names.
 - Backend failures (unreachable server, timeout, protocol error) raise `StoreError`; invalid
   arguments raise before any I/O: `ValueError` for a non-positive TTL or window or a negative
-  cost or limit, `TypeError` for a value that is not bytes.
+  cost or limit, `TypeError` for a value or message that is not bytes.
+- Publish/subscribe is fire-and-forget, as in Redis: a message reaches the subscriptions of its
+  channel that are open when it is published, in publish order; nothing is kept for later
+  subscribers, and a subscription whose connection is lost raises `StoreError` rather than
+  silently resubscribing (messages published meanwhile would be missed without anyone knowing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from rebar.errors import RebarError
@@ -38,6 +43,41 @@ class RateDecision:
     allowed: bool
     remaining: int
     reset_ms: int
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    """The messages published to one channel since `Store.subscribe` returned.
+
+    Iterate it (`async for message in sub`) to receive each message's bytes in publish order.
+    Iteration waits for the next message; it stops once the subscription is closed, and raises
+    `StoreError` when the backend connection is lost (every message received before the loss is
+    still yielded first; the caller then subscribes again, and re-reads any state it needs).
+    Use it as an async context manager, or call `close`, to release it.
+    """
+
+    def __aiter__(self) -> Subscription: ...
+
+    async def __anext__(self) -> bytes:
+        """The next message; raises StopAsyncIteration once closed, StoreError once lost."""
+        ...
+
+    async def close(self) -> None:
+        """Stop receiving and release the subscription's connection; safe to call again.
+
+        Iterations waiting for a message end (StopAsyncIteration), and `publish` stops counting
+        this subscription once `close` returns.
+        """
+        ...
+
+    async def __aenter__(self) -> Subscription: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -89,12 +129,29 @@ class Store(Protocol):
         """
         ...
 
+    async def publish(self, channel: str, message: bytes) -> int:
+        """Deliver `message` to every subscription of `channel` open now; returns how many got it.
+
+        For Redis this is PUBLISH's reply, counting subscribers in every process; for the memory
+        store, this store's open subscriptions. 0 means nobody was listening (it is not an error).
+        """
+        ...
+
+    async def subscribe(self, channel: str) -> Subscription:
+        """Subscribe to `channel`; returns once the backend has confirmed the subscription.
+
+        Every message published after this returns is received, so a caller can subscribe first,
+        then read the state the messages announce changes to, and never miss a change.
+        """
+        ...
+
     async def ping(self) -> bool:
         """True when the backend answers; False (never an exception) when it does not."""
         ...
 
     async def close(self) -> None:
-        """Release connections. The store must not be used afterwards."""
+        """Close the store's subscriptions and release connections. The store must not be used
+        afterwards."""
         ...
 
 

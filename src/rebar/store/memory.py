@@ -1,7 +1,8 @@
 """`MemoryStore`: the embedded default store, a dict in this process.
 
 Nothing to start and nothing shared: each process has its own data, so limits and caches are per
-process. Use `RedisStore` when several server processes must share them.
+process, and a published message reaches only this store's subscriptions. Use `RedisStore` when
+several server processes must share them.
 """
 
 from __future__ import annotations
@@ -14,10 +15,21 @@ from collections.abc import Callable
 from rebar.store.base import (
     RateDecision,
     StoreError,
+    Subscription,
     check_rate_args,
     check_ttl,
     check_value,
 )
+from rebar.store.subscription import DEFAULT_MAX_PENDING, QueuedSubscription
+
+
+class _MemorySubscription(QueuedSubscription):
+    def __init__(self, store: MemoryStore, channel: str, max_pending: int) -> None:
+        super().__init__(channel, max_pending)
+        self._store = store
+
+    async def _release(self) -> None:
+        self._store._forget(self)
 
 
 class MemoryStore:
@@ -32,6 +44,10 @@ class MemoryStore:
       either evicts the least recently written keys first (a lock or counter can therefore vanish
       under memory pressure, as in Redis with an eviction policy); a single value larger than
       `max_bytes` is a StoreError;
+    - `publish` handing the message to each open subscription of the channel before it returns
+      (the count is theirs); each subscription queues up to `max_pending_messages` unread
+      messages, then drops the oldest (logging one warning on "rebar.store" per subscription);
+      `close` closes every subscription;
     - not thread-safe: use it from one event loop.
     """
 
@@ -40,6 +56,7 @@ class MemoryStore:
         max_entries: int = 100_000,
         max_bytes: int = 256 * 2**20,
         clock: Callable[[], float] = time.monotonic,
+        max_pending_messages: int = DEFAULT_MAX_PENDING,
     ) -> None:
         if max_entries < 1 or max_bytes < 1:
             raise ValueError(
@@ -51,6 +68,11 @@ class MemoryStore:
         self._entries: OrderedDict[str, tuple[bytes, float | None]] = OrderedDict()
         self.num_bytes = 0  # keys and values held
         self.num_evicted = 0
+        if max_pending_messages < 1:
+            raise ValueError(f"max_pending_messages must be >= 1, got {max_pending_messages}")
+        self.max_pending_messages = max_pending_messages
+        # channel -> its open subscriptions, in subscription order (a dict as an ordered set).
+        self._subscriptions: dict[str, dict[_MemorySubscription, None]] = {}
 
     def __len__(self) -> int:
         """Number of entries held, counting expired ones not yet dropped."""
@@ -148,9 +170,30 @@ class MemoryStore:
         reset_ms = 0 if expires_at is None else self._remaining_ms(expires_at)
         return RateDecision(allowed=allowed, remaining=max(0, limit - current), reset_ms=reset_ms)
 
+    async def publish(self, channel: str, message: bytes) -> int:
+        check_value(message)
+        subscriptions = self._subscriptions.get(channel, {})
+        for subscription in subscriptions:
+            subscription.deliver(message)
+        return len(subscriptions)
+
+    async def subscribe(self, channel: str) -> Subscription:
+        subscription = _MemorySubscription(self, channel, self.max_pending_messages)
+        self._subscriptions.setdefault(channel, {})[subscription] = None
+        return subscription
+
+    def _forget(self, subscription: _MemorySubscription) -> None:
+        subscriptions = self._subscriptions.get(subscription.channel, {})
+        subscriptions.pop(subscription, None)
+        if not subscriptions:
+            self._subscriptions.pop(subscription.channel, None)
+
     async def ping(self) -> bool:
         return True
 
     async def close(self) -> None:
+        for subscriptions in list(self._subscriptions.values()):
+            for subscription in list(subscriptions):
+                await subscription.close()
         self._entries.clear()
         self.num_bytes = 0

@@ -16,7 +16,15 @@ from typing import Literal, TypeVar
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from rebar.store.base import RateDecision, Store, check_rate_args, check_ttl, check_value
+from rebar.store.base import (
+    RateDecision,
+    Store,
+    StoreError,
+    Subscription,
+    check_rate_args,
+    check_ttl,
+    check_value,
+)
 
 T = TypeVar("T")
 
@@ -24,15 +32,23 @@ logger = logging.getLogger("rebar.store")
 
 
 class ResilientStore:
-    """Wraps any `Store` so that no call raises for a backend failure or takes longer than
-    `call_timeout_s` plus scheduling slack (`close` allows at least a second).
+    """Wraps any `Store` so that no call except `subscribe` raises for a backend failure, and none
+    takes longer than `call_timeout_s` plus scheduling slack (`close` and `subscribe` allow at
+    least a second).
 
     Callers may rely on:
     - a failed or timed-out call returning its fallback: `get` -> None (a miss); `set`, `delete`
       -> nothing happens; `set_if_absent` -> True (a waiter never deadlocks on a lock nobody can
       release); `ttl_ms` -> None; `rate_limit` -> allowed with `remaining=limit` and `reset_ms=0`
       when `on_error="allow"`, or denied with `remaining=0` and `reset_ms` = time until the next
-      trial call when `on_error="deny"`;
+      trial call when `on_error="deny"`; `publish` -> 0 (nobody was reached: the announcement is
+      lost, as it would be with no subscriber);
+    - `subscribe` always asking the backend (it bypasses the circuit, like `ping`: a subscription
+      is long-lived, and one refused while the circuit is open would be missing long after the
+      backend is back) and raising `StoreError` for any backend failure or timeout, because the
+      caller has no fallback but to retry; the subscription it returns is the backend's own, so
+      its iteration raises `StoreError` when the connection is lost, and the caller subscribes
+      again;
     - the circuit opening after `failure_threshold` consecutive failures: for `open_for_s` seconds
       calls return fallbacks without touching the backend (`num_short_circuited` counts them);
       then one trial call goes through (others keep short-circuiting until it finishes); its
@@ -197,6 +213,26 @@ class ResilientStore:
             lambda: self.inner.rate_limit(key, cost, limit, window_ms, clamp=clamp),
             fallback,
         )
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        check_value(message)
+        return await self._guarded(
+            "publish", lambda: self.inner.publish(channel, message), lambda: 0
+        )
+
+    async def subscribe(self, channel: str) -> Subscription:
+        try:
+            # Connecting a new socket and waiting for the confirmation may take longer than a call.
+            async with asyncio.timeout(max(self.call_timeout_s, 1.0)):
+                return await self.inner.subscribe(channel)
+        except (StoreError, ValueError, TypeError):
+            raise
+        except Exception as exc:  # a timeout, or a backend error the inner store did not wrap
+            if isinstance(exc, TimeoutError):
+                raise StoreError(f"store subscribe {channel!r} timed out") from exc
+            raise StoreError(
+                f"store subscribe {channel!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def ping(self) -> bool:
         try:
