@@ -15,7 +15,14 @@ import pytest
 from pydantic import ValidationError
 
 from markers import requires_smollm2
-from rebar.config import PROCESS_ENV_SWITCHES, EngineSettings, Settings, load_settings, to_toml
+from rebar.config import (
+    PROCESS_ENV_SWITCHES,
+    EngineSettings,
+    ServedModelSettings,
+    Settings,
+    load_settings,
+    to_toml,
+)
 from rebar.errors import ConfigError
 
 EXAMPLE_TOML = Path(__file__).resolve().parents[1] / "rebar.toml"
@@ -130,6 +137,8 @@ def test_example_toml_shows_every_key_with_a_comment() -> None:
     for index, line in enumerate(lines):
         if match := re.fullmatch(r"\[(\w+)\]", line.strip()):
             section = match.group(1)
+        elif match := re.fullmatch(r"#\s*\[\[(\w+)\.(\w+)\]\]", line.strip()):
+            section = f"{match.group(1)}.{match.group(2)}"  # an example table of a list
         elif section and (match := re.fullmatch(r"#?\s*(\w+)\s*=.*", line.strip())):
             assert lines[index - 1].startswith("#"), (
                 f"{section}.{match.group(1)} has no comment line"
@@ -140,6 +149,7 @@ def test_example_toml_shows_every_key_with_a_comment() -> None:
         for name, field in Settings.model_fields.items()
         for key in field.annotation.model_fields
     }
+    expected |= {f"models.serve.{key}" for key in ServedModelSettings.model_fields}
     assert seen == expected
 
 

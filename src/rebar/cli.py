@@ -15,6 +15,7 @@ from rebar.contract_cli import add_contract_parser
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
 from rebar.errors import InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
+from rebar.models_cli import add_models_parser
 from rebar.openmp_env import shorten_openmp_spin
 from rebar.quant.cli import add_quantize_parser
 from rebar.setting_flags import (
@@ -305,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_parser(commands)
     _add_config_parser(commands)
     add_contract_parser(commands, _add_model_args)
+    add_models_parser(commands)
     return parser
 
 

@@ -118,14 +118,24 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     )
     engine = SimpleNamespace(stats=lambda: stats)
     chat = SimpleNamespace(
+        dtype="torch.float32", config=SimpleNamespace(source_architecture="LlamaForCausalLM")
+    )
+    instance = SimpleNamespace(
+        entry=SimpleNamespace(name="tiny"),
+        engine=engine,
+        closed=False,
+        text=chat,
         load_seconds=1.5,
-        dtype="torch.float32",
-        config=SimpleNamespace(source_architecture="LlamaForCausalLM"),
+        footprint_bytes=3 * 2**20,
+    )
+    slot = SimpleNamespace(
+        name="tiny", current=instance, retired=[instance], version=2, state="reloading"
+    )
+    registry = SimpleNamespace(
+        loaded=lambda: [instance, instance], slots={"tiny": slot}, total_bytes=2**30
     )
     state = SimpleNamespace(
-        models=SimpleNamespace(
-            engine=engine, chat_name="tiny", chat=chat, embedding_name=None, embedding=None
-        ),
+        registry=registry,
         response_cache=SimpleNamespace(stats=SimpleNamespace(hits=2, stale_hits=1, misses=4)),
         embedding_cache=None,
         num_rate_limited=3,
@@ -135,22 +145,27 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     metrics = ServerMetrics()
     metrics.attach(state)
     s = samples(metrics)
-    assert s[("rebar_requests_running", ())] == 2 and s[("rebar_requests_waiting", ())] == 3
-    assert s[("rebar_kv_cache_usage_ratio", ())] == 0.25
+    M = (("model", "tiny"),)  # engine series carry the model's name; a retiring version is not
+    # counted twice
+    assert s[("rebar_requests_running", M)] == 2 and s[("rebar_requests_waiting", M)] == 3
+    assert s[("rebar_kv_cache_usage_ratio", M)] == 0.25
     assert (
-        s[("rebar_prefix_cache_queries_total", ())] == 10
-        and s[("rebar_prefix_cache_hits_total", ())] == 4
+        s[("rebar_prefix_cache_queries_total", M)] == 10
+        and s[("rebar_prefix_cache_hits_total", M)] == 4
     )
-    assert s[("rebar_preemptions_total", ())] == 1
-    assert s[("rebar_engine_step_seconds_count", (("kind", "decode"),))] == 3
-    assert s[("rebar_engine_step_seconds_sum", (("kind", "decode"),))] == pytest.approx(0.209)
+    assert s[("rebar_preemptions_total", M)] == 1
+    assert s[("rebar_engine_step_seconds_count", (("kind", "decode"), *M))] == 3
+    assert s[("rebar_engine_step_seconds_sum", (("kind", "decode"), *M))] == pytest.approx(0.209)
     under_a_tenth = repr(next(b for b in STEP_BUCKETS if b >= 0.1))
-    assert s[("rebar_engine_step_seconds_bucket", (("kind", "decode"), ("le", under_a_tenth)))] == 2
-    assert s[("rebar_engine_step_seconds_count", (("kind", "prefill"),))] == 0
-    assert s[("rebar_engine_grammar_mask_seconds_count", ())] == 2
-    assert s[("rebar_engine_grammar_mask_seconds_sum", ())] == pytest.approx(0.00035)
+    assert (
+        s[("rebar_engine_step_seconds_bucket", (("kind", "decode"), ("le", under_a_tenth), *M))]
+        == 2
+    )
+    assert s[("rebar_engine_step_seconds_count", (("kind", "prefill"), *M))] == 0
+    assert s[("rebar_engine_grammar_mask_seconds_count", M)] == 2
+    assert s[("rebar_engine_grammar_mask_seconds_sum", M)] == pytest.approx(0.00035)
     fine = repr(next(b for b in FINE_BUCKETS if b >= 0.0001))
-    assert s[("rebar_engine_grammar_mask_seconds_bucket", (("le", fine),))] == 1
+    assert s[("rebar_engine_grammar_mask_seconds_bucket", (("le", fine), *M))] == 1
     assert s[("rebar_response_cache_total", (("result", "hit"),))] == 3
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
     assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0
@@ -162,11 +177,19 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         s[
             (
                 "rebar_model_info",
-                (("architecture", "LlamaForCausalLM"), ("dtype", "float32"), ("model", "tiny")),
+                (
+                    ("architecture", "LlamaForCausalLM"),
+                    ("dtype", "float32"),
+                    ("model", "tiny"),
+                    ("state", "reloading"),
+                    ("version", "2"),
+                ),
             )
         ]
         == 1
     )
+    assert s[("rebar_model_memory_bytes", M)] == 6 * 2**20  # the current and the retiring version
+    assert s[("rebar_models_memory_budget_bytes", ())] == 2**30
 
 
 def test_route_template_bounds_cardinality() -> None:

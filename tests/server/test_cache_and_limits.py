@@ -26,7 +26,7 @@ from redis_server import running_redis_server
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-LLM_KEY = re.compile(r"^rebar:cache:llm:smollm2:[0-9a-f]{64}$")
+LLM_KEY = re.compile(r"^rebar:cache:llm:smollm2-v1:[0-9a-f]{64}$")
 
 
 # --- fixtures and helpers ----------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_cache_entries_have_the_documented_keys_ttls_and_values(served_models, b
         vectors = httpx.post(
             url + EMBEDDINGS, json={"model": "minilm", "input": ["hello world"]}, timeout=60
         ).json()["data"]
-        key = "rebar:cache:emb:minilm:" + hashlib.sha256(b"hello world").hexdigest()
+        key = "rebar:cache:emb:minilm-v1:" + hashlib.sha256(b"hello world").hexdigest()
         assert view.keys("rebar:cache:emb:") == [key]
         assert 35_000 < view.pttl(key) <= 40_000
         stored = np.frombuffer(view.get(key), dtype=np.float32)

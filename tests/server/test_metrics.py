@@ -141,25 +141,26 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     )
     # One request at a time: each prompt in one prefill step, then one decode step per token.
     steps = "rebar_engine_step_seconds"
-    assert delta(after, steps + "_count", kind="prefill") == 3
-    assert delta(after, steps + "_count", kind="decode") == sum(
+    assert delta(after, steps + "_count", kind="prefill", model="smollm2") == 3
+    assert delta(after, steps + "_count", kind="decode", model="smollm2") == sum(
         u["completion_tokens"] - 1 for u in usages
     )
-    assert delta(after, steps + "_bucket", kind="decode", le="+Inf") == delta(
-        after, steps + "_count", kind="decode"
+    assert delta(after, steps + "_bucket", kind="decode", le="+Inf", model="smollm2") == delta(
+        after, steps + "_count", kind="decode", model="smollm2"
     )
-    assert delta(after, steps + "_sum", kind="decode") > 0
+    assert delta(after, steps + "_sum", kind="decode", model="smollm2") > 0
 
     assert delta(after, "rebar_response_cache_total", result="hit") == 1
     assert delta(after, "rebar_response_cache_total", result="miss") == 3
     assert delta(after, "rebar_embedding_cache_total", result="miss") == 1
     assert delta(after, "rebar_embedding_cache_total", result="hit") == 0
-    assert delta(after, "rebar_prefix_cache_queries_total") > 0
+    assert delta(after, "rebar_prefix_cache_queries_total", model="smollm2") > 0
 
     assert (
-        value(after, "rebar_requests_running") == 0 and value(after, "rebar_requests_waiting") == 0
+        value(after, "rebar_requests_running", model="smollm2") == 0
+        and value(after, "rebar_requests_waiting", model="smollm2") == 0
     )
-    assert 0 <= value(after, "rebar_kv_cache_usage_ratio") <= 1
+    assert 0 <= value(after, "rebar_kv_cache_usage_ratio", model="smollm2") <= 1
     assert (
         value(after, "rebar_rate_limited_total") == 0
         and value(after, "rebar_store_circuit_open") == 0
@@ -171,6 +172,8 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
         if name == "rebar_model_info" and v == 1
     }
     assert set(info) == {"smollm2", "minilm"} and info["smollm2"]["dtype"] == "float32"
+    assert info["smollm2"]["version"] == "1" and info["smollm2"]["state"] == "loaded"
+    assert value(after, "rebar_model_memory_bytes", model="smollm2") > 50 * 2**20
 
 
 def test_metrics_is_open_and_unknown_paths_are_other() -> None:

@@ -205,7 +205,7 @@ def test_redis_crash_under_load_costs_no_request_and_the_cache_comes_back(
             time.sleep(0.2)
         assert second.json()["choices"] == first.json()["choices"]
         assert not store.circuit_open
-        keys = redis_server.cli("--scan", "--pattern", "rebar:cache:llm:smollm2:*").split()
+        keys = redis_server.cli("--scan", "--pattern", "rebar:cache:llm:smollm2-v1:*").split()
         assert len(keys) >= 1 and not any(k.endswith(":lock") for k in keys)
         # The rate limiter counts in Redis again (its fallback reports the whole limit as
         # remaining).

@@ -148,7 +148,7 @@ def test_engine_in_its_own_process_serves_drains_and_reports_a_crash(tmp_path) -
         streamed = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
         metrics = httpx.get(url + "/metrics", timeout=10).text
-        assert 'rebar_engine_step_seconds_count{kind="decode"}' in metrics
+        assert 'rebar_engine_step_seconds_count{kind="decode",model="smollm2"}' in metrics
         assert "rebar_kv_cache_usage_ratio" in metrics
         schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
         structured = {

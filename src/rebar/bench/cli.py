@@ -1,5 +1,5 @@
-"""`rebar bench offline | serve | compare | http | grammar | gate | make-model`: argument parsing
-and the commands (heavy imports happen only when one runs)."""
+"""`rebar bench offline | serve | compare | http | grammar | reload | gate | make-model`: argument
+parsing and the commands (heavy imports happen only when one runs)."""
 
 from __future__ import annotations
 
@@ -164,6 +164,12 @@ def cmd_bench_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_reload(args: argparse.Namespace) -> int:
+    from rebar.bench.reload_load import cmd_bench_reload as run
+
+    return run(args)
+
+
 def cmd_bench_grammar(args: argparse.Namespace) -> int:
     from rebar.bench.grammar_cost import run_grammar_cost, to_json
     from rebar.engine.llm import LLM
@@ -202,6 +208,7 @@ def add_bench_parser(
     _add_compare_parser(bench, positive_int)
     _add_http_parser(bench, positive_int)
     _add_grammar_parser(bench, add_model_args, positive_int)
+    _add_reload_parser(bench, positive_int)
     _add_gate_parser(bench, positive_int)
     _add_make_model_parser(bench, positive_int)
 
@@ -410,3 +417,26 @@ def _add_make_model_parser(bench: Any, positive_int: Callable[[str], int]) -> No
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--keep-f16", action="store_true", help="keep the intermediate F16 file")
     make.set_defaults(handler=cmd_bench_make_model)
+
+
+def _add_reload_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
+    reload = bench.add_parser(
+        "reload",
+        help="hot reloads under streaming load across server processes sharing a Redis",
+        description=(
+            "Starts --servers `rebar serve` processes on one Redis, streams chat completions "
+            "from --streams clients, reloads the model --reloads times (each asked of the next "
+            "process) and reports failures, streams that saw two versions, the swap times, the "
+            "chunk gaps clients saw and each process's memory before, during and after."
+        ),
+    )
+    reload.add_argument("--model", default="smollm2", help="what each `rebar serve` serves")
+    reload.add_argument("--redis-url", required=True, help="the Redis every process shares")
+    reload.add_argument("--servers", type=positive_int, default=2, help="server processes (2)")
+    reload.add_argument("--streams", type=positive_int, default=16, help="concurrent streams")
+    reload.add_argument("--reloads", type=positive_int, default=3)
+    reload.add_argument("--interval", type=float, default=2.0, help="seconds between reloads")
+    reload.add_argument("--tokens", type=positive_int, default=64, help="tokens per answer")
+    reload.add_argument("--threads", type=positive_int, default=None, help="torch threads each")
+    reload.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    reload.set_defaults(handler=cmd_bench_reload)

@@ -227,6 +227,12 @@ def _describe_error(error: Any, origins: _Origins) -> str:
     path = loc[:2]
     dotted = ".".join(path)
     origin = origins.describe(path)
+    if len(loc) > 2 and loc[2].isdigit():  # inside one entry of a list of tables (models.serve)
+        where = f"{dotted}[{loc[2]}]" + "".join(f".{part}" for part in loc[3:])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            return f"unknown setting {where!r} {origin}"
+        return f"invalid setting {where} = {error['input']!r} {origin}: {message}"
     if error["type"] == "extra_forbidden":
         return f"unknown setting {'.'.join(loc)!r} {origin}"
     field = _field(path)

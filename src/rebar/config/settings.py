@@ -115,12 +115,42 @@ class ServerSettings(_Section):
         return keys
 
 
+def served_name(model: str) -> str:
+    """The id clients use for a model given by alias or path: the alias, or the file/folder
+    name."""
+    return (
+        Path(model).name.removesuffix(".gguf")
+        if ("/" in model or model.endswith(".gguf"))
+        else model
+    )
+
+
+class ServedModelSettings(_Section):
+    """One `[[models.serve]]` entry: a model the service may serve, loaded at start when pinned,
+    else on its first request, and unloaded after `keep_alive_s` idle or to make room."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")  # the API's `model` id
+    model: str = Field(min_length=1)  # an alias, a .gguf file or an HF folder
+    kind: Literal["chat", "embedding"] = "chat"
+    # Bytes for weights + KV cache; the KV cache gets what the weights leave. None: weights plus
+    # the KV cache [engine] sizes.
+    memory_budget: Annotated[Annotated[int, Field(ge=2**20)] | None, Unsettable] = None
+    keep_alive_s: float = Field(300.0, ge=0)  # idle seconds before it is unloaded
+    pinned: bool = False  # loaded at start and never unloaded
+
+
 class ModelsSettings(_Section):
-    """Which models to serve: an alias, a .gguf file or an HF folder. None disables that
-    endpoint."""
+    """Which models to serve. `chat` and `embedding` are a shorthand for one pinned entry each
+    (None disables it); `serve` lists more."""
 
     chat: Annotated[str | None, Unsettable] = "smollm2"
     embedding: Annotated[str | None, Unsettable] = "minilm"
+    serve: tuple[ServedModelSettings, ...] = ()
+    # Bytes all loaded models may hold together; idle unpinned ones are unloaded (least recently
+    # used first) to make room. None: 90% of the memory available when the server starts.
+    memory_budget: Annotated[Annotated[int, Field(ge=2**20)] | None, Unsettable] = None
+    # Seconds a request waits for its model to load before a 503 with Retry-After.
+    load_wait_s: float = Field(60.0, gt=0)
     dtype: DtypeName = "float32"
     # Expand quantized (GGUF) weights to `dtype` at load: the float reference, several times slower
     # and larger. Off: they stay quantized and run on rebar's kernels (activations rounded to int8,
@@ -134,9 +164,26 @@ class ModelsSettings(_Section):
 
     @model_validator(mode="after")
     def _serves_something(self) -> ModelsSettings:
-        if self.chat is None and self.embedding is None:
-            raise ValueError("models.chat and models.embedding are both disabled; nothing to serve")
+        entries = self.entries()
+        if not entries:
+            raise ValueError(
+                "models.chat, models.embedding and models.serve are all empty; nothing to serve"
+            )
+        names = [entry.name for entry in entries]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"two served models are named {', '.join(map(repr, repeated))}")
         return self
+
+    def entries(self) -> tuple[ServedModelSettings, ...]:
+        """Every model the service may serve: the `chat` and `embedding` shorthands (pinned), then
+        `serve`, in that order."""
+        shorthand = tuple(
+            ServedModelSettings(name=served_name(model), model=model, kind=kind, pinned=True)
+            for model, kind in ((self.chat, "chat"), (self.embedding, "embedding"))
+            if model is not None
+        )
+        return shorthand + self.serve
 
 
 def _pydantic_field(spec: SettingSpec) -> tuple[Any, Any]:

@@ -269,9 +269,11 @@ class AsyncEngine(EngineFront):
 
     shares_memory_with_core = True
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, name: str = "rebar-engine-core") -> None:
+        """`name` names its thread (one per served model), for stacks and profiles."""
         super().__init__()
         self.core = core
+        self.thread_name = name
         self.tokenizer = core.tokenizer
         self.max_model_len = core.max_model_len
         self._inbox = _QueueInbox()
@@ -280,7 +282,7 @@ class AsyncEngine(EngineFront):
     def start(self) -> None:
         if self._thread is None:
             loop = CoreLoop(self.core, self._inbox, self._deliver, with_stats=False)
-            self._thread = threading.Thread(target=loop.run, name="rebar-engine-core", daemon=True)
+            self._thread = threading.Thread(target=loop.run, name=self.thread_name, daemon=True)
             self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:

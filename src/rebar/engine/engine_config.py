@@ -122,14 +122,19 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def kv_cache_budget(engine: EngineConfig, device: torch.device) -> int:
+    """Bytes for the KV cache: `kv_cache_memory`, else `kv_cache_fraction` of the available memory
+    (capped on CPU)."""
+    if engine.kv_cache_memory is not None:
+        return engine.kv_cache_memory
+    budget = int(engine.kv_cache_fraction * available_memory(device))
+    return min(budget, CPU_KV_CACHE_CAP) if device.type == "cpu" else budget
+
+
 def num_kv_blocks(
     engine: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device
 ) -> int:
     """Blocks that fit the memory budget; at least enough for one full-length sequence."""
-    budget = engine.kv_cache_memory
-    if budget is None:
-        budget = int(engine.kv_cache_fraction * available_memory(device))
-        if device.type == "cpu":
-            budget = min(budget, CPU_KV_CACHE_CAP)
+    budget = kv_cache_budget(engine, device)
     bytes_per_block = kv_bytes_per_token(model, dtype) * engine.block_size
     return budget // bytes_per_block

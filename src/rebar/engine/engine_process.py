@@ -46,12 +46,14 @@ class EngineSpec:
     num_threads: int | None = None  # None: torch's default
     log_level: str = "info"
     log_format: str = "json"
+    memory_budget: int | None = None  # bytes for weights + KV cache (see LLM)
 
 
 @dataclass(frozen=True)
 class _Ready:
     max_model_len: int
     load_seconds: float
+    footprint_bytes: int  # the child's weights + KV cache
     stats: EngineStats
     vocab_size: int  # logits per row (a grammar's mask width)
 
@@ -81,6 +83,7 @@ class EngineProcess(EngineFront):
         self.tokenizer = text.tokenizer
         self.max_model_len = ready.max_model_len
         self.load_seconds = ready.load_seconds
+        self.footprint_bytes = ready.footprint_bytes
         # Schemas are checked here too (before a response starts); the child compiles its own.
         self.checker = RequestChecker(
             self.tokenizer.vocab_size,
@@ -232,6 +235,7 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
             device=spec.device,
             engine_config=spec.engine_config,
             dequantize=spec.dequantize,
+            memory_budget=spec.memory_budget,
         )
         if llm.engine is None:
             raise ConfigError(
@@ -248,7 +252,13 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
         return
     core = llm.engine
     results.send(
-        _Ready(core.max_model_len, llm.load_seconds, core.stats(), core.grammars.vocab_size)
+        _Ready(
+            core.max_model_len,
+            llm.load_seconds,
+            llm.footprint_bytes,
+            core.stats(),
+            core.grammars.vocab_size,
+        )
     )
     try:
         CoreLoop(core, _PipeInbox(commands), results.send).run()

@@ -25,6 +25,7 @@ from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import ConfigError, InvalidRequestError
 from rebar.model.bert import BertModel
 from rebar.model.build import build_model
+from rebar.model.footprint import tensor_bytes
 from rebar.model.loader import open_checkpoint
 
 
@@ -64,7 +65,11 @@ class LLM(ModelText):
         max_model_len: int | None = None,
         engine_config: EngineConfig | None = None,
         dequantize: bool = False,
+        memory_budget: int | None = None,
     ) -> None:
+        """`memory_budget` (bytes) bounds weights + KV cache: the KV cache gets what the weights
+        leave (overriding the engine config's own sizing); a model that cannot fit raises
+        ConfigError with the numbers."""
         started = time.perf_counter()
         self.device = resolve_device(device)  # settings first: a bad one fails before the load
         self.dtype = resolve_dtype(dtype)
@@ -79,13 +84,45 @@ class LLM(ModelText):
             attention_backend=engine_config.attention_backend,
             dequantize=dequantize,
         )
+        self.weight_bytes = tensor_bytes(self.model)
+        if memory_budget is not None:
+            engine_config = replace(
+                engine_config, kv_cache_memory=self._kv_left(memory_budget, model)
+            )
         self.engine: EngineCore | None = None
         if self.config.is_decoder:
-            self.engine = EngineCore(
-                self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device
-            )
+            try:
+                self.engine = EngineCore(
+                    self.model, self.config, self.tokenizer, engine_config, self.dtype, self.device
+                )
+            except InvalidRequestError as exc:
+                if memory_budget is None:
+                    raise
+                raise ConfigError(
+                    f"{model}: a memory budget of {_mib(memory_budget)} leaves "
+                    f"{_mib(memory_budget - self.weight_bytes)} for the KV cache after "
+                    f"{_mib(self.weight_bytes)} of weights; {exc}"
+                ) from None
         self.load_seconds = time.perf_counter() - started
         self._ids = itertools.count()
+
+    def _kv_left(self, memory_budget: int, model: str | Path) -> int:
+        left = memory_budget - self.weight_bytes
+        if left <= 0 or (self.config.is_decoder and left < 2**20):
+            raise ConfigError(
+                f"{model}: its weights take {_mib(self.weight_bytes)}, leaving no room for a KV "
+                f"cache in its memory budget of {_mib(memory_budget)}"
+            )
+        return left
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.engine is None else self.engine.runner.kv_cache.num_bytes
+
+    @property
+    def footprint_bytes(self) -> int:
+        """What this model holds: its weights and its KV cache."""
+        return self.weight_bytes + self.kv_cache_bytes
 
     @property
     def max_model_len(self) -> int:
@@ -242,3 +279,7 @@ class LLM(ModelText):
 
 def _renamed(output: RequestOutput, request_id: str) -> RequestOutput:
     return replace(output, request_id=request_id)
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"

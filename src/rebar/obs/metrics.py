@@ -254,72 +254,107 @@ class StateCollector(Collector):
         yield from self._models()
 
     def _engine(self) -> Iterator[Metric]:
-        engine = self.state.models.engine
-        if engine is None:
-            return
-        st = engine.stats()
-        yield GaugeMetricFamily(
-            "rebar_requests_running", "Requests in the running batch.", value=st.num_running
+        """Each loaded chat model's engine counters, labelled with its name."""
+        registry = self.state.registry
+        engines = [
+            (instance.entry.name, instance.engine)
+            for instance in (registry.loaded() if registry is not None else [])
+            if instance.engine is not None and not instance.closed
+        ]
+        labels = ["model"]
+        running = GaugeMetricFamily(
+            "rebar_requests_running", "Requests in the running batch.", labels=labels
         )
-        yield GaugeMetricFamily(
-            "rebar_requests_waiting", "Requests waiting to be scheduled.", value=st.num_waiting
+        waiting = GaugeMetricFamily(
+            "rebar_requests_waiting", "Requests waiting to be scheduled.", labels=labels
         )
-        yield GaugeMetricFamily(
-            "rebar_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", value=st.kv_usage
+        usage = GaugeMetricFamily(
+            "rebar_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", labels=labels
         )
-        yield GaugeMetricFamily(
-            "rebar_kv_cache_blocks", "KV-cache blocks in the pool.", value=st.num_blocks
+        blocks = GaugeMetricFamily(
+            "rebar_kv_cache_blocks", "KV-cache blocks in the pool.", labels=labels
         )
-        yield _counter(
-            "rebar_prefix_cache_queries", "Prefix-cache block lookups.", st.num_prefix_queries
+        queries = CounterMetricFamily(
+            "rebar_prefix_cache_queries", "Prefix-cache block lookups.", labels=labels
         )
-        yield _counter("rebar_prefix_cache_hits", "Prefix-cache block hits.", st.num_prefix_hits)
-        yield _counter(
+        hits = CounterMetricFamily(
+            "rebar_prefix_cache_hits", "Prefix-cache block hits.", labels=labels
+        )
+        preemptions = CounterMetricFamily(
             "rebar_preemptions",
             "Requests preempted (recompute) for lack of KV blocks.",
-            st.num_preemptions,
+            labels=labels,
         )
-        yield _counter(
-            "rebar_engine_requests_added",
-            "Requests accepted by the engine core.",
-            st.num_requests_added,
+        added = CounterMetricFamily(
+            "rebar_engine_requests_added", "Requests accepted by the engine core.", labels=labels
         )
         steps = HistogramMetricFamily(
             "rebar_engine_step_seconds",
             "Engine step durations (schedule, model, sampling, outputs); kind=decode when every "
             "scheduled request computed one token, else prefill.",
-            labels=["kind"],
+            labels=["model", "kind"],
         )
-        for kind, histogram in st.step_seconds.items():
-            steps.add_metric([kind], histogram.cumulative(), histogram.total_s)
-        yield steps
-        masks = st.grammar_mask_seconds
-        if masks is not None:
-            family = HistogramMetricFamily(
-                "rebar_engine_grammar_mask_seconds",
-                "Per step with grammar-constrained requests (response_format, forced tool calls): "
-                "filling and applying their token masks.",
-            )
-            family.add_metric([], masks.cumulative(), masks.total_s)
-            yield family
+        masks = HistogramMetricFamily(
+            "rebar_engine_grammar_mask_seconds",
+            "Per step with grammar-constrained requests (response_format, forced tool calls): "
+            "filling and applying their token masks.",
+            labels=labels,
+        )
+        seen: set[str] = set()
+        for name, engine in engines:
+            if name in seen:  # a retiring version: the current one speaks for the model
+                continue
+            seen.add(name)
+            st = engine.stats()
+            running.add_metric([name], st.num_running)
+            waiting.add_metric([name], st.num_waiting)
+            usage.add_metric([name], st.kv_usage)
+            blocks.add_metric([name], st.num_blocks)
+            queries.add_metric([name], st.num_prefix_queries)
+            hits.add_metric([name], st.num_prefix_hits)
+            preemptions.add_metric([name], st.num_preemptions)
+            added.add_metric([name], st.num_requests_added)
+            for kind, histogram in st.step_seconds.items():
+                steps.add_metric([name, kind], histogram.cumulative(), histogram.total_s)
+            if st.grammar_mask_seconds is not None:
+                mask = st.grammar_mask_seconds
+                masks.add_metric([name], mask.cumulative(), mask.total_s)
+        yield from (running, waiting, usage, blocks, queries, hits, preemptions, added, steps)
+        if masks.samples:
+            yield masks
 
     def _models(self) -> Iterator[Metric]:
-        models = self.state.models
+        registry = self.state.registry
+        slots = list(registry.slots.values()) if registry is not None else []
         load = GaugeMetricFamily(
             "rebar_model_load_seconds", "Seconds the model took to load.", labels=["model"]
         )
         info = InfoMetricFamily(
-            "rebar_model", "The served models.", labels=["model", "architecture", "dtype"]
+            "rebar_model",
+            "The served models.",
+            labels=["model", "architecture", "dtype", "version", "state"],
         )
-        for name, llm in (
-            (models.chat_name, models.chat),
-            (models.embedding_name, models.embedding),
-        ):
-            if not name or llm is None:
-                continue
-            load.add_metric([name], float(getattr(llm, "load_seconds", 0.0)))
-            architecture = str(getattr(llm.config, "source_architecture", "unknown"))
-            dtype = str(getattr(llm, "dtype", "unknown")).removeprefix("torch.")
-            info.add_metric([name, architecture, dtype], {})
+        memory = GaugeMetricFamily(
+            "rebar_model_memory_bytes",
+            "Bytes a model's loaded versions hold (weights + KV cache).",
+            labels=["model"],
+        )
+        for slot in slots:
+            current = slot.current
+            held = sum(i.footprint_bytes for i in ([current] if current else []) + slot.retired)
+            memory.add_metric([slot.name], float(held))
+            architecture, dtype = "unknown", "unknown"
+            if current is not None and current.text is not None:
+                load.add_metric([slot.name], float(current.load_seconds))
+                architecture = str(getattr(current.text.config, "source_architecture", "unknown"))
+                dtype = str(getattr(current.text, "dtype", "unknown")).removeprefix("torch.")
+            info.add_metric([slot.name, architecture, dtype, str(slot.version), slot.state], {})
         yield load
         yield info
+        yield memory
+        if registry is not None:
+            yield GaugeMetricFamily(
+                "rebar_models_memory_budget_bytes",
+                "The memory budget every loaded model shares (models.memory_budget).",
+                value=float(registry.total_bytes),
+            )

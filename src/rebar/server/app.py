@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
-from rebar.engine.async_engine import AsyncEngine
-from rebar.engine.contract import enforce_beside
-from rebar.engine.engine_process import EngineProcess, EngineSpec
-from rebar.engine.llm import LLM
-from rebar.engine.sampling_params import SamplingParams
-from rebar.errors import ConfigError, RebarError
+from rebar.errors import RebarError
 from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
-from rebar.server.embedding_queue import EmbeddingQueue
 from rebar.server.errors import install_error_handlers
 from rebar.server.middleware import (
     AdminKeyMiddleware,
@@ -36,84 +28,53 @@ from rebar.server.middleware import (
     RequestIdMiddleware,
     api_key_id,
 )
+from rebar.server.model_instance import ModelInstance
+from rebar.server.model_loading import instance_of, load_instance, warm_up
+from rebar.server.model_reload import ModelReloads
+from rebar.server.registry import ModelRegistry
 from rebar.server.response_cache import EmbeddingCache, ResponseCache
 from rebar.server.routes import admin, chat, completions, misc, web
+from rebar.server.routes import models as model_routes
 from rebar.server.state import Admission, ServedModels, ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
 
 logger = logging.getLogger("rebar.server")
 
 
-def served_name(model: str) -> str:
-    """The id clients use: the alias, or the file/folder name of a path."""
-    return (
-        Path(model).name.removesuffix(".gguf")
-        if ("/" in model or model.endswith(".gguf"))
-        else model
-    )
-
-
 def load_models(settings: Settings) -> ServedModels:
+    """The `chat` and `embedding` shorthand models, loaded in this thread (tests load them once
+    and hand them to many apps)."""
     if settings.engine.num_threads:
         torch.set_num_threads(settings.engine.num_threads)
     served = ServedModels(created=int(time.time()))
-    m = settings.models
-    if m.chat:
-        served.chat_name = served_name(m.chat)
-        if settings.engine.separate_process:
-            served.engine = EngineProcess.spawn(engine_spec(settings))
-            served.chat = served.engine.text
-        else:
-            llm = LLM(
-                m.chat,
-                dtype=m.dtype,
-                device=m.device,
-                engine_config=settings.engine.to_engine_config(),
-                dequantize=m.dequantize,
+    for entry in settings.models.entries()[: _num_shorthand(settings)]:
+        instance = load_instance(settings, entry, entry.model, 1)
+        if entry.kind == "chat":
+            served.chat_name, served.chat, served.engine = (
+                entry.name,
+                instance.text,
+                instance.engine,
             )
-            if llm.engine is None:
-                raise ConfigError(
-                    f"models.chat: {m.chat} is an embedding model; it cannot generate"
-                )
-            enforce_beside(llm)  # before the engine starts: a model that breaks it never serves
-            served.chat, served.engine = llm, AsyncEngine(llm.engine)
-        logger.info("loaded chat model %s in %.1fs", served.chat_name, served.chat.load_seconds)
-    if m.embedding:
-        served.embedding = LLM(m.embedding, dtype=m.dtype, device=m.device)
-        enforce_beside(served.embedding)
-        served.embedding_name = served_name(m.embedding)
-        logger.info(
-            "loaded embedding model %s in %.1fs",
-            served.embedding_name,
-            served.embedding.load_seconds,
-        )
+        else:
+            served.embedding_name, served.embedding = entry.name, instance.embedder
     return served
 
 
-def engine_spec(settings: Settings) -> EngineSpec:
-    """How the engine process loads the chat model: as this process would, and logs as it does."""
-    m = settings.models
-    assert m.chat is not None
-    return EngineSpec(
-        m.chat,
-        dtype=m.dtype,
-        device=m.device,
-        engine_config=settings.engine.to_engine_config(),
-        dequantize=m.dequantize,
-        num_threads=settings.engine.num_threads,
-        log_level=settings.logging.level,
-        log_format=settings.logging.format,
-    )
+def _num_shorthand(settings: Settings) -> int:
+    return sum(model is not None for model in (settings.models.chat, settings.models.embedding))
 
 
-async def warm_up(models: ServedModels) -> None:
-    if models.engine is not None:
-        async for _ in models.engine.generate(
-            "Hello", SamplingParams(max_tokens=2, temperature=0), "warm-up"
-        ):
-            pass
-    if models.embedding is not None:
-        await asyncio.to_thread(models.embedding.embed, ["warm-up"])
+def _preloaded(settings: Settings, models: ServedModels) -> dict[str, ModelInstance]:
+    """`models`' chat and embedding as instances of their shorthand entries."""
+    instances = {}
+    for entry in settings.models.entries()[: _num_shorthand(settings)]:
+        if entry.kind == "chat" and models.chat is not None and models.engine is not None:
+            instances[entry.name] = instance_of(
+                settings, entry, 1, entry.model, models.chat, models.engine
+            )
+        elif entry.kind == "embedding" and models.embedding is not None:
+            instances[entry.name] = instance_of(settings, entry, 1, entry.model, models.embedding)
+    return instances
 
 
 def create_app(
@@ -126,6 +87,9 @@ def create_app(
     """
     state = _server_state(settings, tracing)
     install_store(state, settings)
+    state.registry = registry = ModelRegistry(settings)
+    assert state.store is not None
+    state.reloads = reloads = ModelReloads(registry, state.store, settings.store.key_prefix)
     state.metrics.attach(state)
 
     @asynccontextmanager
@@ -134,10 +98,8 @@ def create_app(
         loading = loop.create_task(_load_and_warm(state, settings, models))
         yield
         loading.cancel()
-        if state.models.engine is not None:
-            state.models.engine.shutdown()
-        if state.embedding_queue is not None:
-            state.embedding_queue.shutdown()
+        await reloads.close()
+        await registry.close()
         if state.store is not None:
             await state.store.close()
         state.tracing.shutdown()
@@ -145,7 +107,7 @@ def create_app(
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
     install_error_handlers(app)
-    for router in (chat.router, completions.router, misc.router, admin.router):
+    for router in (chat.router, completions.router, misc.router, admin.router, model_routes.router):
         app.include_router(router)
     web.install(app)
     install_middleware(app, settings, state)
@@ -238,16 +200,16 @@ def install_store(state: ServerState, settings: Settings) -> None:
 async def _load_and_warm(
     state: ServerState, settings: Settings, models: ServedModels | None
 ) -> None:
+    assert state.registry is not None and state.reloads is not None
     try:
-        state.models = models if models is not None else await _in_thread(load_models, settings)
-        if state.models.embedding is not None:
-            embedder = state.models.embedding
-            state.embedding_queue = EmbeddingQueue(
-                lambda texts: [v.numpy() for v in embedder.embed(texts)],
-                settings.limits.max_waiting_embedding_inputs,
-                settings.limits.retry_after_s,
-            )
-        await warm_up(state.models)
+        if settings.engine.num_threads:
+            torch.set_num_threads(settings.engine.num_threads)
+        await state.reloads.adopt_current()  # a version reloaded before this process started
+        for name, instance in _preloaded(settings, models or ServedModels()).items():
+            state.registry.install(name, instance)
+            await warm_up(instance)
+        await state.registry.start()  # the pinned models
+        state.reloads.start()
         state.ready = True
         logger.info("ready: %s", ", ".join(state.models.names()))
     except asyncio.CancelledError:
@@ -258,19 +220,3 @@ async def _load_and_warm(
     except Exception as exc:  # keep serving /health and report the failure on /ready
         logger.exception("model loading failed")
         state.load_error = str(exc)
-
-
-async def _in_thread(function, *args):
-    # A plain daemon thread: a slow load must not keep the interpreter alive at shutdown.
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def run() -> None:
-        try:
-            result = function(*args)
-            loop.call_soon_threadsafe(future.set_result, result)
-        except BaseException as exc:
-            loop.call_soon_threadsafe(future.set_exception, exc)
-
-    threading.Thread(target=run, name="rebar-model-load", daemon=True).start()
-    return await future

@@ -31,6 +31,8 @@ class Renderer:
 
     def __init__(self, response_id: str, model: str) -> None:
         self.response_id, self.model, self.created = response_id, model, now()
+        # The model version that produced the response (`system_fingerprint`), e.g. smollm2-v2.
+        self.version = model
 
     def json(self, completion: Completion) -> dict:
         raise NotImplementedError
@@ -54,6 +56,7 @@ class Renderer:
                 "object": self.object_name,
                 "created": self.created,
                 "model": self.model,
+                "system_fingerprint": self.version,
                 "choices": choices,
                 **extra,
             }
@@ -137,8 +140,9 @@ async def respond(
     canonical = flow.canonical_request(
         endpoint, prompt_ids, params, {"tenant": tenant} if tenant else None
     )
+    # Keyed by version: a reloaded model never replays an older version's answers.
     cached, lead, cache_header = await flow.cache_lookup(
-        state, request, render.model, canonical, params
+        state, request, render.version, canonical, params
     )
     if cache_header:
         headers["X-Cache"] = cache_header

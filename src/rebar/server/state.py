@@ -1,10 +1,12 @@
-"""What the server holds while it runs: the loaded models, the admission gate, readiness."""
+"""What the server holds while it runs: the model registry, the admission gate, readiness."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fastapi.responses import Response
 from starlette.requests import Request
 
 from rebar.engine.async_engine import EngineFront
@@ -13,11 +15,17 @@ from rebar.engine.model_text import ModelText
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.errors import APIError
+from rebar.server.model_instance import ModelInstance
 
-if TYPE_CHECKING:  # types only: app.install_store and app._load_and_warm build them
+if TYPE_CHECKING:  # types only: app.install_store and create_app build them
     from rebar.server.embedding_queue import EmbeddingQueue
+    from rebar.server.model_reload import ModelReloads
+    from rebar.server.registry import Kind, ModelRegistry
     from rebar.server.response_cache import EmbeddingCache, ResponseCache
     from rebar.store import RateLimiter, ResilientStore
+
+
+VERSION_HEADER = "X-Rebar-Model-Version"  # which version of the model produced a response
 
 
 class Admission:
@@ -70,6 +78,10 @@ class Ticket:
 
 @dataclass
 class ServedModels:
+    """Models loaded outside the registry, handed to `create_app` to serve as the `chat` and
+    `embedding` shorthand entries (tests load them once for many apps); also what `state.models`
+    shows of the default chat and embedding models now."""
+
     chat_name: str | None = None
     chat: ModelText | None = None  # an LLM, or only the text side when the engine has a process
     engine: EngineFront | None = None
@@ -81,18 +93,21 @@ class ServedModels:
         return [n for n in (self.chat_name, self.embedding_name) if n]
 
 
+Build = Callable[[ModelInstance], Awaitable[Response]]
+
+
 @dataclass
 class ServerState:
     admission: Admission
     request_timeout_s: float
     ping_interval_s: float = 10.0
-    models: ServedModels = field(default_factory=ServedModels)
+    registry: ModelRegistry | None = None  # set by create_app
+    reloads: ModelReloads | None = None  # set by create_app, with the store
     ready: bool = False
     load_error: str | None = None
     store: ResilientStore | None = None  # set by app.install_store
     response_cache: ResponseCache | None = None  # None when caching is off
     embedding_cache: EmbeddingCache | None = None  # None when caching is off
-    embedding_queue: EmbeddingQueue | None = None  # once an embedding model is loaded
     rate_limiter: RateLimiter | None = None  # None when no limit is configured
     num_rate_limited: int = 0
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # this app's own registry
@@ -102,36 +117,49 @@ class ServerState:
         False  # response, embedding and prefix caches shared only within one client
     )
 
-    def chat_model(self, name: str | None) -> tuple[ModelText, EngineFront]:
-        self._require_ready()
-        if self.models.chat is None or self.models.engine is None or name != self.models.chat_name:
-            raise APIError(
-                400,
-                f"model {name!r} is not served for generation; "
-                f"available: {self.models.chat_name!r}",
-                "model",
-                "model_not_found",
-            )
-        return self.models.chat, self.models.engine
+    @property
+    def models(self) -> ServedModels:
+        """The default chat and embedding models as loaded now (None where not loaded)."""
+        view = ServedModels(created=self.registry.created if self.registry else 0)
+        if self.registry is None:
+            return view
+        view.chat_name = self.registry.default_name("chat")
+        view.embedding_name = self.registry.default_name("embedding")
+        if view.chat_name and (chat := self.registry.slots[view.chat_name].current):
+            view.chat, view.engine = chat.text, chat.engine
+        if view.embedding_name and (embedding := self.registry.slots[view.embedding_name].current):
+            view.embedding = embedding.embedder
+        return view
 
-    def embedding_model(self, name: str) -> LLM:
-        self._require_ready()
-        if self.models.embedding is None or name != self.models.embedding_name:
-            raise APIError(
-                400,
-                f"model {name!r} is not served for embeddings; "
-                f"available: {self.models.embedding_name!r}",
-                "model",
-                "model_not_found",
-            )
-        return self.models.embedding
+    @property
+    def embedding_queue(self) -> EmbeddingQueue | None:
+        """The default embedding model's queue, while it is loaded."""
+        name = self.registry.default_name("embedding") if self.registry else None
+        current = self.registry.slots[name].current if self.registry and name else None
+        return current.embedding_queue if current is not None else None
+
+    async def serve(self, name: str | None, kind: Kind, build: Build) -> Response:
+        """`build(instance)`'s response on a lease of the model's current version, held until the
+        response has been sent; the response names the version in `X-Rebar-Model-Version`."""
+        self.require_ready()
+        assert self.registry is not None
+        lease = await self.registry.acquire(name, kind)
+        try:
+            response = await build(lease.instance)
+        except BaseException:
+            lease.release()
+            raise
+        response.headers[VERSION_HEADER] = lease.instance.label
+        return lease.hold_until_sent(response)
 
     def engine_failure(self) -> str | None:
-        """Why the chat engine stopped serving (its process exited), or None while it serves."""
-        engine = self.models.engine
-        return None if engine is None else engine.failure
+        """Why a chat engine stopped serving (its process exited), or None while they serve."""
+        for instance in self.registry.loaded() if self.registry else []:
+            if instance.engine is not None and instance.engine.failure is not None:
+                return instance.engine.failure
+        return None
 
-    def _require_ready(self) -> None:
+    def require_ready(self) -> None:
         failure = self.engine_failure()
         if failure is not None:
             raise APIError(503, failure, code="engine_stopped")

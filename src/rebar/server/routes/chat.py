@@ -13,6 +13,7 @@ from rebar.server import reasoning, sse
 from rebar.server.completion_flow import Completion
 from rebar.server.context import request_context
 from rebar.server.convert import chat_input
+from rebar.server.model_instance import ModelInstance
 from rebar.server.reasoning import ReasoningSplitter, thinking_start
 from rebar.server.rendering import Renderer, respond
 from rebar.server.response_fields import chat_logprobs, openai_finish_reason, usage
@@ -27,20 +28,26 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
-    llm, engine = state.chat_model(body.model)
-    admitted, tools = await chat_input(engine, llm, body)
-    render = ChatRenderer(
-        llm.tokenizer,
-        f"chatcmpl-{request_context(request.scope).internal_id}",
-        body.model,
-        admitted.params.logprobs is not None,
-        thinking_start(llm, list(admitted.prompt_token_ids)),
-        tools.reader if tools is not None else None,
-    )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await respond(
-        state, request, engine, render, "chat", admitted, body.stream, include_usage
-    )
+
+    async def build(model: ModelInstance) -> Response:
+        llm, engine = model.text, model.engine
+        assert engine is not None, "a chat model's instance has an engine"
+        admitted, tools = await chat_input(engine, llm, body)
+        render = ChatRenderer(
+            llm.tokenizer,
+            f"chatcmpl-{request_context(request.scope).internal_id}",
+            body.model,
+            admitted.params.logprobs is not None,
+            thinking_start(llm, list(admitted.prompt_token_ids)),
+            tools.reader if tools is not None else None,
+        )
+        render.version = model.label
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(
+            state, request, engine, render, "chat", admitted, body.stream, include_usage
+        )
+
+    return await state.serve(body.model, "chat", build)
 
 
 class ChatRenderer(Renderer):
@@ -108,6 +115,7 @@ class ChatRenderer(Renderer):
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": self.version,
             "choices": [self._choice(c) for c in completion.choices],
             "usage": usage(
                 completion.num_prompt_tokens,

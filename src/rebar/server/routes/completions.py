@@ -13,6 +13,7 @@ from rebar.server import sse
 from rebar.server.completion_flow import Completion
 from rebar.server.context import request_context
 from rebar.server.convert import completion_input
+from rebar.server.model_instance import ModelInstance
 from rebar.server.rendering import Renderer, respond
 from rebar.server.response_fields import completion_logprobs, openai_finish_reason, usage
 from rebar.server.schemas import CompletionRequest
@@ -24,21 +25,27 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
-    llm, engine = state.chat_model(body.model)
-    admitted, echo_text = await completion_input(engine, llm, body)
-    params = admitted.params
-    render = CompletionRenderer(
-        llm.tokenizer,
-        f"cmpl-{request_context(request.scope).internal_id}",
-        body.model,
-        echo_text,
-        params.logprobs is not None,
-        params.n,
-    )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await respond(
-        state, request, engine, render, "completions", admitted, body.stream, include_usage
-    )
+
+    async def build(model: ModelInstance) -> Response:
+        llm, engine = model.text, model.engine
+        assert engine is not None, "a chat model's instance has an engine"
+        admitted, echo_text = await completion_input(engine, llm, body)
+        params = admitted.params
+        render = CompletionRenderer(
+            llm.tokenizer,
+            f"cmpl-{request_context(request.scope).internal_id}",
+            body.model,
+            echo_text,
+            params.logprobs is not None,
+            params.n,
+        )
+        render.version = model.label
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(
+            state, request, engine, render, "completions", admitted, body.stream, include_usage
+        )
+
+    return await state.serve(body.model, "chat", build)
 
 
 class CompletionRenderer(Renderer):
@@ -65,6 +72,7 @@ class CompletionRenderer(Renderer):
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": self.version,
             "choices": [
                 {
                     "index": c.index,

@@ -1,4 +1,4 @@
-"""Embeddings, models, tokenize/detokenize, health and readiness."""
+"""Embeddings, tokenize/detokenize, health, readiness and metrics."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from rebar.engine.model_text import ModelText
 from rebar.errors import InvalidRequestError
 from rebar.server import completion_flow as flow
 from rebar.server import generation, prompts
 from rebar.server.convert import template_messages
+from rebar.server.embedding_queue import EmbeddingQueue
 from rebar.server.errors import APIError
+from rebar.server.model_instance import ModelInstance
 from rebar.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from rebar.server.state import ServerState, server_state
 
@@ -49,23 +50,17 @@ async def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> dict:
-    state = server_state(request)
-    created = state.models.created
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "rebar"}
-            for name in state.models.names()
-        ],
-    }
-
-
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     state = server_state(request)
-    llm = state.embedding_model(body.model)
+    return await state.serve(body.model, "embedding", lambda m: _embed(state, request, body, m))
+
+
+async def _embed(
+    state: ServerState, request: Request, body: EmbeddingRequest, model: ModelInstance
+) -> JSONResponse:
+    llm, queue = model.embedder, model.embedding_queue
+    assert llm is not None and queue is not None, "an embedding model's instance has both"
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
         raise InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} strings", "input")
@@ -80,8 +75,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     num_tokens = await prompts.count_tokens(llm, texts)
     headers = await flow.check_rate_limit(state, request, num_tokens)
     tenant = flow.tenant(state, request)
-    cache_model = body.model if tenant is None else f"{body.model}:{tenant}"
-    work = _embed_with_cache(state, cache_model, texts)
+    cache_model = model.label if tenant is None else f"{model.label}:{tenant}"
+    work = _embed_with_cache(state, queue, cache_model, texts)
     vectors, headers["X-Cache"] = await generation.unless_disconnected(
         request, work, state.request_timeout_s
     )
@@ -101,15 +96,14 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
 
 
 async def _embed_with_cache(
-    state: ServerState, cache_model: str, texts: list[str]
+    state: ServerState, embedder: EmbeddingQueue, cache_model: str, texts: list[str]
 ) -> tuple[list[np.ndarray], str]:
     """Vectors for `texts`, computing only the ones the embedding cache misses (each distinct text
     once).
 
-    `cache_model` names the model, and the tenant when caches are isolated.
+    `cache_model` names the model's version, and the tenant when caches are isolated.
     """
-    cache, embedder = state.embedding_cache, state.embedding_queue
-    assert embedder is not None, "the queue exists once the embedding model is served"
+    cache = state.embedding_cache
     if cache is None:
         return await embedder.embed(texts), "MISS"
     found = await cache.get_many(cache_model, texts)
@@ -123,30 +117,31 @@ async def _embed_with_cache(
     return vectors, "MISS" if missing else "HIT"
 
 
-def _decoder(request: Request, model: str | None) -> ModelText:
-    state = server_state(request)
-    name = model or state.models.chat_name
-    llm, _engine = state.chat_model(name)
-    return llm
-
-
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-    llm = _decoder(request, body.model)
-    if (body.prompt is None) == (body.messages is None):
-        raise InvalidRequestError("give exactly one of prompt or messages", "prompt")
-    if body.messages is not None:
-        messages = template_messages(body.messages, llm)
-        tokens = await prompts.chat_prompt(llm, messages, body.add_generation_prompt, bos=False)
-    else:
-        assert body.prompt is not None  # exactly one of the two was given
-        tokens = await prompts.off_loop(len(body.prompt), llm.tokenize, body.prompt)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    async def build(model: ModelInstance) -> JSONResponse:
+        llm = model.text
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequestError("give exactly one of prompt or messages", "prompt")
+        if body.messages is not None:
+            messages = template_messages(body.messages, llm)
+            tokens = await prompts.chat_prompt(llm, messages, body.add_generation_prompt, bos=False)
+        else:
+            assert body.prompt is not None  # exactly one of the two was given
+            tokens = await prompts.off_loop(len(body.prompt), llm.tokenize, body.prompt)
+        return JSONResponse(
+            {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
+        )
+
+    return await server_state(request).serve(body.model or None, "chat", build)
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-    llm = _decoder(request, body.model)
-    if len(body.tokens) > llm.max_model_len:
-        raise APIError(400, f"at most {llm.max_model_len} tokens", "tokens", "invalid_value")
-    return {"prompt": llm.detokenize(body.tokens)}
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    async def build(model: ModelInstance) -> JSONResponse:
+        llm = model.text
+        if len(body.tokens) > llm.max_model_len:
+            raise APIError(400, f"at most {llm.max_model_len} tokens", "tokens", "invalid_value")
+        return JSONResponse({"prompt": llm.detokenize(body.tokens)})
+
+    return await server_state(request).serve(body.model or None, "chat", build)

@@ -1,0 +1,246 @@
+"""Hot reload: a new version of a served model, announced to every server process over the
+store's pub/sub and swapped in by each without losing a request.
+
+In one process, `reload_slot` loads the new version beside the old one when the memory budget
+allows (else it drains the old one first, and says so), checks its contract and warms it up (a
+load that fails leaves the old version serving), switches new requests to it in one assignment on
+the event loop, and frees the old version once its last request has finished.
+
+Across processes, `ModelReloads` keeps each model's current version in the store
+(`<prefix>:models:<name>:current`, JSON `{"version", "path"}`), claims version numbers there so
+two reloads never share one, and publishes each new version on `<prefix>:models:reload`; every
+process subscribed loads it. A process that starts, or reconnects to the store, reads the current
+versions first, so it never serves one older than the others do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from rebar.server.errors import APIError
+from rebar.server.registry import InsufficientMemory, ModelRegistry, ModelSlot, mib
+from rebar.store import Store, StoreError
+
+logger = logging.getLogger("rebar.server")
+
+CLAIM_TTL_MS = 7 * 24 * 3600 * 1000  # a claimed version number is kept this long
+RESUBSCRIBE_S = 1.0  # wait before subscribing again after the store failed
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    name: str
+    version: int
+    previous_version: int
+    path: str
+    load_s: float  # loading and warming the new version
+    swap_ms: float  # switching new requests to it
+    drained_first: bool  # no memory for both: the old version was drained and freed first
+    processes_reached: int = 0  # other subscribers the announcement reached (the store says)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+async def reload_slot(
+    registry: ModelRegistry, slot: ModelSlot, path: str, version: int
+) -> ReloadOutcome | None:
+    """Serve `path` as `version` of `slot`; None when the slot already serves this version or a
+    newer one. Raises APIError 409 when the new version cannot be loaded (the old keeps serving,
+    unless it had to be drained first)."""
+    async with slot.lock:
+        if version <= slot.version and slot.current is not None:
+            return None
+        previous = slot.version
+        started = time.perf_counter()
+        old = slot.current
+        drained = False
+        try:
+            slot.reloading = True
+            try:
+                new = await registry.load_version(slot, path, version)
+            except InsufficientMemory as exc:
+                if old is None or not exc.ever:
+                    raise
+                drained = True
+                logger.warning(
+                    "reloading %s: no memory for v%d beside v%d; draining v%d first",
+                    slot.name,
+                    version,
+                    slot.version,
+                    slot.version,
+                )
+                slot.draining = True  # new requests wait for the new version
+                slot.current = None
+                await registry.retire_later(slot, old)
+                old = None
+                new = await registry.load_version(slot, path, version)
+        except APIError as exc:
+            raise APIError(409, f"reload of {slot.name!r} refused: {exc.message}") from None
+        except Exception as exc:
+            keeps = f"v{previous} keeps serving" if old is not None else "nothing is loaded"
+            raise APIError(
+                409,
+                f"reload of {slot.name!r} to {path} failed ({keeps}): {exc}",
+                code="reload_failed",
+            ) from None
+        finally:
+            slot.reloading = slot.draining = False
+        load_s = time.perf_counter() - started
+        switched = time.perf_counter()
+        slot.current, slot.version, slot.path, slot.error = new, version, path, None
+        swap_ms = (time.perf_counter() - switched) * 1000
+        slot.last_used = time.monotonic()
+        if old is not None:
+            registry.retire_later(slot, old)
+    logger.info(
+        "reloaded %s: v%d -> v%d (%s, %s) in %.1fs, swap %.3f ms%s",
+        slot.name,
+        previous,
+        version,
+        path,
+        mib(new.footprint_bytes),
+        load_s,
+        swap_ms,
+        "; drained the old version first" if drained else "",
+    )
+    outcome = ReloadOutcome(slot.name, version, previous, path, load_s, swap_ms, drained)
+    slot.last_reload = outcome.to_json() | {"at": time.time()}
+    return outcome
+
+
+class ModelReloads:
+    """Reloads announced through `store` (one per server process)."""
+
+    def __init__(self, registry: ModelRegistry, store: Store, key_prefix: str) -> None:
+        self.registry, self.store, self.prefix = registry, store, key_prefix
+        self.channel = f"{key_prefix}:models:reload"
+        self._watcher: asyncio.Task | None = None
+        self._subscribed = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    def _current_key(self, name: str) -> str:
+        return f"{self.prefix}:models:{name}:current"
+
+    async def adopt_current(self) -> None:
+        """Take each model's current version and path from the store (before anything loads)."""
+        for slot in self.registry.slots.values():
+            record = await self._record(slot.name)
+            if record is not None and record["version"] > slot.version:
+                slot.version, slot.path = record["version"], record["path"]
+
+    async def _record(self, name: str) -> dict | None:
+        raw = await self.store.get(self._current_key(name))
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw)
+            return {"version": int(record["version"]), "path": str(record["path"])}
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignoring an unreadable version record for %s", name)
+            return None
+
+    async def reload(self, name: str, path: str | None = None) -> ReloadOutcome:
+        """Load a new version here, then record it and announce it to every process."""
+        slot = self.registry.slot(name)
+        path = path or slot.path
+        version = await self._claim_version(slot)
+        outcome = await reload_slot(self.registry, slot, path, version)
+        assert outcome is not None, "a freshly claimed version is newer than any served"
+        record = json.dumps({"version": version, "path": path}).encode()
+        await self.store.set(self._current_key(name), record)
+        message = json.dumps({"name": name, "version": version, "path": path}).encode()
+        reached = await self.store.publish(self.channel, message)
+        # This process's own subscription counts among those reached.
+        others = max(0, reached - (1 if self._subscribed.is_set() else 0))
+        return ReloadOutcome(**{**outcome.to_json(), "processes_reached": others})
+
+    async def _claim_version(self, slot: ModelSlot) -> int:
+        record = await self._record(slot.name)
+        version = max(slot.version, record["version"] if record else 0) + 1
+        while not await self.store.set_if_absent(
+            f"{self.prefix}:models:{slot.name}:version:{version}", b"1", CLAIM_TTL_MS
+        ):
+            version += 1  # another process claimed it first
+        return version
+
+    # ----- the subscriber ----------------------------------------------------------------
+    def start(self) -> None:
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def wait_subscribed(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._subscribed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                subscription = await self.store.subscribe(self.channel)
+            except StoreError as exc:
+                logger.warning("cannot subscribe to model reloads (%s); retrying", exc)
+                await asyncio.sleep(RESUBSCRIBE_S)
+                continue
+            try:
+                self._subscribed.set()
+                await self._catch_up()  # what was announced while this process was not listening
+                async for message in subscription:
+                    self._on_message(message)
+            except StoreError as exc:
+                logger.warning("model reload subscription lost (%s); subscribing again", exc)
+            finally:
+                self._subscribed.clear()
+                with contextlib.suppress(Exception):
+                    await subscription.close()
+            await asyncio.sleep(RESUBSCRIBE_S)
+
+    async def _catch_up(self) -> None:
+        for slot in self.registry.slots.values():
+            record = await self._record(slot.name)
+            if record is not None and record["version"] > slot.version:
+                self._follow(slot, record["path"], record["version"])
+
+    def _on_message(self, raw: bytes) -> None:
+        try:
+            message = json.loads(raw)
+            name, version, path = message["name"], int(message["version"]), str(message["path"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignoring an unreadable model reload message")
+            return
+        slot = self.registry.slots.get(name)
+        if slot is None:
+            logger.warning("ignoring a reload of %r: this server does not serve it", name)
+            return
+        if version > slot.version:
+            self._follow(slot, path, version)
+
+    def _follow(self, slot: ModelSlot, path: str, version: int) -> None:
+        task = asyncio.create_task(self._reload_here(slot, path, version))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload_here(self, slot: ModelSlot, path: str, version: int) -> None:
+        if slot.current is None and slot.loading is None:
+            # Not loaded here: the next load takes the new version.
+            slot.version, slot.path = version, path
+            return
+        try:
+            await reload_slot(self.registry, slot, path, version)
+        except APIError as exc:
+            logger.error("%s", exc.message)
+
+    async def close(self) -> None:
+        for task in [self._watcher, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        for task in [self._watcher, *self._tasks]:
+            if task is not None:
+                with contextlib.suppress(BaseException):
+                    await task
