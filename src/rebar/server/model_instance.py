@@ -8,8 +8,6 @@ started and is freed only when its last lease ends.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 import logging
 import time
@@ -19,6 +17,7 @@ from dataclasses import dataclass, field
 
 from fastapi.responses import Response, StreamingResponse
 
+from rebar import heap
 from rebar.config import ServedModelSettings
 from rebar.engine.async_engine import EngineFront
 from rebar.engine.llm import LLM
@@ -89,7 +88,7 @@ class ModelInstance:
         self.engine = self.embedder = self.embedding_queue = None
         self.text = None  # type: ignore[assignment]
         gc.collect()
-        _return_free_memory()
+        heap.trim()  # or glibc keeps the freed weights' pages resident
 
 
 class Lease:
@@ -132,14 +131,3 @@ class Lease:
 def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
     if not loop.is_closed():
         loop.call_soon_threadsafe(callback)
-
-
-def _return_free_memory() -> None:
-    """Hand the freed weights back to the system. glibc keeps freed heap memory for reuse (and,
-    after large frees, serves even big allocations from the heap), so without a trim a process
-    that swapped versions would go on holding the old one's pages."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
-        pass
