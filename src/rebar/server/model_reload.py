@@ -151,7 +151,12 @@ class ModelReloads:
         path = path or slot.path
         version = await self._claim_version(slot)
         outcome = await reload_slot(self.registry, slot, path, version)
-        assert outcome is not None, "a freshly claimed version is newer than any served"
+        if outcome is None:  # another process's newer version arrived while this one waited
+            raise APIError(
+                409,
+                f"reload of {name!r} superseded: v{slot.version} was announced meanwhile",
+                code="reload_superseded",
+            )
         record = json.dumps({"version": version, "path": path}).encode()
         await self.store.set(self._current_key(name), record)
         message = json.dumps({"name": name, "version": version, "path": path}).encode()
