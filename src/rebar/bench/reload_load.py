@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import threading
 import time
 from contextlib import ExitStack
@@ -376,6 +377,7 @@ def _entry_name(url: str) -> str:
 
 
 def cmd_bench_reload(args: Any) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     report = run_reload_load(
         args.model,
         args.redis_url,
