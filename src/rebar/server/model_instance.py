@@ -67,11 +67,7 @@ class ModelInstance:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True once no lease is held; False if `timeout_s` passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_set(self._idle, timeout_s)
 
     def close(self) -> None:
         """Stop its engine or embedding thread and drop the weights (blocking: run it off the
@@ -131,3 +127,12 @@ class Lease:
 def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
     if not loop.is_closed():
         loop.call_soon_threadsafe(callback)
+
+
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """True once `event` is set; False if `timeout_s` passed first."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from rebar.server.errors import APIError
+from rebar.server.model_instance import wait_set
 from rebar.server.registry import InsufficientMemory, ModelRegistry, ModelSlot, mib
 from rebar.store import Store, StoreError
 
@@ -179,11 +180,7 @@ class ModelReloads:
         self._watcher = asyncio.create_task(self._watch())
 
     async def wait_subscribed(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._subscribed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_set(self._subscribed, timeout_s)
 
     async def _watch(self) -> None:
         while True:
