@@ -46,7 +46,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     # Benchmarks load models as `rebar serve` does (config) and report which kernels ran.
     "bench": frozenset({"engine", "model", "config", "setting_flags", "kernels"}),
     "contract_cli": frozenset({"engine"}),  # `rebar contract write | check`
-    "models_cli": frozenset(),  # `rebar models ...`: an HTTP client of the admin endpoints
+    "models_cli": frozenset(),
+    "ray_serve": frozenset(
+        {"server", "config", "obs"}
+    ),  # rebar's app as a Ray Serve deployment  # `rebar models ...`: an HTTP client of the admin endpoints
 }
 # The engine's pure-Python side: may import only one another and the foundation, and never torch.
 PURE_PYTHON = frozenset(

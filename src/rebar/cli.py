@@ -13,7 +13,7 @@ from typing import Any
 from rebar.bench.cli import add_bench_parser
 from rebar.contract_cli import add_contract_parser
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
-from rebar.errors import InvalidRequestError, RebarError
+from rebar.errors import ConfigError, InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.models_cli import add_models_parser
 from rebar.openmp_env import shorten_openmp_spin
@@ -135,6 +135,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config, serve_overrides(args))
     configure_logging(settings.logging.level, settings.logging.format)
+    if args.ray:
+        try:
+            from rebar.ray_serve import run
+        except ImportError as exc:
+            raise ConfigError(
+                f"rebar serve --ray needs Ray Serve: pip install 'rebar[ray]' ({exc})"
+            ) from None
+        run(settings)
+        return 0
     run_server(create_app(settings), settings.server, settings.logging.level)
     return 0
 
@@ -330,6 +339,11 @@ def _add_generation_parsers(commands: Any) -> None:
 def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("--config", default=None, help="TOML settings file (see rebar.toml)")
+    serve.add_argument(
+        "--ray",
+        action="store_true",
+        help="run as a Ray Serve deployment: [ray] replicas behind Ray Serve's HTTP proxy",
+    )
     serve.add_argument(
         "--model", default=None, help="chat model: alias, .gguf file or HF folder ('none' disables)"
     )

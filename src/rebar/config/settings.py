@@ -306,6 +306,31 @@ class TracingSettings(_Section):
     )  # of new traces; an incoming traceparent's decision is kept
 
 
+class RaySettings(_Section):
+    """`rebar serve --ray`: rebar's app as a Ray Serve deployment, N replicas behind Ray Serve's
+    HTTP proxy (on `server.host`:`server.port`), each with its own engines."""
+
+    # The Ray cluster: None starts one in this process's machine; "auto" joins the running one.
+    address: Annotated[str | None, Unsettable] = None
+    num_replicas: int = Field(1, ge=1)  # without autoscaling
+    autoscaling: bool = False
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    # Ongoing requests per replica the autoscaler aims at (Ray Serve's target_ongoing_requests).
+    target_ongoing_requests: float = Field(16.0, gt=0)
+    # Requests a replica takes at once; more wait in Ray Serve's queue (Ray's own default, 5, would
+    # starve continuous batching).
+    max_ongoing_requests: int = Field(64, ge=1)
+    num_cpus: float = Field(1.0, ge=0)  # CPUs Ray reserves per replica
+    health_check_period_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RaySettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("ray.min_replicas is above ray.max_replicas")
+        return self
+
+
 class Settings(BaseSettings):
     """Every setting of a rebar process, grouped by section; frozen once built.
 
@@ -329,6 +354,7 @@ class Settings(BaseSettings):
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
 
     @classmethod
     def settings_customise_sources(

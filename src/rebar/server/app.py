@@ -78,12 +78,17 @@ def _preloaded(settings: Settings, models: ServedModels) -> dict[str, ModelInsta
 
 
 def create_app(
-    settings: Settings, models: ServedModels | None = None, tracing: Tracing | None = None
+    settings: Settings,
+    models: ServedModels | None = None,
+    tracing: Tracing | None = None,
+    load_before_serving: bool = False,
 ) -> FastAPI:
     """The app for `settings`. Pass `models` to serve already-loaded models (tests); else they load
     in the background.
 
     `tracing` replaces the one built from `settings.tracing` (tests pass an in-memory exporter).
+    `load_before_serving` makes the app's startup wait for the pinned models (and fail with their
+    error) instead of answering 503 until they are loaded.
     """
     state = _server_state(settings, tracing)
     install_store(state, settings)
@@ -96,6 +101,10 @@ def create_app(
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         loading = loop.create_task(_load_and_warm(state, settings, models))
+        if load_before_serving:  # a Ray Serve replica: taking traffic only once it can serve
+            await loading
+            if state.load_error is not None:
+                raise RuntimeError(f"model loading failed: {state.load_error}")
         yield
         loading.cancel()
         await reloads.close()

@@ -119,6 +119,9 @@ def uvicorn_config(
         log_level=log_level,
         log_config=None,
         access_log=False,
+        # The standard event loop whether or not uvloop is installed (Ray Serve brings it): the
+        # one rebar is tested and measured on.
+        loop="asyncio",
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         http=functools.partial(GuardedH11Protocol, header_timeout_s=settings.header_timeout_s),  # type: ignore[arg-type]
         limit_concurrency=settings.max_connections,
