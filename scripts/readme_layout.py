@@ -23,8 +23,8 @@ NAME_COLUMN = 22
 OTHER_FOLDERS = (
     (
         "deploy/",
-        "Prometheus alert rules (+ promtool tests), the Grafana dashboard, the systemd unit "
-        "and the Locust load file",
+        "Prometheus alert rules (+ promtool tests), the Grafana dashboard, the systemd unit, "
+        "the Locust load file, and the Ray Serve config with its KubeRay RayService",
     ),
     ("contracts/", "the bundled models' contracts (`rebar contract check`, run by the tests)"),
     (
