@@ -101,7 +101,8 @@ class LLM(ModelText):
                 raise ConfigError(
                     f"{model}: a memory budget of {_mib(memory_budget)} leaves "
                     f"{_mib(memory_budget - self.weight_bytes)} for the KV cache after "
-                    f"{_mib(self.weight_bytes)} of weights; {exc}"
+                    f"{_mib(self.weight_bytes)} of weights; "
+                    + str(exc).replace("raise kv_cache_memory", "raise the memory budget")
                 ) from None
         self.load_seconds = time.perf_counter() - started
         self._ids = itertools.count()
