@@ -91,8 +91,10 @@ def assert_idle(app, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         stats = state.models.engine.core.stats()
-        embedding = (
-            state.embedding_queue.num_waiting_inputs if state.embedding_queue is not None else 0
+        embedding = sum(
+            instance.embedding_queue.num_waiting_inputs
+            for instance in state.registry.loaded()
+            if instance.embedding_queue is not None
         )
         idle = (
             state.admission.waiting_requests == 0

@@ -120,19 +120,27 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     chat = SimpleNamespace(
         dtype="torch.float32", config=SimpleNamespace(source_architecture="LlamaForCausalLM")
     )
-    instance = SimpleNamespace(
-        entry=SimpleNamespace(name="tiny"),
-        engine=engine,
-        closed=False,
-        text=chat,
-        load_seconds=1.5,
-        footprint_bytes=3 * 2**20,
-    )
+
+    def instance(engine, queue=None):
+        return SimpleNamespace(
+            entry=SimpleNamespace(name="tiny"),
+            engine=engine,
+            embedding_queue=queue,
+            closed=False,
+            text=chat,
+            load_seconds=1.5,
+            footprint_bytes=3 * 2**20,
+        )
+
+    # The version being replaced still runs one request; its other counters are not added.
+    old_stats = SimpleNamespace(**{**vars(stats), "num_running": 1, "num_requests_added": 99})
+    current, retiring = instance(engine), instance(SimpleNamespace(stats=lambda: old_stats))
+    embedder = instance(None, SimpleNamespace(num_rejected=5, num_waiting_inputs=7))
     slot = SimpleNamespace(
-        name="tiny", current=instance, retired=[instance], version=2, state="reloading"
+        name="tiny", current=current, retired=[retiring], version=2, state="reloading"
     )
     registry = SimpleNamespace(
-        loaded=lambda: [instance, instance], slots={"tiny": slot}, total_bytes=2**30
+        loaded=lambda: [current, retiring, embedder], slots={"tiny": slot}, total_bytes=2**30
     )
     state = SimpleNamespace(
         registry=registry,
@@ -145,9 +153,9 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     metrics = ServerMetrics()
     metrics.attach(state)
     s = samples(metrics)
-    M = (("model", "tiny"),)  # engine series carry the model's name; a retiring version is not
-    # counted twice
-    assert s[("rebar_requests_running", M)] == 2 and s[("rebar_requests_waiting", M)] == 3
+    M = (("model", "tiny"),)  # engine series carry the model's name
+    assert s[("rebar_requests_running", M)] == 3 and s[("rebar_requests_waiting", M)] == 6
+    assert s[("rebar_engine_requests_added_total", M)] == 5
     assert s[("rebar_kv_cache_usage_ratio", M)] == 0.25
     assert (
         s[("rebar_prefix_cache_queries_total", M)] == 10
@@ -170,7 +178,8 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     assert s[("rebar_response_cache_total", (("result", "miss"),))] == 4
     assert s[("rebar_embedding_cache_total", (("result", "hit"),))] == 0
     assert s[("rebar_rate_limited_total", ())] == 3 and s[("rebar_store_errors_total", ())] == 2
-    assert s[("rebar_overload_rejected_total", ())] == 4
+    assert s[("rebar_overload_rejected_total", ())] == 4 + 5
+    assert s[("rebar_embedding_inputs_waiting", ())] == 7
     assert s[("rebar_store_circuit_open", ())] == 1
     assert s[("rebar_model_load_seconds", (("model", "tiny"),))] == 1.5
     assert (

@@ -6,6 +6,7 @@ two processes)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from test_registry import MiB, registry
@@ -76,13 +77,57 @@ def test_a_reload_that_fails_keeps_the_old_version_serving() -> None:
         loader.broken.add("a")
         with pytest.raises(APIError) as caught:
             await reload_slot(reg, reg.slots["a"], "bad.gguf", 2)
-        assert caught.value.status == 409 and caught.value.code == "reload_failed"
+        assert caught.value.status == 409 and caught.value.code == "reload_refused"
         assert "v1 keeps serving" in caught.value.message
         assert "the contract says otherwise" in caught.value.message
         slot = reg.slots["a"]
         assert slot.state == "loaded" and slot.version == 1 and slot.path == "a.gguf"
-        assert (await reg.acquire("a", "chat")).instance.version == 1
+        assert slot.error is None and slot.describe()["last_reload"]["refused"].startswith(
+            "reload of 'a' to bad.gguf refused"
+        )
+        lease = await reg.acquire("a", "chat")
+        assert lease.instance.version == 1
         assert reg.used_bytes() == 100 * MiB  # nothing of the refused version left
+        # The refused path does not poison the model: unloaded, it loads its own version again.
+        lease.release()
+        await reg.unload("a")
+        loader.broken.clear()
+        assert (await reg.acquire("a", "chat")).instance.path == "a.gguf"
+        await reg.close()
+
+    run(scenario())
+
+
+def test_a_refused_drain_first_reload_brings_the_old_version_back_on_the_next_request() -> None:
+    async def scenario():
+        reg, loader = registry([{"name": "a"}], total_mib=150)
+        (await reg.acquire("a", "chat")).release()
+        loader.broken.add("a")
+        with pytest.raises(APIError) as caught:
+            await reload_slot(reg, reg.slots["a"], "bad.gguf", 2)
+        assert "the next request loads v1 again" in caught.value.message
+        assert reg.slots["a"].state == "unloaded" and reg.used_bytes() == 0
+        loader.broken.clear()
+        lease = await reg.acquire("a", "chat")
+        assert (lease.instance.version, lease.instance.path) == (1, "a.gguf")
+        await reg.close()
+
+    run(scenario())
+
+
+def test_a_model_in_the_middle_of_a_reload_is_never_evicted_for_another() -> None:
+    async def scenario():
+        reg, loader = registry([{"name": "a"}, {"name": "b"}], total_mib=250)
+        (await reg.acquire("a", "chat")).release()
+        loader.gate = threading.Event()  # a's new version loads until the gate opens
+        reloading = asyncio.create_task(reload_slot(reg, reg.slots["a"], "a2.gguf", 2))
+        await asyncio.sleep(0.1)
+        with pytest.raises(APIError) as caught:  # 250 MiB: a v1 and a v2 (reserved) leave 50
+            await asyncio.wait_for(reg.acquire("b", "chat"), 5)
+        assert caught.value.code == "insufficient_memory"
+        assert reg.slots["a"].current is not None and reg.slots["a"].current.version == 1
+        loader.gate.set()
+        assert (await reloading).version == 2
         await reg.close()
 
     run(scenario())

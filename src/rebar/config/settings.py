@@ -175,15 +175,17 @@ class ModelsSettings(_Section):
             raise ValueError(f"two served models are named {', '.join(map(repr, repeated))}")
         return self
 
-    def entries(self) -> tuple[ServedModelSettings, ...]:
-        """Every model the service may serve: the `chat` and `embedding` shorthands (pinned), then
-        `serve`, in that order."""
-        shorthand = tuple(
+    def shorthand(self) -> tuple[ServedModelSettings, ...]:
+        """The pinned entries `chat` and `embedding` stand for (those set)."""
+        return tuple(
             ServedModelSettings(name=served_name(model), model=model, kind=kind, pinned=True)
             for model, kind in ((self.chat, "chat"), (self.embedding, "embedding"))
             if model is not None
         )
-        return shorthand + self.serve
+
+    def entries(self) -> tuple[ServedModelSettings, ...]:
+        """Every model the service may serve: the shorthand entries, then `serve`."""
+        return self.shorthand() + self.serve
 
 
 def _pydantic_field(spec: SettingSpec) -> tuple[Any, Any]:

@@ -192,6 +192,44 @@ class RequestTimer:
             m.finished.labels("abort").inc(unfinished)
 
 
+# One series per loaded chat model: (EngineStats attribute, family, name, help).
+_ENGINE_SERIES = (
+    ("num_running", GaugeMetricFamily, "rebar_requests_running", "Requests in the running batch."),
+    (
+        "num_waiting",
+        GaugeMetricFamily,
+        "rebar_requests_waiting",
+        "Requests waiting to be scheduled.",
+    ),
+    (
+        "kv_usage",
+        GaugeMetricFamily,
+        "rebar_kv_cache_usage_ratio",
+        "Fraction of KV-cache blocks in use.",
+    ),
+    ("num_blocks", GaugeMetricFamily, "rebar_kv_cache_blocks", "KV-cache blocks in the pool."),
+    (
+        "num_prefix_queries",
+        CounterMetricFamily,
+        "rebar_prefix_cache_queries",
+        "Prefix-cache block lookups.",
+    ),
+    ("num_prefix_hits", CounterMetricFamily, "rebar_prefix_cache_hits", "Prefix-cache block hits."),
+    (
+        "num_preemptions",
+        CounterMetricFamily,
+        "rebar_preemptions",
+        "Requests preempted (recompute) for lack of KV blocks.",
+    ),
+    (
+        "num_requests_added",
+        CounterMetricFamily,
+        "rebar_engine_requests_added",
+        "Requests accepted by the engine core.",
+    ),
+)
+
+
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
@@ -230,16 +268,21 @@ class StateCollector(Collector):
             s.embedding_cache,
         )
         yield _counter("rebar_rate_limited", "Requests rejected with 429.", s.num_rate_limited)
-        embedding = getattr(s, "embedding_queue", None)
+        registry = getattr(s, "registry", None)
+        queues = [
+            instance.embedding_queue
+            for instance in (registry.loaded() if registry is not None else [])
+            if instance.embedding_queue is not None
+        ]
         yield _counter(
             "rebar_overload_rejected",
             "Requests rejected with 503 by a full waiting queue (generation or embeddings).",
-            s.admission.num_rejected + (embedding.num_rejected if embedding is not None else 0),
+            s.admission.num_rejected + sum(queue.num_rejected for queue in queues),
         )
         yield GaugeMetricFamily(
             "rebar_embedding_inputs_waiting",
             "Embedding inputs admitted and not yet embedded.",
-            value=float(embedding.num_waiting_inputs if embedding is not None else 0),
+            value=float(sum(queue.num_waiting_inputs for queue in queues)),
         )
         yield _counter(
             "rebar_store_errors",
@@ -254,40 +297,17 @@ class StateCollector(Collector):
         yield from self._models()
 
     def _engine(self) -> Iterator[Metric]:
-        """Each loaded chat model's engine counters, labelled with its name."""
+        """Each loaded chat model's engine counters, labelled with its name: the current
+        version's, plus the requests a retiring version still runs."""
         registry = self.state.registry
-        engines = [
-            (instance.entry.name, instance.engine)
-            for instance in (registry.loaded() if registry is not None else [])
-            if instance.engine is not None and not instance.closed
+        slots = [
+            slot
+            for slot in (registry.slots.values() if registry is not None else [])
+            if slot.current is not None and slot.current.engine is not None
         ]
-        labels = ["model"]
-        running = GaugeMetricFamily(
-            "rebar_requests_running", "Requests in the running batch.", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            "rebar_requests_waiting", "Requests waiting to be scheduled.", labels=labels
-        )
-        usage = GaugeMetricFamily(
-            "rebar_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", labels=labels
-        )
-        blocks = GaugeMetricFamily(
-            "rebar_kv_cache_blocks", "KV-cache blocks in the pool.", labels=labels
-        )
-        queries = CounterMetricFamily(
-            "rebar_prefix_cache_queries", "Prefix-cache block lookups.", labels=labels
-        )
-        hits = CounterMetricFamily(
-            "rebar_prefix_cache_hits", "Prefix-cache block hits.", labels=labels
-        )
-        preemptions = CounterMetricFamily(
-            "rebar_preemptions",
-            "Requests preempted (recompute) for lack of KV blocks.",
-            labels=labels,
-        )
-        added = CounterMetricFamily(
-            "rebar_engine_requests_added", "Requests accepted by the engine core.", labels=labels
-        )
+        families = {
+            attr: kind(name, doc, labels=["model"]) for attr, kind, name, doc in _ENGINE_SERIES
+        }
         steps = HistogramMetricFamily(
             "rebar_engine_step_seconds",
             "Engine step durations (schedule, model, sampling, outputs); kind=decode when every "
@@ -298,28 +318,23 @@ class StateCollector(Collector):
             "rebar_engine_grammar_mask_seconds",
             "Per step with grammar-constrained requests (response_format, forced tool calls): "
             "filling and applying their token masks.",
-            labels=labels,
+            labels=["model"],
         )
-        seen: set[str] = set()
-        for name, engine in engines:
-            if name in seen:  # a retiring version: the current one speaks for the model
-                continue
-            seen.add(name)
-            st = engine.stats()
-            running.add_metric([name], st.num_running)
-            waiting.add_metric([name], st.num_waiting)
-            usage.add_metric([name], st.kv_usage)
-            blocks.add_metric([name], st.num_blocks)
-            queries.add_metric([name], st.num_prefix_queries)
-            hits.add_metric([name], st.num_prefix_hits)
-            preemptions.add_metric([name], st.num_preemptions)
-            added.add_metric([name], st.num_requests_added)
+        for slot in slots:
+            st = slot.current.engine.stats()
+            retiring = [old.engine.stats() for old in slot.retired if old.engine and not old.closed]
+            for attr, family in families.items():
+                value = getattr(st, attr)
+                if attr in ("num_running", "num_waiting"):
+                    value += sum(getattr(old, attr) for old in retiring)
+                family.add_metric([slot.name], value)
             for kind, histogram in st.step_seconds.items():
-                steps.add_metric([name, kind], histogram.cumulative(), histogram.total_s)
+                steps.add_metric([slot.name, kind], histogram.cumulative(), histogram.total_s)
             if st.grammar_mask_seconds is not None:
                 mask = st.grammar_mask_seconds
-                masks.add_metric([name], mask.cumulative(), mask.total_s)
-        yield from (running, waiting, usage, blocks, queries, hits, preemptions, added, steps)
+                masks.add_metric([slot.name], mask.cumulative(), mask.total_s)
+        yield from families.values()
+        yield steps
         if masks.samples:
             yield masks
 

@@ -47,7 +47,7 @@ def load_models(settings: Settings) -> ServedModels:
     if settings.engine.num_threads:
         torch.set_num_threads(settings.engine.num_threads)
     served = ServedModels(created=int(time.time()))
-    for entry in settings.models.entries()[: _num_shorthand(settings)]:
+    for entry in settings.models.shorthand():
         instance = load_instance(settings, entry, entry.model, 1)
         if entry.kind == "chat":
             served.chat_name, served.chat, served.engine = (
@@ -60,14 +60,10 @@ def load_models(settings: Settings) -> ServedModels:
     return served
 
 
-def _num_shorthand(settings: Settings) -> int:
-    return sum(model is not None for model in (settings.models.chat, settings.models.embedding))
-
-
 def _preloaded(settings: Settings, models: ServedModels) -> dict[str, ModelInstance]:
     """`models`' chat and embedding as instances of their shorthand entries."""
     instances = {}
-    for entry in settings.models.entries()[: _num_shorthand(settings)]:
+    for entry in settings.models.shorthand():
         if entry.kind == "chat" and models.chat is not None and models.engine is not None:
             instances[entry.name] = instance_of(
                 settings, entry, 1, entry.model, models.chat, models.engine
@@ -213,14 +209,14 @@ async def _load_and_warm(
     try:
         if settings.engine.num_threads:
             torch.set_num_threads(settings.engine.num_threads)
-        await state.reloads.adopt_current()  # a version reloaded before this process started
         for name, instance in _preloaded(settings, models or ServedModels()).items():
             state.registry.install(name, instance)
             await warm_up(instance)
+        await state.reloads.adopt_current()  # a version reloaded before this process started
         await state.registry.start()  # the pinned models
-        state.reloads.start()
+        state.reloads.start()  # once subscribed, loaded models catch up with newer versions
         state.ready = True
-        logger.info("ready: %s", ", ".join(state.models.names()))
+        logger.info("ready: %s", ", ".join(state.registry.loaded_names()))
     except asyncio.CancelledError:
         raise
     except RebarError as exc:  # a bad file or setting: its message says it all, no traceback

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi.responses import Response, StreamingResponse
@@ -55,7 +54,7 @@ class ModelInstance:
         """What responses name as the version that produced them, e.g. `smollm2-v3`."""
         return f"{self.entry.name}-v{self.version}"
 
-    def lease(self, on_release=None) -> Lease:
+    def lease(self, on_release: Callable[[], None] | None = None) -> Lease:
         self.num_leases += 1
         self._idle.clear()
         return Lease(self, on_release)
@@ -90,18 +89,19 @@ class ModelInstance:
 class Lease:
     """A request's hold on one instance; `release` is idempotent."""
 
-    def __init__(self, instance: ModelInstance, on_release=None) -> None:
+    def __init__(
+        self, instance: ModelInstance, on_release: Callable[[], None] | None = None
+    ) -> None:
         self.instance = instance
         self._on_release = on_release
         self.released = False
-        self.taken_at = time.monotonic()
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.instance._released()
             if self._on_release is not None:
-                self._on_release(self.instance)
+                self._on_release()
 
     def hold_until_sent(self, response: Response) -> Response:
         """Release when `response` has been sent: at once for a plain body, after the last chunk

@@ -7,10 +7,10 @@ load that fails leaves the old version serving), switches new requests to it in 
 the event loop, and frees the old version once its last request has finished.
 
 Across processes, `ModelReloads` keeps each model's current version in the store
-(`<prefix>:models:<name>:current`, JSON `{"version", "path"}`), claims version numbers there so
-two reloads never share one, and publishes each new version on `<prefix>:models:reload`; every
-process subscribed loads it. A process that starts, or reconnects to the store, reads the current
-versions first, so it never serves one older than the others do.
+(`<prefix>:models:<name>:current`, JSON `{"name", "version", "path"}`), claims version numbers
+there so two reloads never share one, and publishes the same record on `<prefix>:models:reload`;
+every process subscribed loads it. A process that starts, or reconnects to the store, reads the
+current versions first, so it never serves one older than the others do.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ async def reload_slot(
     registry: ModelRegistry, slot: ModelSlot, path: str, version: int
 ) -> ReloadOutcome | None:
     """Serve `path` as `version` of `slot`; None when the slot already serves this version or a
-    newer one. Raises APIError 409 when the new version cannot be loaded (the old keeps serving,
-    unless it had to be drained first)."""
+    newer one. Raises APIError 409 when the new version cannot be loaded: the old one keeps
+    serving (or, when it had to be drained first, is what the next load brings back)."""
     async with slot.lock:
         if version <= slot.version and slot.current is not None:
             return None
@@ -81,22 +81,23 @@ async def reload_slot(
                 await registry.retire_later(slot, old)
                 old = None
                 new = await registry.load_version(slot, path, version)
-        except APIError as exc:
-            raise APIError(409, f"reload of {slot.name!r} refused: {exc.message}") from None
         except Exception as exc:
-            keeps = f"v{previous} keeps serving" if old is not None else "nothing is loaded"
-            raise APIError(
-                409,
-                f"reload of {slot.name!r} to {path} failed ({keeps}): {exc}",
-                code="reload_failed",
-            ) from None
+            keeps = (
+                f"v{previous} keeps serving"
+                if old is not None
+                else f"the next request loads v{previous} again"
+            )
+            why = exc.message if isinstance(exc, APIError) else str(exc)
+            message = f"reload of {slot.name!r} to {path} refused ({keeps}): {why}"
+            slot.last_reload = {"refused": message, "version": version, "at": time.time()}
+            raise APIError(409, message, code="reload_refused") from None
         finally:
             slot.reloading = slot.draining = False
         load_s = time.perf_counter() - started
         switched = time.perf_counter()
         slot.current, slot.version, slot.path, slot.error = new, version, path, None
         swap_ms = (time.perf_counter() - switched) * 1000
-        slot.last_used = time.monotonic()
+        registry.touch(slot)
         if old is not None:
             registry.retire_later(slot, old)
     logger.info(
@@ -129,22 +130,18 @@ class ModelReloads:
         return f"{self.prefix}:models:{name}:current"
 
     async def adopt_current(self) -> None:
-        """Take each model's current version and path from the store (before anything loads)."""
+        """Take each unloaded model's current version and path from the store, so its first load
+        is that version (loaded ones catch up once subscribed)."""
         for slot in self.registry.slots.values():
+            if slot.current is not None:
+                continue
             record = await self._record(slot.name)
             if record is not None and record["version"] > slot.version:
                 slot.version, slot.path = record["version"], record["path"]
 
     async def _record(self, name: str) -> dict | None:
         raw = await self.store.get(self._current_key(name))
-        if raw is None:
-            return None
-        try:
-            record = json.loads(raw)
-            return {"version": int(record["version"]), "path": str(record["path"])}
-        except (ValueError, KeyError, TypeError):
-            logger.warning("ignoring an unreadable version record for %s", name)
-            return None
+        return None if raw is None else _version_of(raw, f"the version record of {name}")
 
     async def reload(self, name: str, path: str | None = None) -> ReloadOutcome:
         """Load a new version here, then record it and announce it to every process."""
@@ -158,10 +155,10 @@ class ModelReloads:
                 f"reload of {name!r} superseded: v{slot.version} was announced meanwhile",
                 code="reload_superseded",
             )
-        record = json.dumps({"version": version, "path": path}).encode()
+        # The record and the announcement are the same JSON: {"name", "version", "path"}.
+        record = json.dumps({"name": name, "version": version, "path": path}).encode()
         await self.store.set(self._current_key(name), record)
-        message = json.dumps({"name": name, "version": version, "path": path}).encode()
-        reached = await self.store.publish(self.channel, message)
+        reached = await self.store.publish(self.channel, record)
         # This process's own subscription counts among those reached.
         others = max(0, reached - (1 if self._subscribed.is_set() else 0))
         return ReloadOutcome(**{**outcome.to_json(), "processes_reached": others})
@@ -210,18 +207,16 @@ class ModelReloads:
                 self._follow(slot, record["path"], record["version"])
 
     def _on_message(self, raw: bytes) -> None:
-        try:
-            message = json.loads(raw)
-            name, version, path = message["name"], int(message["version"]), str(message["path"])
-        except (ValueError, KeyError, TypeError):
-            logger.warning("ignoring an unreadable model reload message")
+        message = _version_of(raw, "a model reload message")
+        if message is None:
             return
-        slot = self.registry.slots.get(name)
+        slot = self.registry.slots.get(message["name"])
         if slot is None:
-            logger.warning("ignoring a reload of %r: this server does not serve it", name)
-            return
-        if version > slot.version:
-            self._follow(slot, path, version)
+            logger.warning(
+                "ignoring a reload of %r: this server does not serve it", message["name"]
+            )
+        elif message["version"] > slot.version:
+            self._follow(slot, message["path"], message["version"])
 
     def _follow(self, slot: ModelSlot, path: str, version: int) -> None:
         task = asyncio.create_task(self._reload_here(slot, path, version))
@@ -229,7 +224,7 @@ class ModelReloads:
         task.add_done_callback(self._tasks.discard)
 
     async def _reload_here(self, slot: ModelSlot, path: str, version: int) -> None:
-        if slot.current is None and slot.loading is None:
+        if slot.current is None and slot.loading is None and not slot.lock.locked():
             # Not loaded here: the next load takes the new version.
             slot.version, slot.path = version, path
             return
@@ -246,3 +241,17 @@ class ModelReloads:
             if task is not None:
                 with contextlib.suppress(BaseException):
                     await task
+
+
+def _version_of(raw: bytes, what: str) -> dict | None:
+    """{"name", "version", "path"} from a record or announcement; None (logged) if unreadable."""
+    try:
+        data = json.loads(raw)
+        return {
+            "name": str(data["name"]),
+            "version": int(data["version"]),
+            "path": str(data["path"]),
+        }
+    except (ValueError, KeyError, TypeError):
+        logger.warning("ignoring %s: not a version record", what)
+        return None

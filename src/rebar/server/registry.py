@@ -153,6 +153,9 @@ class ModelRegistry:
             for instance in ([slot.current] if slot.current else []) + slot.retired
         ]
 
+    def loaded_names(self) -> list[str]:
+        return [slot.name for slot in self.slots.values() if slot.current is not None]
+
     def used_bytes(self) -> int:
         reserved = sum(slot.reserved_bytes for slot in self.slots.values())
         return reserved + sum(instance.footprint_bytes for instance in self.loaded())
@@ -168,7 +171,7 @@ class ModelRegistry:
             instance = slot.servable
             if instance is not None:
                 slot.last_used = self._clock()
-                return instance.lease(on_release=lambda _: self._touch(slot))
+                return instance.lease(on_release=lambda: self.touch(slot))
             if slot.draining:  # a reload frees the old version before loading the new one
                 if loop.time() >= deadline:
                     raise self._still_loading(slot)
@@ -202,7 +205,8 @@ class ModelRegistry:
             headers={"Retry-After": "5"},
         )
 
-    def _touch(self, slot: ModelSlot) -> None:
+    def touch(self, slot: ModelSlot) -> None:
+        """`slot` was just used (keep-alive and LRU eviction count from here)."""
         slot.last_used = self._clock()
 
     # ----- loading and unloading ---------------------------------------------------------
@@ -242,7 +246,13 @@ class ModelRegistry:
         async with slot.lock:
             if slot.current is not None:
                 return
-            instance = await self.load_version(slot, slot.path, slot.version)
+            try:
+                instance = await self.load_version(slot, slot.path, slot.version)
+            except InsufficientMemory:
+                raise  # not the model's fault: the next request tries again
+            except Exception as exc:
+                slot.error = str(exc)  # reported to every request until a load succeeds
+                raise
             slot.current, slot.error, slot.last_used = instance, None, self._clock()
             logger.info(
                 "loaded %s v%d in %.1fs (%s)",
@@ -254,16 +264,13 @@ class ModelRegistry:
 
     async def load_version(self, slot: ModelSlot, path: str, version: int) -> ModelInstance:
         """Load and warm `path` as `version` of `slot` once room has been made for it; does not
-        switch anything (the caller does). A failure is recorded in `slot.error` and raised."""
+        switch anything (the caller does)."""
         estimate = estimate_bytes(self.settings, slot.entry, path)
         await self.make_room(slot, estimate)
         try:
             instance = await _in_thread(self._loader, self.settings, slot.entry, path, version)
             await warm_up(instance)
-        except InsufficientMemory:
-            raise
         except Exception as exc:
-            slot.error = str(exc)
             logger.error("loading %s v%d from %s failed: %s", slot.name, version, path, exc)
             raise
         finally:
@@ -299,6 +306,7 @@ class ModelRegistry:
                     and other.current is not None
                     and other.current.num_leases == 0
                     and other.loading is None
+                    and not other.lock.locked()  # not mid-reload or mid-unload
                 ),
                 key=lambda other: other.last_used,
             )

@@ -18,7 +18,6 @@ from rebar.server.errors import APIError
 from rebar.server.model_instance import ModelInstance
 
 if TYPE_CHECKING:  # types only: app.install_store and create_app build them
-    from rebar.server.embedding_queue import EmbeddingQueue
     from rebar.server.model_reload import ModelReloads
     from rebar.server.registry import Kind, ModelRegistry
     from rebar.server.response_cache import EmbeddingCache, ResponseCache
@@ -130,13 +129,6 @@ class ServerState:
         if view.embedding_name and (embedding := self.registry.slots[view.embedding_name].current):
             view.embedding = embedding.embedder
         return view
-
-    @property
-    def embedding_queue(self) -> EmbeddingQueue | None:
-        """The default embedding model's queue, while it is loaded."""
-        name = self.registry.default_name("embedding") if self.registry else None
-        current = self.registry.slots[name].current if self.registry and name else None
-        return current.embedding_queue if current is not None else None
 
     async def serve(self, name: str | None, kind: Kind, build: Build) -> Response:
         """`build(instance)`'s response on a lease of the model's current version, held until the

@@ -39,7 +39,8 @@ async def ready(request: Request) -> JSONResponse:
     state = server_state(request)
     error = state.engine_failure() or state.load_error
     if state.ready and error is None:
-        return JSONResponse({"status": "ready", "models": state.models.names()})
+        assert state.registry is not None
+        return JSONResponse({"status": "ready", "models": state.registry.loaded_names()})
     body = {"status": "failed" if error else "loading", "error": error}
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
