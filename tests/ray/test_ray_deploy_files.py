@@ -140,3 +140,22 @@ def test_rebar_serve_ray_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_replica_reports_unhealthy_once_a_model_failed_or_an_engine_exited() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from rebar.ray_serve import RebarReplica
+
+    state = SimpleNamespace(load_error=None, engine_failure=lambda: None)
+    replica = SimpleNamespace(rebar_app=SimpleNamespace(state=SimpleNamespace(rebar=state)))
+    RebarReplica.check_health(replica)  # healthy: returns
+    state.load_error = "models.chat: no such file"
+    with pytest.raises(RuntimeError, match="no such file"):
+        RebarReplica.check_health(replica)
+    state.load_error = None
+    state.engine_failure = lambda: "the engine process exited (exit code -9)"
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        RebarReplica.check_health(replica)
