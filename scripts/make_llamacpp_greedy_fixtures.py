@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from rebar.bench.llamacpp import LlamaServer, find_tool
 from rebar.model.resolve import resolve_model_path
+from rebar_bench.llamacpp import LlamaServer, find_tool
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QUESTIONS = [

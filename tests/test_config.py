@@ -301,8 +301,8 @@ def test_unknown_env_var_is_an_error(name: str, clean_env: pytest.MonkeyPatch) -
 def test_process_switches_are_not_settings(clean_env: pytest.MonkeyPatch) -> None:
     """REBAR_DISABLE_CPU_KERNELS and REBAR_CPU_ISA are read by the CPU kernels, REBAR_LLAMA_CPP_BIN
     by the benchmarks: never rejected as unknown settings."""
-    from rebar.bench.llamacpp import BIN_ENV
     from rebar.kernels.cpu_quant.build import DISABLE_ENV, ISA_ENV
+    from rebar_bench.llamacpp import BIN_ENV
 
     assert {DISABLE_ENV, ISA_ENV, BIN_ENV} == PROCESS_ENV_SWITCHES
     clean_env.setenv(DISABLE_ENV, "1")

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rebar.bench.cli import add_bench_parser
 from rebar.contract_cli import add_contract_parser
 from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
 from rebar.errors import ConfigError, InvalidRequestError, RebarError
@@ -311,12 +310,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect_parser(commands)
     add_quantize_parser(commands)
     add_eval_parser(commands, _add_model_args)
-    add_bench_parser(commands, _add_model_args, _positive_int)
+    _add_plugin_parsers(commands)
     _add_profile_parser(commands)
     _add_config_parser(commands)
     add_contract_parser(commands, _add_model_args)
     add_models_parser(commands)
     return parser
+
+
+# Entry points that add subcommands (e.g. `bench`, from rebar_bench).
+PLUGIN_GROUP = "rebar.commands"
+
+
+def _add_plugin_parsers(commands: Any) -> None:
+    """Subcommands of installed tooling packages, found by entry point: the service never imports
+    them by name. Each entry point is `add_parser(commands, add_model_args, positive_int)`."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        entry.load()(commands, _add_model_args, _positive_int)
 
 
 def _add_generation_parsers(commands: Any) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from markers import requires_smollm2
-from rebar.bench import compare, llamacpp
-from rebar.bench.compare import CompareConfig, HttpFigures, MemoryFigures, RebarFigures, build_rows
-from rebar.bench.llamacpp import BatchedFigures, BenchFigures, PeerUnavailable
+from rebar_bench import compare, llamacpp
+from rebar_bench.compare import CompareConfig, HttpFigures, MemoryFigures, RebarFigures, build_rows
+from rebar_bench.llamacpp import BatchedFigures, BenchFigures, PeerUnavailable
 
 # What llama.cpp's tools print (trimmed from real runs of this build).
 LLAMA_BENCH_JSON = """[

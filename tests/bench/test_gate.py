@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType as QT
 from gguf_builder import TinyConfig, model_contents, random_hf_state
 
 from needs import need_cpu_kernels
-from rebar.bench import gate
-from rebar.bench.gate import Measurement, Workload, calibrate
-from rebar.bench.gate_baseline import FORMAT, TOLERANCES, Baseline, BaselineError, judge
+from rebar_bench import gate
+from rebar_bench.gate import Measurement, Workload, calibrate
+from rebar_bench.gate_baseline import FORMAT, TOLERANCES, Baseline, BaselineError, judge
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = Workload(

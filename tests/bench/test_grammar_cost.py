@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from rebar.bench.grammar_cost import run_grammar_cost, to_json
+from rebar_bench.grammar_cost import run_grammar_cost, to_json
 from tiny_engine import make_core
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rebar.bench.http_compare import HttpCompareConfig, HttpCompareReport, LevelFigures, rows
+from rebar_bench.http_compare import HttpCompareConfig, HttpCompareReport, LevelFigures, rows
 
 
 def level(streams, tok_s, ttft=100.0, itl=(6.0, 9.0), failed=0, step=None) -> LevelFigures:

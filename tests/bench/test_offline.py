@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rebar.bench.offline import run_offline, summarize
+from rebar_bench.offline import run_offline, summarize
 from tiny_engine import make_core
 
 

@@ -24,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rebar.bench.serve import (
+from rebar.cli import main
+from rebar_bench.serve import (
     BenchConfigError,
     ServeBenchConfig,
     SseDecoder,
@@ -33,7 +34,6 @@ from rebar.bench.serve import (
     percentiles,
     run_serve_bench,
 )
-from rebar.cli import main
 
 MODEL_ID = "fake-model"
 

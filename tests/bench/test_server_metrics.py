@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rebar.bench.server_metrics import StepHistogram, parse_step_histogram, step_times_ms
 from rebar.timing import STEP_BUCKETS, DurationHistogram
+from rebar_bench.server_metrics import StepHistogram, parse_step_histogram, step_times_ms
 
 
 def exposition(decode: DurationHistogram, prefill: DurationHistogram | None = None) -> str:

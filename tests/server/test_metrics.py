@@ -208,7 +208,7 @@ def test_metrics_is_open_and_unknown_paths_are_other() -> None:
 def test_bench_serve_reads_the_engine_step_and_the_serving_overhead(server) -> None:
     import asyncio
 
-    from rebar.bench.serve import ServeBenchConfig, run_serve_bench
+    from rebar_bench.serve import ServeBenchConfig, run_serve_bench
 
     url, _ = server
     config = ServeBenchConfig(url, num_prompts=2, input_words=8, output_tokens=8, ignore_eos=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from markers import requires_smollm2
-from rebar.bench.reload_load import run_reload_load
+from rebar_bench.reload_load import run_reload_load
 from redis_server import running_redis_server
 
 

@@ -13,7 +13,7 @@ class RequestResult:
     """One request's measurements; times are seconds from `time.perf_counter()`."""
 
     ok: bool = False
-    error: str | None = None  # the failure cause, see rebar.bench.serve's docstring
+    error: str | None = None  # the failure cause, see rebar_bench.serve's docstring
     error_message: str = ""
     ttft_s: float | None = None  # None when no content chunk arrived
     itl_s: list[float] = field(default_factory=list)  # one gap per content chunk after the first

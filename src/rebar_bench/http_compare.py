@@ -21,10 +21,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rebar.bench.compare import CompareReport, Row, compared
-from rebar.bench.llamacpp import LlamaServer, PeerUnavailable, find_tool
-from rebar.bench.rebar_server import free_port, rebar_server
-from rebar.bench.serve import LevelResult, ServeBenchConfig, run_serve_bench
+from rebar_bench.compare import CompareReport, Row, compared
+from rebar_bench.llamacpp import LlamaServer, PeerUnavailable, find_tool
+from rebar_bench.rebar_server import free_port, rebar_server
+from rebar_bench.serve import LevelResult, ServeBenchConfig, run_serve_bench
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class HttpCompareConfig:
     step_target: float = 1.15  # 1 stream: HTTP inter-token p50 / the engine's step p50
     single_target: float = 1.5  # 1 stream: output tok/s against llama-server's
     batched_target: float = 1.3  # 16 and 64 streams: aggregate output tok/s
-    llama_server: str | None = None  # its path; None: found as rebar.bench.llamacpp finds it
+    llama_server: str | None = None  # its path; None: found as rebar_bench.llamacpp finds it
 
 
 @dataclass(frozen=True)

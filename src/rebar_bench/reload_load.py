@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from rebar.bench.rebar_server import rebar_server_process
-from rebar.bench.serve import percentiles
+from rebar_bench.rebar_server import rebar_server_process
+from rebar_bench.serve import percentiles
 
 ADMIN_KEY = "rebar-bench-reload"
 

@@ -1,6 +1,6 @@
 """The performance gate's baseline file (perf/baseline.json): its format, what it records, verdicts.
 
-A baseline holds normalised figures (`rebar.bench.gate`) together with what they depend on: the
+A baseline holds normalised figures (`rebar_bench.gate`) together with what they depend on: the
 model, the thread count and the workload (a baseline judges only the same three), and where they
 came from: the machine, the commit and, when a re-baseline accepted a regression, the stated
 reason. A file without `figures` is a placeholder: the gate refuses to judge against it.

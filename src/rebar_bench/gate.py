@@ -25,7 +25,7 @@ torch's own operators: none of rebar's code, so a regression in rebar cannot hid
 same threads, so it slows down with the machine. The engine figures are medians of `repeats` runs
 of `rebar bench offline`'s code, cold start and peak memory medians of `repeats` fresh processes.
 Each figure is compared with a committed baseline (`perf/baseline.json`,
-`rebar.bench.gate_baseline`); one beyond its tolerance fails the gate and the output says which
+`rebar_bench.gate_baseline`); one beyond its tolerance fails the gate and the output says which
 one and by how much.
 
 Re-baselining (`update=True`) measures the same way and then judges the fresh figures against the
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rebar.bench.gate_baseline import (
+from rebar_bench.gate_baseline import (
     Baseline,
     BaselineError,
     Verdict,
@@ -134,13 +134,13 @@ _CHILD = """
 import time
 started = time.perf_counter()
 import numpy, torch
-import rebar.bench.gate, rebar.config, rebar.engine.llm
+import rebar_bench.gate, rebar.config, rebar.engine.llm
 torch.set_num_threads({threads})
 if {load}:
     from rebar.engine.sampling_params import SamplingParams
-    llm = rebar.bench.gate.default_llm({model!r})
+    llm = rebar_bench.gate.default_llm({model!r})
     llm.generate("Hello", SamplingParams(max_tokens=1, temperature=0))
-print(time.perf_counter() - started, rebar.bench.gate.peak_private_kib(), flush=True)
+print(time.perf_counter() - started, rebar_bench.gate.peak_private_kib(), flush=True)
 """
 
 
@@ -190,8 +190,8 @@ def measure_serving_overhead(model: str, threads: int, workload: Workload) -> fl
     time, to a `rebar serve` with the default settings; the client's mean inter-token time minus
     the mean decode step the server's /metrics report over the same requests (`rebar bench
     serve`'s `serving_overhead_mean_ms`)."""
-    from rebar.bench.rebar_server import rebar_server
-    from rebar.bench.serve import ServeBenchConfig, run_serve_bench
+    from rebar_bench.rebar_server import rebar_server
+    from rebar_bench.serve import ServeBenchConfig, run_serve_bench
 
     with rebar_server(model, threads) as url:
         config = ServeBenchConfig(
@@ -220,7 +220,7 @@ def measure_serving_overhead(model: str, threads: int, workload: Workload) -> fl
 
 def measure_engine(llm: LLM, workload: Workload) -> dict[str, float]:
     """Seconds of each engine figure, medians of `workload.repeats` runs with fresh prompts."""
-    from rebar.bench.offline import run_offline
+    from rebar_bench.offline import run_offline
 
     core = llm.engine
     assert core is not None, "the gate measures a chat model"

@@ -14,10 +14,10 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from rebar.bench.server_metrics import StepHistogram
 from rebar.engine.core import EngineCore
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.structured import StructuredOutput
+from rebar_bench.server_metrics import StepHistogram
 
 # A schema whose outputs run long (at least 40 records), so every constrained request decodes for
 # its whole token budget, as the plain ones do: the batch stays full in both runs.

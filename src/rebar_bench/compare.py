@@ -1,7 +1,7 @@
 """`rebar bench compare`: rebar and llama.cpp side by side, in one run, on the same GGUF and
 threads.
 
-The peer is llama.cpp as its users run it (`rebar.bench.llamacpp`: `llama-bench`,
+The peer is llama.cpp as its users run it (`rebar_bench.llamacpp`: `llama-bench`,
 `llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
 run` gives: weights kept quantized, float16 KV cache on the CPU). Each figure is the median of
 `repeats` runs, rebar's and llama.cpp's alternating (one of each per repeat, so the host's drift
@@ -37,14 +37,14 @@ from typing import TypeVar
 
 import torch
 
-from rebar.bench.llamacpp import (
+from rebar_bench.llamacpp import (
     LlamaServer,
     PeerUnavailable,
     find_tool,
     run_batched_bench,
     run_llama_bench,
 )
-from rebar.bench.rebar_server import free_port, rebar_server
+from rebar_bench.rebar_server import free_port, rebar_server
 
 Figures = TypeVar("Figures")
 MEMORY_ALLOWANCE = 400 * 2**20  # bytes above the file and the KV cache a loaded model may take
@@ -244,7 +244,7 @@ class HttpFigures:
 def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
     """The median over `repeats` runs of `rebar bench serve` at `concurrency` (fresh prompts each
     run)."""
-    from rebar.bench.serve import ServeBenchConfig, run_serve_bench
+    from rebar_bench.serve import ServeBenchConfig, run_serve_bench
 
     runs = []
     for run in range(config.repeats):

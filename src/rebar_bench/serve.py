@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
-from rebar.bench.server_metrics import scrape_step_histogram, step_times_ms
-from rebar.bench.sse_reader import RequestResult, SseDecoder, StreamReader, error_message
 from rebar.errors import RebarError
+from rebar_bench.server_metrics import scrape_step_histogram, step_times_ms
+from rebar_bench.sse_reader import RequestResult, SseDecoder, StreamReader, error_message
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ def _write_json(path: str | None, text: str) -> None:
 
 
 def cmd_bench_offline(args: argparse.Namespace) -> int:
-    from rebar.bench.offline import run_offline
     from rebar.engine.llm import LLM
+    from rebar_bench.offline import run_offline
 
     engine_config = engine_config_from_flags(args, max_num_seqs=max(args.concurrency, 1))
     llm = LLM(
@@ -56,7 +56,7 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rebar.bench.serve import ServeBenchConfig, parse_concurrency_levels, run_serve_bench
+    from rebar_bench.serve import ServeBenchConfig, parse_concurrency_levels, run_serve_bench
 
     levels = parse_concurrency_levels(args.concurrency)
     config = ServeBenchConfig(
@@ -81,7 +81,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from rebar.bench.compare import CompareConfig, run_compare
+    from rebar_bench.compare import CompareConfig, run_compare
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = CompareConfig(
@@ -113,7 +113,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_http(args: argparse.Namespace) -> int:
-    from rebar.bench.http_compare import HttpCompareConfig, run_http_compare
+    from rebar_bench.http_compare import HttpCompareConfig, run_http_compare
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = HttpCompareConfig(
@@ -130,7 +130,7 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_gate(args: argparse.Namespace) -> int:
-    from rebar.bench.gate import run_gate
+    from rebar_bench.gate import run_gate
 
     return run_gate(
         args.model,
@@ -142,9 +142,9 @@ def cmd_bench_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_make_model(args: argparse.Namespace) -> int:
-    from rebar.bench.llamacpp import find_tool, quantize
-    from rebar.bench.random_gguf import SHAPES, LlamaShape, write_random_llama
     from rebar.model.resolve import resolve_model_path
+    from rebar_bench.llamacpp import find_tool, quantize
+    from rebar_bench.random_gguf import SHAPES, LlamaShape, write_random_llama
 
     shape = LlamaShape(**SHAPES[args.shape])
     out = Path(args.out)
@@ -165,14 +165,14 @@ def cmd_bench_make_model(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_reload(args: argparse.Namespace) -> int:
-    from rebar.bench.reload_load import cmd_bench_reload as run
+    from rebar_bench.reload_load import cmd_bench_reload as run
 
     return run(args)
 
 
 def cmd_bench_grammar(args: argparse.Namespace) -> int:
-    from rebar.bench.grammar_cost import run_grammar_cost, to_json
     from rebar.engine.llm import LLM
+    from rebar_bench.grammar_cost import run_grammar_cost, to_json
 
     batches = sorted(set(args.batch))
     llm = LLM(
@@ -303,7 +303,7 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
         compare.add_argument(
             f"--{tool}",
             default=None,
-            help=f"path of {tool} (default: found, see rebar.bench.llamacpp)",
+            help=f"path of {tool} (default: found, see rebar_bench.llamacpp)",
         )
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--json", default=None, help="also write the report as JSON to this file")

@@ -1,1 +1,0 @@
-"""Benchmarks: offline engine, HTTP serving, comparisons with llama.cpp, the performance gate."""
