@@ -19,9 +19,8 @@ import time
 
 import torch
 
-from rebar.engine.engine_config import EngineConfig
-from rebar.engine.llm import LLM
 from rebar.engine.sampling_params import SamplingParams
+from rebar.llm import LLM
 from rebar.weights.qlinear import DequantizedMatmul, KernelChoice, QuantLinear
 
 
@@ -32,9 +31,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM(
-        "smollm2", engine_config=EngineConfig(max_model_len=2048, max_num_batched_tokens=2048)
-    )
+    llm = LLM("smollm2", max_model_len=2048, max_num_batched_tokens=2048)
     int4 = [
         m
         for m in llm.model.modules()

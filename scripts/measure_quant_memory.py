@@ -18,7 +18,6 @@ CHILD = """
 import json, sys
 import torch
 from rebar import LLM, SamplingParams
-from rebar.engine.engine_config import EngineConfig
 
 def status():
     values = {}
@@ -33,7 +32,7 @@ if model == "-":
     print(json.dumps(status()))
     raise SystemExit
 llm = LLM(model=model, device="cpu", dequantize=how == "dequantize", max_model_len=256, \
-engine_config=EngineConfig(kv_cache_memory=16 * 2**20))
+kv_cache_memory=16 * 2**20)
 llm.generate("The capital of France is", \
 SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
 print(json.dumps(status()))

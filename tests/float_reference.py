@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from rebar import LLM
-from rebar.engine.engine_config import EngineConfig
+from rebar.llm import engine_config
 
 
 def float_llm(model: str | Path, **engine: Any) -> LLM:
     """`model` loaded as the float32 reference on the CPU; `engine` overrides EngineConfig fields."""
-    config = EngineConfig(**{"kv_cache_dtype": "float32", **engine})
+    config = engine_config(**{"kv_cache_dtype": "float32", **engine})
     return LLM(
         model=str(model), dtype="float32", device="cpu", dequantize=True, engine_config=config
     )

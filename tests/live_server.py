@@ -84,20 +84,32 @@ def serving_models(served_models, settings):
         yield url, app
 
 
+def chat_core(app):
+    """The engine core of the app's default chat model (its current version)."""
+    registry = app.state.rebar.registry
+    return registry.slots[registry.default_name("chat")].current.engine.core
+
+
+def embedding_model(app):
+    """The current version of the app's default embedding model."""
+    registry = app.state.rebar.registry
+    return registry.slots[registry.default_name("embedding")].current
+
+
 def assert_idle(app, timeout: float = 10.0) -> None:
     """Nothing left behind: no admission tickets, no queued embeddings, no requests in the engine,
     every KV block free (blocks that only cache a prefix count as free: they are reusable)."""
     state = app.state.rebar
     deadline = time.monotonic() + timeout
     while True:
-        stats = state.models.engine.core.stats()
+        stats = chat_core(app).stats()
         embedding = sum(
-            instance.embedding_queue.num_waiting_inputs
-            for instance in state.registry.loaded()
-            if instance.embedding_queue is not None
+            version.queue.num_waiting_inputs
+            for version in state.registry.loaded()
+            if getattr(version, "queue", None) is not None
         )
         idle = (
-            state.admission.waiting_requests == 0
+            state.gate.waiting.waiting_requests == 0
             and embedding == 0
             and stats.num_running == 0
             and stats.num_waiting == 0
@@ -106,7 +118,7 @@ def assert_idle(app, timeout: float = 10.0) -> None:
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert idle, (state.admission.waiting_requests, embedding, stats)
+    assert idle, (state.gate.waiting.waiting_requests, embedding, stats)
 
 
 def slowest_health(url: str, during: Callable[[], T]) -> tuple[float, T]:

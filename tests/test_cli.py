@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -180,7 +181,7 @@ def test_profile_refuses_zero_steps() -> None:
     assert result.returncode == 2 and "must be >= 1" in result.stderr
 
 
-# --- engine flags: one per engine setting, derived from EngineConfig's definitions ---------------
+# --- setting flags: one per setting, derived from the settings' definitions ---------------------
 
 
 def parse(*argv: str):
@@ -189,9 +190,13 @@ def parse(*argv: str):
     return build_parser().parse_args(argv)
 
 
-def test_engine_flags_reach_the_engine_config() -> None:
-    from rebar.engine.engine_config import EngineConfig
-    from rebar.setting_flags import engine_config_from_flags
+def test_engine_flags_reach_the_engine_config(monkeypatch) -> None:
+    from rebar.config import EngineSettings
+    from rebar.config.flags import settings_from_flags
+    from rebar.llm import engine_config
+
+    for name in [n for n in os.environ if n.upper().startswith("REBAR_")]:
+        monkeypatch.delenv(name)
 
     args = parse(
         "generate",
@@ -203,14 +208,29 @@ def test_engine_flags_reach_the_engine_config() -> None:
         "--kv-cache-dtype", "bfloat16",
         "hi",
     )  # fmt: skip
-    assert engine_config_from_flags(args) == EngineConfig(
-        block_size=8,
-        kv_cache_fraction=0.5,
-        attention_backend="torch",
-        fused_decode=False,
-        kv_cache_dtype="bfloat16",
+    assert (
+        settings_from_flags(args).engine.engine_fields()
+        == EngineSettings(
+            block_size=8,
+            kv_cache_fraction=0.5,
+            attention_backend="torch",
+            fused_decode=False,
+            kv_cache_dtype="bfloat16",
+        ).engine_fields()
     )
-    assert engine_config_from_flags(parse("chat")) == EngineConfig()  # no flag: the defaults
+    # no flag: the defaults
+    assert settings_from_flags(parse("chat")).engine.engine_fields() == (engine_config().__dict__)
+
+
+def test_model_flags_reach_the_models_settings(tmp_path: Path) -> None:
+    from rebar.config.flags import settings_from_flags
+
+    config = tmp_path / "rebar.toml"
+    config.write_text("[models]\ndtype = 'bfloat16'\n[engine]\nblock_size = 32\n")
+    args = parse("generate", "--config", str(config), "--dequantize", "--block-size", "8", "hi")
+    settings = settings_from_flags(args)
+    assert (settings.models.dtype, settings.models.dequantize) == ("bfloat16", True)
+    assert settings.engine.block_size == 8  # the flag wins over the file
 
 
 def test_serve_flags_override_the_settings_file_and_unset_with_none(tmp_path: Path) -> None:
@@ -244,9 +264,9 @@ def test_invalid_engine_flag_fails_before_the_model_loads(capsys) -> None:
     from rebar.cli import main
 
     assert main(["generate", "--model", "/no/such/model.gguf", "--max-model-len", "1", "hi"]) == 2
-    assert "error: invalid setting engine.max_model_len = 1; allowed: an integer >= 2" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "error: invalid setting engine.max_model_len = 1 from the command line" in err
+    assert "allowed: an integer >= 2" in err
 
 
 def test_bad_kv_cache_dtype_flag_is_refused_with_the_valid_names() -> None:
@@ -257,11 +277,11 @@ def test_bad_kv_cache_dtype_flag_is_refused_with_the_valid_names() -> None:
 
 
 def test_bench_offline_and_profile_set_the_batch_from_their_own_flags() -> None:
-    from rebar.setting_flags import engine_config_from_flags
+    from rebar.config.flags import settings_from_flags
 
     args = parse("bench", "offline", "--concurrency", "4", "--max-num-batched-tokens", "256")
-    config = engine_config_from_flags(args, max_num_seqs=args.concurrency)
-    assert (config.max_num_seqs, config.max_num_batched_tokens) == (4, 256)
+    engine = settings_from_flags(args, **{"engine.max_num_seqs": args.concurrency}).engine
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (4, 256)
     for command in (("bench", "offline"), ("profile",)):
         with pytest.raises(SystemExit):
             parse(*command, "--max-num-seqs", "2")  # --concurrency / --batch set it

@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from markers import requires_smollm2
 from rebar.config import (
     PROCESS_ENV_SWITCHES,
-    EngineSettings,
     ServedModelSettings,
     Settings,
     load_settings,
@@ -73,7 +72,6 @@ def test_defaults() -> None:
 def test_engine_settings_reach_engine_config() -> None:
     from rebar.engine.engine_config import EngineConfig
 
-    assert EngineSettings().to_engine_config() == EngineConfig()
     custom = load_settings(
         overrides={
             "engine.max_model_len": 512,
@@ -83,7 +81,7 @@ def test_engine_settings_reach_engine_config() -> None:
             "engine.kv_cache_dtype": "float16",
         }
     )
-    config = custom.engine.to_engine_config()
+    config = EngineConfig(**custom.engine.engine_fields())
     assert (config.max_model_len, config.kv_cache_memory, config.attention_backend) == (
         512,
         2**20,

@@ -1,10 +1,10 @@
-"""Imports run one way (DESIGN.md): server -> engine -> model -> kernels and the runtime weight
-formats.
+"""Imports run one way, as docs/architecture.md states: its import table is read here and every
+import in src/rebar is checked against it.
 
 Every module under src/rebar is parsed (AST), and every `import` in it counts, the ones inside
 functions and under `TYPE_CHECKING` included. Each module belongs to a unit: a top-level package or
-module of rebar (`model`, `engine`, `errors`, ...). `ALLOWED` below is the whole graph: which units
-each unit may import besides itself. The foundation modules import nothing of rebar and everyone
+module of rebar (`model`, `engine`, `errors`, ...). `ALLOWED`, read from the document, is the whole
+graph: which units each unit may import besides itself. The foundation modules import nothing of rebar and everyone
 may import them. The root package `rebar` itself (`__version__`, the lazy public API) may be
 imported from anywhere: Python initialises it before any of its submodules in any case.
 
@@ -15,40 +15,33 @@ scheduler) is pure Python: it imports no torch and nothing of the engine's tenso
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT = "rebar"
 
-# Import nothing of rebar; every unit may import them.
-FOUNDATION = frozenset({"errors", "heap", "openmp_env", "timing"})
+ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 TOP = frozenset({"rebar", "cli"})  # the public facade and the command line: may import any unit
-ALLOWED: dict[str, frozenset[str]] = {
-    # Leaves: kernels (attention, CPU and Triton kernels), obs, the side-service stores, web assets.
-    "kernels": frozenset(),
-    "obs": frozenset(),
-    "store": frozenset(),
-    "web": frozenset(),
-    # The runtime weight formats: run on the kernels, never import the model.
-    "weights": frozenset({"kernels"}),
-    # Weights -> math; a fused fast path lives here, behind interfaces the layers provide.
-    "model": frozenset({"kernels", "weights"}),
-    # Offline quantization tools (AWQ, calibration data, quantize, the quant CLI).
-    "quant": frozenset({"model", "weights", "kernels"}),
-    "engine": frozenset({"model", "weights", "kernels", "obs"}),
-    "config": frozenset({"engine"}),  # settings build the engine's own config
-    "setting_flags": frozenset(
-        {"engine"}
-    ),  # command-line flags from the engine's setting definitions
-    "server": frozenset({"engine", "model", "obs", "store", "config", "web"}),
-    "eval": frozenset({"engine", "model", "quant"}),
-    "contract_cli": frozenset({"engine"}),  # `rebar contract write | check`
-    "models_cli": frozenset(),
-    "ray_serve": frozenset(
-        {"server", "config", "obs"}
-    ),  # rebar's app as a Ray Serve deployment  # `rebar models ...`: an HTTP client of the admin endpoints
-}
+
+
+def architecture_graph(text: str) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """(the foundation modules, unit -> units it may import) as docs/architecture.md states them:
+    the table between its `imports` markers and its "Foundation modules:" line."""
+    table = text.split("<!-- imports: begin -->")[1].split("<!-- imports: end -->")[0]
+    allowed = {}
+    for line in table.strip().splitlines()[2:]:  # past the header and its rule
+        unit, _job, imports = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        names = frozenset(n.strip() for n in imports.split(",")) - {"-"}
+        allowed[unit.strip("`")] = names
+    foundation_line = next(x for x in text.splitlines() if x.startswith("Foundation modules:"))
+    paragraph = text[text.index(foundation_line) :].split("\n\n")[0]
+    foundation = frozenset(re.findall(r"`(\w+)`", paragraph))
+    return foundation, allowed
+
+
+FOUNDATION, ALLOWED = architecture_graph(ARCHITECTURE.read_text(encoding="utf-8"))
 # The engine's pure-Python side: may import only one another and the foundation, and never torch.
 PURE_PYTHON = frozenset(
     {
@@ -64,9 +57,9 @@ TENSOR_LIBRARIES = frozenset({"torch", "numpy"})
 # Tooling packages beside the service (benchmarks, the llama.cpp driver, the CI gate): they may
 # import rebar; rebar never imports them (the `rebar bench` command finds them by entry point).
 TOOLING = frozenset({"rebar_bench"})
-# The engine's setting definitions: the pure side may read them (they import torch only inside the
-# functions that size the KV cache, never at import).
-SETTING_DEFINITIONS = frozenset({"rebar.engine.engine_config", "rebar.engine.setting"})
+# The engine's plain config: the pure side may read it (it imports torch only inside the functions
+# that size the KV cache, never at import).
+SETTING_DEFINITIONS = frozenset({"rebar.engine.engine_config"})
 
 
 @dataclass(frozen=True)
@@ -168,6 +161,84 @@ def test_the_graph_names_every_unit_of_rebar() -> None:
     units = {unit_of(name) for name in module_names(SRC)}
     assert units <= FOUNDATION | TOP | set(ALLOWED), units - (FOUNDATION | TOP | set(ALLOWED))
     assert units >= FOUNDATION and set(ALLOWED) <= units  # and the graph names no stale unit
+
+
+DIALECTS = "rebar.server.dialects"
+DIALECT_HELPERS = frozenset({f"{DIALECTS}.openai_schemas", f"{DIALECTS}.openai_fields"})
+PIPELINE = "rebar.server.pipeline"
+
+
+def dialect_violations(edges: list[Import]) -> list[str]:
+    """Dialects import no other dialect; the pipeline imports no dialect and no route."""
+    found = []
+    for edge in edges:
+        importer, imported = edge.importer, edge.imported
+        into_dialect = imported.startswith(DIALECTS + ".") and imported not in DIALECT_HELPERS
+        if importer.startswith(DIALECTS + ".") and into_dialect and importer != imported:
+            found.append(f"{importer} (line {edge.line}) imports the dialect {imported}")
+        if importer.startswith(PIPELINE) and imported.startswith((DIALECTS, "rebar.server.routes")):
+            found.append(f"{importer} (line {edge.line}) imports {imported}")
+    return sorted(found)
+
+
+def test_dialects_never_import_one_another_and_the_pipeline_no_dialect() -> None:
+    found = dialect_violations(all_imports(SRC))
+    assert not found, "\n".join(found)
+
+
+def test_a_dialect_importing_another_is_named(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "rebar/__init__.py": "",
+            "rebar/server/__init__.py": "",
+            "rebar/server/dialects/__init__.py": "",
+            "rebar/server/dialects/openai_fields.py": "",
+            "rebar/server/dialects/a.py": "from rebar.server.dialects import openai_fields\n",
+            "rebar/server/dialects/b.py": "from rebar.server.dialects import a\n",
+            "rebar/server/pipeline/__init__.py": "",
+            "rebar/server/pipeline/respond.py": "import rebar.server.dialects.b\n",
+        },
+    )
+    assert dialect_violations(all_imports(tmp_path)) == [
+        "rebar.server.dialects.b (line 1) imports the dialect rebar.server.dialects.a",
+        "rebar.server.pipeline.respond (line 1) imports rebar.server.dialects.b",
+    ]
+
+
+MAX_MODULE_LINES = 400  # in the server and serving packages
+MAX_FUNCTION_LINES = 60  # anywhere but the kernels
+
+
+def oversized(src: Path) -> list[str]:
+    """Modules of the server and serving packages over MAX_MODULE_LINES, and functions outside
+    the kernels over MAX_FUNCTION_LINES (their `def` line to their last)."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        relative = path.relative_to(src)
+        lines = path.read_text(encoding="utf-8").count("\n")
+        in_shell = relative.parts[:2] in (("rebar", "server"), ("rebar", "serving"))
+        if in_shell and lines > MAX_MODULE_LINES:
+            found.append(f"{relative}: {lines} lines")
+        if "kernels" in relative.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{relative}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_modules_and_functions_stay_small() -> None:
+    found = oversized(SRC)
+    assert not found, "split these along their seams:\n" + "\n".join(found)
+
+
+def test_an_oversized_function_is_named(tmp_path: Path) -> None:
+    body = "".join(f"    x = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    write_tree(tmp_path, {"rebar/engine/long.py": "def long():\n" + body})
+    assert oversized(tmp_path) == [f"rebar/engine/long.py:1 long: {MAX_FUNCTION_LINES + 1} lines"]
 
 
 def write_tree(src: Path, files: dict[str, str]) -> None:

@@ -36,7 +36,7 @@ print(seen["at_torch"])
 AS_A_LIBRARY = (
     SPY
     + """
-import rebar, rebar.engine.llm
+import rebar, rebar.llm
 print(seen["at_torch"])
 """
 )

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from rebar.engine.core import EngineCore
-from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token
+from rebar.engine.engine_config import kv_bytes_per_token
+from rebar.llm import engine_config
 from rebar.model.config import ModelConfig
 from rebar.model.llama import LlamaModel
 from rebar.model.tokenizer import Tokenizer
@@ -94,14 +95,14 @@ def make_core(
 ) -> EngineCore:
     config = tiny_config()
     settings = {"block_size": 4, "max_model_len": 128, **engine}
-    kv_dtype = EngineConfig(**settings).kv_dtype(torch.float32, torch.device("cpu"))
+    kv_dtype = engine_config(**settings).kv_dtype(torch.float32, torch.device("cpu"))
     block_bytes = kv_bytes_per_token(config, kv_dtype) * int(settings["block_size"])
-    engine_config = EngineConfig(**{"kv_cache_memory": num_blocks * block_bytes, **settings})
+    values = engine_config(**{"kv_cache_memory": num_blocks * block_bytes, **settings})
     return EngineCore(
         tiny_model(config, seed),
         config,
         tiny_tokenizer(tmp_path / "tok", characters),
-        engine_config,
+        values,
         torch.float32,
         torch.device("cpu"),
     )

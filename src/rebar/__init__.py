@@ -21,15 +21,15 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LLM": "rebar.engine.llm",
+    "LLM": "rebar.llm",
     "SamplingParams": "rebar.engine.sampling_params",
     "CompletionOutput": "rebar.engine.outputs",
 }
 
 if TYPE_CHECKING:
-    from rebar.engine.llm import LLM
     from rebar.engine.outputs import CompletionOutput
     from rebar.engine.sampling_params import SamplingParams
+    from rebar.llm import LLM
 
 
 def __getattr__(name: str) -> Any:

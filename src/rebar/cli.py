@@ -6,37 +6,37 @@ import argparse
 import logging
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from rebar.config.flags import (
+    add_config_flag,
+    add_setting_flags,
+    as_overrides,
+    given_settings,
+    settings_from_flags,
+)
 from rebar.contract_cli import add_contract_parser
-from rebar.engine.engine_config import DTYPE_NAMES, EngineConfig
 from rebar.errors import ConfigError, InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.models_cli import add_models_parser
 from rebar.openmp_env import shorten_openmp_spin
 from rebar.quant.cli import add_quantize_parser
-from rebar.setting_flags import (
-    add_engine_flags,
-    as_overrides,
-    engine_config_from_flags,
-    given_settings,
-)
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -> None:
+    """`--model`, `--config` and a flag for each [models] loading setting and [engine] setting
+    (except those in `skip`, which the command sets itself): what every command that loads a
+    model takes, read by `LLM.from_settings(args.model, settings_from_flags(args))`."""
     parser.add_argument(
-        "--model", default="smollm2", help="alias (smollm2, minilm), a .gguf file or an HF folder"
+        "--model",
+        default="smollm2",
+        help="alias (smollm2, minilm, gemma3), a .gguf file or an HF folder",
     )
-    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    parser.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="expand quantized (GGUF) weights to --dtype "
-        "at load: the float reference, slower and larger",
-    )
+    add_config_flag(parser)
+    add_setting_flags(parser, "models", only=("dtype", "device", "dequantize"))
+    add_setting_flags(parser, "engine", skip={"separate_process", *skip})
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -63,16 +63,10 @@ def _sampling_params(args: argparse.Namespace):
     )
 
 
-def _load(args: argparse.Namespace):
-    from rebar.engine.llm import LLM
+def _load(args: argparse.Namespace, **fixed: object):
+    from rebar.llm import LLM
 
-    return LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        engine_config=engine_config_from_flags(args),
-        dequantize=args.dequantize,
-    )
+    return LLM.from_settings(args.model, settings_from_flags(args, **fixed))
 
 
 def _stream_to_stdout(llm, prompt: str | list[int], params) -> str:
@@ -132,7 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rebar.server.app import create_app
     from rebar.server.serve import run_server
 
-    settings = load_settings(args.config, serve_overrides(args))
+    settings = load_settings(args.config, serve_overrides(args), "from the command line")
     configure_logging(settings.logging.level, settings.logging.format)
     if args.ray:
         try:
@@ -150,13 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
     """`rebar serve`'s flags as settings overrides; a flag not given is None (overrides nothing)."""
     return {
-        "server.host": args.host,
-        "server.port": args.port,
         "models.chat": args.model,
         "models.embedding": args.embedding_model,
-        "models.dtype": args.dtype,
-        "models.device": args.device,
-        "models.dequantize": True if args.dequantize else None,
         **as_overrides(given_settings(args)),
     }
 
@@ -234,22 +223,16 @@ _DECODER_FIELDS = {
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
-    from rebar.engine.llm import LLM
     from rebar.engine.profile_run import profile_engine
+    from rebar.llm import LLM
 
-    fixed = {"max_num_seqs": args.batch}
+    fixed: dict[str, object] = {"engine.max_num_seqs": args.batch}
+    settings = settings_from_flags(args, **fixed)
     if "engine.max_num_batched_tokens" not in given_settings(args):
         # the whole batch's prompts fit in the first (profiled) step
-        default = EngineConfig().max_num_batched_tokens
-        fixed["max_num_batched_tokens"] = max(default, args.batch * args.input_len)
-    engine_config = engine_config_from_flags(args, **fixed)
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        engine_config=engine_config,
-        dequantize=args.dequantize,
-    )
+        most = max(settings.engine.max_num_batched_tokens, args.batch * args.input_len)
+        settings = settings_from_flags(args, **fixed, **{"engine.max_num_batched_tokens": most})
+    llm = LLM.from_settings(args.model, settings)
     if llm.engine is None:
         raise InvalidRequestError(
             f"{args.model} is an embedding model; profile needs a generator", "model"
@@ -309,11 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(commands)
     _add_inspect_parser(commands)
     add_quantize_parser(commands)
-    add_eval_parser(commands, _add_model_args)
+    add_eval_parser(commands, add_model_args)
     _add_plugin_parsers(commands)
     _add_profile_parser(commands)
     _add_config_parser(commands)
-    add_contract_parser(commands, _add_model_args)
+    add_contract_parser(commands, add_model_args)
     add_models_parser(commands)
     return parser
 
@@ -328,48 +311,41 @@ def _add_plugin_parsers(commands: Any) -> None:
     from importlib.metadata import entry_points
 
     for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
-        entry.load()(commands, _add_model_args, _positive_int)
+        entry.load()(commands, add_model_args, _positive_int)
 
 
 def _add_generation_parsers(commands: Any) -> None:
     """`generate` and `chat`: a model, sampling and engine flags."""
     generate = commands.add_parser("generate", help="complete a prompt, streaming tokens to stdout")
-    _add_model_args(generate)
+    add_model_args(generate)
     _add_sampling_args(generate, max_tokens=128)
-    add_engine_flags(generate)
     generate.add_argument("prompt")
     generate.set_defaults(handler=cmd_generate)
 
     chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
-    _add_model_args(chat)
+    add_model_args(chat)
     _add_sampling_args(chat, max_tokens=512)
-    add_engine_flags(chat)
     chat.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     chat.set_defaults(handler=cmd_chat)
 
 
 def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    serve.add_argument("--config", default=None, help="TOML settings file (see rebar.toml)")
+    add_config_flag(serve)
     serve.add_argument(
         "--ray",
         action="store_true",
         help="run as a Ray Serve deployment: [ray] replicas behind Ray Serve's HTTP proxy",
     )
     serve.add_argument(
-        "--model", default=None, help="chat model: alias, .gguf file or HF folder ('none' disables)"
+        "--model",
+        default=None,
+        help="models.chat: alias, .gguf file or HF folder ('none' disables)",
     )
-    serve.add_argument("--embedding-model", default=None, help="embedding model ('none' disables)")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--dtype", default=None, choices=DTYPE_NAMES)
-    serve.add_argument("--device", default=None)
-    serve.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="expand quantized (GGUF) weights to --dtype at load: the float reference",
-    )
-    add_engine_flags(serve)
+    serve.add_argument("--embedding-model", default=None, help="models.embedding ('none' disables)")
+    add_setting_flags(serve, "server", only=("host", "port"))
+    add_setting_flags(serve, "models", only=("dtype", "device", "dequantize"))
+    add_setting_flags(serve, "engine")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -387,7 +363,7 @@ def _add_profile_parser(commands: Any) -> None:
     profile = commands.add_parser(
         "profile", help="profile engine steps: Chrome trace with a range per layer, top operators"
     )
-    _add_model_args(profile)
+    add_model_args(profile, skip={"max_num_seqs"})  # --batch sets it
     profile.add_argument(
         "--steps", type=_positive_int, default=8, help="steps to profile (the first is the prefill)"
     )
@@ -400,7 +376,6 @@ def _add_profile_parser(commands: Any) -> None:
     )
     profile.add_argument("--top", type=_positive_int, default=20, help="operators in the table")
     profile.add_argument("--output", default="rebar-trace.json", help="where the Chrome trace goes")
-    add_engine_flags(profile, skip={"max_num_seqs"})  # --batch sets it
     profile.set_defaults(handler=cmd_profile)
 
 

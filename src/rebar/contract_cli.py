@@ -10,9 +10,10 @@ from rebar.errors import ConfigError
 
 
 def _load(args: argparse.Namespace):
-    from rebar.engine.llm import LLM
+    from rebar.config.flags import settings_from_flags
+    from rebar.llm import LLM
 
-    return LLM(args.model, dtype=args.dtype, device=args.device)
+    return LLM.from_settings(args.model, settings_from_flags(args))
 
 
 def _where(args: argparse.Namespace, llm) -> Path:

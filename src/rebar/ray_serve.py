@@ -70,8 +70,8 @@ class RebarReplica:
     def check_health(self) -> None:
         """Raises (Ray restarts the replica) once it cannot serve: a model failed to load or an
         engine process exited."""
-        state = self.rebar_app.state.rebar
-        failure = state.engine_failure() or state.load_error
+        registry = self.rebar_app.state.rebar.registry
+        failure = registry.engine_failure() or registry.load_error
         if failure is not None:
             raise RuntimeError(failure)
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rebar.config.flags import settings_from_flags
 from rebar.errors import InvalidRequestError
-from rebar.setting_flags import add_engine_flags, engine_config_from_flags
 
 
 def _write_json(path: str | None, text: str) -> None:
@@ -20,17 +20,11 @@ def _write_json(path: str | None, text: str) -> None:
 
 
 def cmd_bench_offline(args: argparse.Namespace) -> int:
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
     from rebar_bench.offline import run_offline
 
-    engine_config = engine_config_from_flags(args, max_num_seqs=max(args.concurrency, 1))
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        engine_config=engine_config,
-        dequantize=args.dequantize,
-    )
+    fixed = {"engine.max_num_seqs": max(args.concurrency, 1)}
+    llm = LLM.from_settings(args.model, settings_from_flags(args, **fixed))
     core = llm.engine
     if core is None:
         raise InvalidRequestError(
@@ -171,17 +165,12 @@ def cmd_bench_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_grammar(args: argparse.Namespace) -> int:
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
     from rebar_bench.grammar_cost import run_grammar_cost, to_json
 
     batches = sorted(set(args.batch))
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        engine_config=engine_config_from_flags(args, max_num_seqs=max(batches)),
-        dequantize=args.dequantize,
-    )
+    fixed = {"engine.max_num_seqs": max(batches)}
+    llm = LLM.from_settings(args.model, settings_from_flags(args, **fixed))
     core = llm.engine
     if core is None:
         raise llm.not_a_decoder()
@@ -197,7 +186,7 @@ def cmd_bench_grammar(args: argparse.Namespace) -> int:
 
 def add_bench_parser(
     commands: Any,
-    add_model_args: Callable[[argparse.ArgumentParser], None],
+    add_model_args: Callable[..., None],
     positive_int: Callable[[str], int],
 ) -> None:
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
@@ -213,13 +202,11 @@ def add_bench_parser(
     _add_make_model_parser(bench, positive_int)
 
 
-def _add_offline_parser(
-    bench: Any, add_model_args: Callable[[argparse.ArgumentParser], None]
-) -> None:
+def _add_offline_parser(bench: Any, add_model_args: Callable[..., None]) -> None:
     offline = bench.add_parser(
         "offline", help="engine throughput and latency at a fixed concurrency"
     )
-    add_model_args(offline)
+    add_model_args(offline, skip={"max_num_seqs"})  # --concurrency sets it
     offline.add_argument("--num-prompts", type=int, default=16)
     offline.add_argument("--input-len", type=int, default=128)
     offline.add_argument("--output-len", type=int, default=64)
@@ -229,7 +216,6 @@ def _add_offline_parser(
     offline.add_argument("--seed", type=int, default=0)
     offline.add_argument("--no-warmup", dest="warmup", action="store_false")
     offline.add_argument("--json", default=None, help="also write the result as JSON to this file")
-    add_engine_flags(offline, skip={"max_num_seqs"})
     offline.set_defaults(handler=cmd_bench_offline)
 
 
@@ -332,7 +318,7 @@ def _add_http_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
 
 def _add_grammar_parser(
     bench: Any,
-    add_model_args: Callable[[argparse.ArgumentParser], None],
+    add_model_args: Callable[..., None],
     positive_int: Callable[[str], int],
 ) -> None:
     grammar = bench.add_parser(
@@ -344,14 +330,13 @@ def _add_grammar_parser(
             "took per step (filling and applying them), as a share of the plain step."
         ),
     )
-    add_model_args(grammar)
+    add_model_args(grammar, skip={"max_num_seqs"})  # the largest --batch sets it
     grammar.add_argument(
         "--batch", type=positive_int, nargs="+", default=[1, 16], help="batch sizes (1 16)"
     )
     grammar.add_argument("--tokens", type=positive_int, default=128, help="tokens per request")
     grammar.add_argument("--seed", type=int, default=0)
     grammar.add_argument("--json", default=None, help="also write the results as JSON to this file")
-    add_engine_flags(grammar, skip={"max_num_seqs"})
     grammar.set_defaults(handler=cmd_bench_grammar)
 
 

@@ -421,7 +421,7 @@ def alternate_runs(
 def run_compare(config: CompareConfig) -> CompareReport:
     """rebar's and llama.cpp's runs alternate, one of each per repeat, so that this host's drift (it
     moves by 20-30% over minutes) falls on both alike; each figure is the median of its repeats."""
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
 
     torch.set_num_threads(config.threads)
     llm = LLM(config.model)

@@ -60,7 +60,7 @@ from rebar_bench.gate_baseline import (
 
 if TYPE_CHECKING:
     from rebar.engine.core import EngineCore
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,10 @@ def calibrate(repeats: int = 7, steps: int = 32) -> float:
 
 def default_llm(model: str) -> LLM:
     """`model` loaded as `rebar serve` loads its chat model when no setting is given."""
-    from rebar.config import EngineSettings, ModelsSettings
-    from rebar.engine.llm import LLM
+    from rebar.config import Settings
+    from rebar.llm import LLM
 
-    models = ModelsSettings.model_validate({"chat": model})  # every other field its default
-    return LLM(
-        model,
-        dtype=models.dtype,
-        device=models.device,
-        engine_config=EngineSettings.model_validate({}).to_engine_config(),
-        dequantize=models.dequantize,
-    )
+    return LLM.from_settings(model, Settings())  # every setting its default
 
 
 # ----- cold start and memory: fresh processes ----------------------------------------------------
@@ -134,7 +127,7 @@ _CHILD = """
 import time
 started = time.perf_counter()
 import numpy, torch
-import rebar_bench.gate, rebar.config, rebar.engine.llm
+import rebar_bench.gate, rebar.config, rebar.llm
 torch.set_num_threads({threads})
 if {load}:
     from rebar.engine.sampling_params import SamplingParams

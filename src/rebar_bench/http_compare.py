@@ -148,35 +148,34 @@ def rows(
                 False,
             )
         )
-    wide = ours.get(64)
-    if wide is not None:
-        other = peer(64)
-        out.append(
-            Row(
-                "64 streams: failed requests", wide.num_failed, None, None, "0", not wide.num_failed
-            )
-        )
-        out.append(
-            compared(
-                "64 streams: output tok/s (peer -np 64)",
-                wide.output_tokens_per_s,
-                other.output_tokens_per_s if other else None,
-                config.batched_target,
-                True,
-            )
-        )
-        spread = wide.itl_p95_ms / wide.itl_p50_ms if wide.itl_p95_ms and wide.itl_p50_ms else None
-        out.append(
-            Row(
-                "64 streams: inter-token p95 / p50",
-                wide.itl_p95_ms,
-                wide.itl_p50_ms,
-                spread,
-                "<= 2x",
-                None if spread is None else spread <= 2.0,
-            )
-        )
+    if 64 in ours:
+        out += _wide_rows(config, ours[64], peer(64))
     return out
+
+
+def _wide_rows(
+    config: HttpCompareConfig, wide: LevelFigures, other: LevelFigures | None
+) -> list[Row]:
+    """The 64-stream rows: no failures, throughput against the peer, a bounded latency tail."""
+    spread = wide.itl_p95_ms / wide.itl_p50_ms if wide.itl_p95_ms and wide.itl_p50_ms else None
+    return [
+        Row("64 streams: failed requests", wide.num_failed, None, None, "0", not wide.num_failed),
+        compared(
+            "64 streams: output tok/s (peer -np 64)",
+            wide.output_tokens_per_s,
+            other.output_tokens_per_s if other else None,
+            config.batched_target,
+            True,
+        ),
+        Row(
+            "64 streams: inter-token p95 / p50",
+            wide.itl_p95_ms,
+            wide.itl_p50_ms,
+            spread,
+            "<= 2x",
+            None if spread is None else spread <= 2.0,
+        ),
+    ]
 
 
 @dataclass

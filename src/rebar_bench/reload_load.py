@@ -247,49 +247,63 @@ async def _drive(
         await asyncio.sleep(interval_s)
         before = sampler.now()  # under load, just before the first reload
         sampler.reset_peaks()
-        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         for r in range(reloads):
-            asked = r % len(urls)
-            started = time.monotonic()
-            reply = await client.post(
-                urls[asked] + f"/admin/models/{model}/reload", headers=headers, json={}
-            )
-            if reply.status_code != 200:
-                raise RuntimeError(f"reload {r + 1} refused: {reply.status_code} {reply.text}")
-            outcome = reply.json()
-            await _wait_for_version(client, urls, model, outcome["version"])
-            reached = time.monotonic() - started
-            windows.append((started, time.monotonic()))
-            followers = [
-                (await _admin_models(client, url, model))["last_reload"]["swap_ms"]
-                for i, url in enumerate(urls)
-                if i != asked
-            ]
-            figures.append(
-                ReloadFigures(
-                    asked,
-                    outcome["version"],
-                    outcome["load_s"],
-                    outcome["swap_ms"],
-                    outcome["drained_first"],
-                    reached,
-                    followers,
-                )
-            )
+            window, figure = await _reload_once(client, urls, model, r)
+            windows.append(window)
+            figures.append(figure)
             await asyncio.sleep(interval_s)
         # The old versions are freed once their last streams end; measured under the same load.
-        deadline = time.monotonic() + 60
-        while True:
-            retiring = [
-                (await _admin_models(client, url, model))["retiring_versions"] for url in urls
-            ]
-            if not any(retiring) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+        retiring = await _wait_retired(client, urls, model, timeout_s=60)
         after = sampler.now()
         stop.set()
         await asyncio.gather(*clients)
     return records, figures, windows, retiring, (before, after)
+
+
+async def _reload_once(
+    client: httpx.AsyncClient, urls: list[str], model: str, r: int
+) -> tuple[tuple[float, float], ReloadFigures]:
+    """Reload number `r` asked of one server in turn, until every server serves the new version:
+    its time window and figures."""
+    asked = r % len(urls)
+    started = time.monotonic()
+    reply = await client.post(
+        urls[asked] + f"/admin/models/{model}/reload",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        json={},
+    )
+    if reply.status_code != 200:
+        raise RuntimeError(f"reload {r + 1} refused: {reply.status_code} {reply.text}")
+    outcome = reply.json()
+    await _wait_for_version(client, urls, model, outcome["version"])
+    reached = time.monotonic() - started
+    followers = [
+        (await _admin_models(client, url, model))["last_reload"]["swap_ms"]
+        for i, url in enumerate(urls)
+        if i != asked
+    ]
+    figures = ReloadFigures(
+        asked,
+        outcome["version"],
+        outcome["load_s"],
+        outcome["swap_ms"],
+        outcome["drained_first"],
+        reached,
+        followers,
+    )
+    return (started, time.monotonic()), figures
+
+
+async def _wait_retired(
+    client: httpx.AsyncClient, urls: list[str], model: str, timeout_s: float
+) -> list[list[int]]:
+    """Each server's retiring versions, once none is left (or `timeout_s` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        retiring = [(await _admin_models(client, url, model))["retiring_versions"] for url in urls]
+        if not any(retiring) or time.monotonic() > deadline:
+            return retiring
+        await asyncio.sleep(0.1)
 
 
 def _gaps(

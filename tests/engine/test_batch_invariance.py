@@ -16,8 +16,8 @@ from gguf_builder import TinyConfig, model_contents, random_hf_state
 
 from needs import need_cpu_kernels, requires
 from rebar import LLM
-from rebar.engine.engine_config import EngineConfig
 from rebar.engine.sampling_params import SamplingParams
+from rebar.llm import engine_config
 from tiny_engine import run_to_completion, tokens_of
 
 pytestmark = requires(need_cpu_kernels)
@@ -35,7 +35,7 @@ def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     contents = model_contents(CONFIG, random_hf_state(CONFIG, seed=3), storage)
     path = contents.write(folder / f"tiny-{storage.name}.gguf")
     # Small steps force chunked prefills beside decodes; no prefix cache, so alone is really alone.
-    engine = EngineConfig(
+    engine = engine_config(
         block_size=4,
         max_num_batched_tokens=24,
         enable_prefix_caching=False,

@@ -23,7 +23,7 @@ from rebar.engine.contract import (
     enforce_beside,
     record,
 )
-from rebar.engine.llm import LLM
+from rebar.llm import LLM
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token
+from rebar.engine.engine_config import kv_bytes_per_token
 from rebar.engine.outputs import ENGINE_FAULT
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
+from rebar.llm import engine_config
 from tiny_engine import VOCAB, make_core, run_to_completion, tiny_config, tokens_of
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -432,12 +433,12 @@ def test_penalties_see_the_token_history(tmp_path) -> None:
 def test_auto_kv_cache_is_float16_for_a_float32_model_on_the_cpu(tmp_path) -> None:
     """As llama.cpp's default f16 cache; a model computing in another dtype stores K/V in it, and a
     GPU keeps the model's dtype."""
-    auto = EngineConfig()
+    auto = engine_config()
     assert auto.kv_dtype(torch.float32, torch.device("cpu")) == torch.float16
     assert auto.kv_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
     assert auto.kv_dtype(torch.float32, torch.device("cuda")) == torch.float32
     assert (
-        EngineConfig(kv_cache_dtype="float32").kv_dtype(torch.float32, torch.device("cpu"))
+        engine_config(kv_cache_dtype="float32").kv_dtype(torch.float32, torch.device("cpu"))
         == torch.float32
     )
     assert make_core(tmp_path).runner.kv_cache.keys[0].dtype == torch.float16

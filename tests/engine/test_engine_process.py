@@ -11,15 +11,14 @@ import pytest
 from hf_tiny import build_decoder, save_decoder
 
 from rebar.engine.async_engine import EngineUnavailableError
-from rebar.engine.engine_config import EngineConfig
 from rebar.engine.engine_process import EngineProcess, EngineSpec
-from rebar.engine.llm import LLM
 from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
+from rebar.llm import LLM, engine_config
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-CONFIG = EngineConfig(max_model_len=128, kv_cache_memory=2**20, block_size=4)
+CONFIG = engine_config(max_model_len=128, kv_cache_memory=2**20, block_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +123,9 @@ def test_profiles_steps_in_the_child(engine) -> None:
 
 def test_a_bad_model_fails_the_spawn_with_the_childs_message(tmp_path) -> None:
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
-        EngineProcess.spawn(EngineSpec(str(tmp_path / "no-such-model"), device="cpu"))
+        EngineProcess.spawn(
+            EngineSpec(str(tmp_path / "no-such-model"), engine_config=CONFIG, device="cpu")
+        )
 
 
 def test_stopping_ends_running_requests_and_refuses_new_ones(model_dir) -> None:

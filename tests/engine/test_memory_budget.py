@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from markers import requires_smollm2
-from rebar.engine.engine_config import EngineConfig
 from rebar.errors import ConfigError
 
 pytestmark = requires_smollm2
@@ -14,11 +13,9 @@ MiB = 2**20
 
 
 def load(budget: int, max_model_len: int = 512):
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
 
-    return LLM(
-        "smollm2", engine_config=EngineConfig(max_model_len=max_model_len), memory_budget=budget
-    )
+    return LLM("smollm2", max_model_len=max_model_len, memory_budget=budget)
 
 
 def test_the_kv_cache_gets_what_the_weights_leave() -> None:

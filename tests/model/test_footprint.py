@@ -35,11 +35,10 @@ def test_views_and_shared_storages_count_once_and_plain_attributes_count() -> No
 
 @requires_smollm2
 def test_a_quantized_model_counts_its_file_and_its_repacked_operands() -> None:
-    from rebar.engine.engine_config import EngineConfig
-    from rebar.engine.llm import LLM
+    from rebar.llm import LLM
     from rebar.model.resolve import resolve_model_path
 
-    llm = LLM("smollm2", engine_config=EngineConfig(max_model_len=256, kv_cache_memory=2**24))
+    llm = LLM("smollm2", max_model_len=256, kv_cache_memory=2**24)
     size = resolve_model_path("smollm2").stat().st_size
     assert size * 0.9 < llm.weight_bytes < size * 3
     assert llm.footprint_bytes == llm.weight_bytes + llm.kv_cache_bytes

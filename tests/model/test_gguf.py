@@ -32,9 +32,9 @@ from expect import raises
 from float_reference import float_llm
 from markers import need_smollm2
 from needs import need_module
-from rebar.engine.llm import LLM
 from rebar.engine.prompt import prompt_token_ids
 from rebar.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from rebar.llm import LLM
 from rebar.model.loader import open_checkpoint
 from rebar.model.loader.ggml_dequant import SUPPORTED_TYPES, dequantize
 from rebar.model.loader.gguf_reader import GGUFFile

@@ -15,8 +15,8 @@ import pytest
 
 from expect import raises
 from needs import need_module
-from rebar.engine.llm import LLM
 from rebar.errors import ModelFormatError, UnsupportedModelError
+from rebar.llm import LLM
 from rebar.model.loader import open_checkpoint
 
 need_module("transformers")  # the reference models these tests compare against

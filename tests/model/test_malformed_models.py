@@ -19,8 +19,8 @@ from gguf import GGUFReader, GGUFValueType
 from gguf_builder import Tensor, TinyConfig, Typed, model_contents
 
 from expect import raises
-from rebar.engine.llm import LLM
 from rebar.errors import ModelFormatError, UnsupportedModelError
+from rebar.llm import LLM
 from rebar.model.loader import open_checkpoint
 from rebar.model.loader.gguf_metadata import ARRAY, MAX_ARRAY_DEPTH, STRING
 

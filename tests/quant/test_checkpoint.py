@@ -12,8 +12,8 @@ from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf, use
 
 from needs import need_module
 from rebar import LLM
-from rebar.engine.engine_config import EngineConfig
 from rebar.errors import ModelFormatError
+from rebar.llm import engine_config
 from rebar.model.loader import open_checkpoint
 from rebar.model.loader.rebar_quant import (
     MANIFEST_NAME,
@@ -25,7 +25,7 @@ from rebar.weights.qlinear import QuantEmbedding, QuantLinear
 
 need_module("transformers")
 
-FLOAT32_KV = EngineConfig(kv_cache_dtype="float32")  # transformers keeps K/V in float32 too
+FLOAT32_KV = engine_config(kv_cache_dtype="float32")  # transformers keeps K/V in float32 too
 
 
 @pytest.fixture(scope="module")

@@ -149,13 +149,14 @@ def test_a_replica_reports_unhealthy_once_a_model_failed_or_an_engine_exited() -
 
     from rebar.ray_serve import RebarReplica
 
-    state = SimpleNamespace(load_error=None, engine_failure=lambda: None)
+    registry = SimpleNamespace(load_error=None, engine_failure=lambda: None)
+    state = SimpleNamespace(registry=registry)
     replica = SimpleNamespace(rebar_app=SimpleNamespace(state=SimpleNamespace(rebar=state)))
     RebarReplica.check_health(replica)  # healthy: returns
-    state.load_error = "models.chat: no such file"
+    registry.load_error = "models.chat: no such file"
     with pytest.raises(RuntimeError, match="no such file"):
         RebarReplica.check_health(replica)
-    state.load_error = None
-    state.engine_failure = lambda: "the engine process exited (exit code -9)"
+    registry.load_error = None
+    registry.engine_failure = lambda: "the engine process exited (exit code -9)"
     with pytest.raises(RuntimeError, match="exit code -9"):
         RebarReplica.check_health(replica)

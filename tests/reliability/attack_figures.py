@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: live_ser
 
 import contextlib
 
-from live_server import server_settings, serving_models, slowest_health
+from live_server import embedding_model, server_settings, serving_models, slowest_health
 
 CHAT = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -80,7 +80,7 @@ def huge_prompt(url: str) -> dict:
 
 
 def abandoned_embeddings(url: str, app) -> dict:
-    queue = app.state.rebar.embedding_queue
+    queue = embedding_model(app).queue
 
     def attack():
         with ThreadPoolExecutor(3) as pool:

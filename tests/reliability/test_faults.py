@@ -21,7 +21,7 @@ import httpx
 import pytest
 from suite import scaled
 
-from live_server import assert_idle, free_port, server_settings, serving_models
+from live_server import assert_idle, chat_core, free_port, server_settings, serving_models
 from markers import requires_minilm, requires_smollm2
 
 CHAT = "/v1/chat/completions"
@@ -67,7 +67,7 @@ class PoisonedRunner:
 
 def test_an_engine_fault_fails_its_request_alone_with_a_clean_500(server) -> None:
     url, app = server
-    core = app.state.rebar.models.engine.core
+    core = chat_core(app)
     prompts = ["The capital of France is", "One, two, three,", "Water boils at"]
     expected = [completion(url, p).json()["choices"][0]["text"] for p in prompts]
     original = core.runner
@@ -80,7 +80,7 @@ def test_an_engine_fault_fails_its_request_alone_with_a_clean_500(server) -> Non
             failed, streamed = poisoned.result(), stream.result()
     finally:
         core.runner = original
-    assert core.runner is original and app.state.rebar.models.engine.core.runner is original
+    assert core.runner is original and chat_core(app).runner is original
     assert [r.status_code for r in healthy] == [200] * 3
     assert [
         r.json()["choices"][0]["text"] for r in healthy

@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from suite import scaled
 
-from live_server import assert_idle, server_settings, serving_models
+from live_server import assert_idle, chat_core, server_settings, serving_models
 
 MAX_EXAMPLES = int(scaled(12, 300))
 # Generation lengths are clamped so a case costs at most a few seconds of engine time; the
@@ -62,15 +62,14 @@ def _bounded(body: object, served: dict[str, str]) -> object:
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_gets_a_5xx_or_leaves_anything_behind(fuzz_server, case) -> None:
     url, app = fuzz_server
-    models = app.state.rebar.models
-    case.body = _bounded(case.body, {"chat": models.chat_name, "embedding": models.embedding_name})
-    added = app.state.rebar.models.engine.core.num_requests_added
+    registry = app.state.rebar.registry
+    names = {kind: registry.default_name(kind) for kind in ("chat", "embedding")}
+    case.body = _bounded(case.body, names)
+    added = chat_core(app).num_requests_added
     response = case.call(base_url=url, timeout=60)
     assert response.status_code < 500, (response.status_code, response.text[:500], case.body)
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
-        assert (
-            app.state.rebar.models.engine.core.num_requests_added == added
-        )  # nothing generated for it
+        assert chat_core(app).num_requests_added == added  # nothing generated for it
     assert_idle(app)

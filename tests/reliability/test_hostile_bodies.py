@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from suite import scaled
 
-from live_server import assert_idle, server_settings, serving_models
+from live_server import assert_idle, chat_core, server_settings, serving_models
 
 NUMBERS = [
     0,
@@ -177,7 +177,7 @@ def test_hostile_values_get_a_clean_answer(hostile_server, path: str, changes: d
         and body.get("max_completion_tokens") is None
     ):
         body["max_tokens"] = 8  # None means "until the context ends"
-    added = app.state.rebar.models.engine.core.num_requests_added
+    added = chat_core(app).num_requests_added
     response = httpx.post(
         url + path, content=_encode(body), headers={"content-type": "application/json"}, timeout=60
     )
@@ -185,7 +185,5 @@ def test_hostile_values_get_a_clean_answer(hostile_server, path: str, changes: d
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
-        assert (
-            app.state.rebar.models.engine.core.num_requests_added == added
-        )  # nothing generated for it
+        assert chat_core(app).num_requests_added == added  # nothing generated for it
     assert_idle(app)

@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from live_server import chat_core, embedding_model
+
 CHAT = "/v1/chat/completions"
 # SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar
 # (their greedy answers are the same); with this one both answer the question.
@@ -38,7 +40,7 @@ def sse_events(response: httpx.Response) -> list[str]:
 
 
 def engine_idle(app, timeout: float = 1.0) -> bool:
-    core = app.state.rebar.models.engine.core
+    core = chat_core(app)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         stats = core.stats()
@@ -196,7 +198,7 @@ def test_completions_with_echo_logprobs_and_n(server) -> None:
 
 def test_each_request_is_checked_once(server, monkeypatch) -> None:
     url, app = server
-    checker = app.state.rebar.models.engine.core.checker
+    checker = chat_core(app).checker
     real_check = checker._check_prompt
     checked = []
 
@@ -246,7 +248,7 @@ def test_embeddings_match_the_model(server) -> None:
         url, "/v1/embeddings", {"model": "minilm", "input": ["hello world", "good morning"]}
     ).json()
     vectors = [d["embedding"] for d in body["data"]]
-    expected = app.state.rebar.models.embedding.embed(["hello world", "good morning"])
+    expected = embedding_model(app).embedder.embed(["hello world", "good morning"])
     assert len(vectors) == 2 and len(vectors[0]) == 384
     assert max(abs(a - b) for a, b in zip(vectors[0], expected[0].tolist())) < 1e-5
     assert body["usage"]["prompt_tokens"] > 0
@@ -349,7 +351,7 @@ def test_client_disconnect_mid_stream_aborts_within_a_second(server) -> None:
     with httpx.stream("POST", url + CHAT, json=body, timeout=60) as response:
         data = (line for line in response.iter_lines() if line.startswith("data: "))
         next(data), next(data)  # the role chunk, then generated content
-        assert app.state.rebar.models.engine.core.has_unfinished_requests()
+        assert chat_core(app).has_unfinished_requests()
     assert engine_idle(app, timeout=1.0)
 
 
@@ -384,12 +386,12 @@ def test_pings_keep_a_slow_stream_alive(server) -> None:
 
 
 def test_overload_gives_503_with_retry_after_and_health_stays_up(server) -> None:
-    from rebar.server.state import Admission
+    from rebar.server.pipeline.gate import WaitingRoom
 
     url, app = server
     state = app.state.rebar
-    original = state.admission
-    state.admission = Admission(max_requests=1, max_prompt_tokens=10**6, retry_after_s=2)
+    original = state.gate.waiting
+    state.gate.waiting = WaitingRoom(max_requests=1, max_prompt_tokens=10**6, retry_after_s=2)
     statuses: list[int] = []
     body = {"model": "smollm2", "messages": ASK, "max_tokens": 64, "ignore_eos": True}
 
@@ -409,6 +411,6 @@ def test_overload_gives_503_with_retry_after_and_health_stays_up(server) -> None
         for thread in threads:
             thread.join(120)
     finally:
-        state.admission = original
+        state.gate.waiting = original
     assert 503 in statuses and 200 in statuses
     assert engine_idle(app, timeout=2.0)

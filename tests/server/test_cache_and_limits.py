@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from live_server import live_server
+from live_server import chat_core, live_server
 from redis_server import running_redis_server
 
 CHAT = "/v1/chat/completions"
@@ -67,7 +67,7 @@ def serving(served_models, backend: dict, **overrides):
 
 
 def added(app) -> int:
-    return app.state.rebar.models.engine.core.stats().num_requests_added
+    return chat_core(app).stats().num_requests_added
 
 
 def chat(url: str, content: str, *, headers: dict | None = None, **fields) -> httpx.Response:
@@ -260,7 +260,7 @@ def test_aborted_stream_is_not_cached(served_models, backend) -> None:
             assert response.headers["x-cache"] == "MISS"
             data = (line for line in response.iter_lines() if line.startswith("data: "))
             next(data), next(data)  # the role chunk, then the first content
-        core = app.state.rebar.models.engine.core
+        core = chat_core(app)
         assert wait_until(lambda: not core.has_unfinished_requests())
         # Neither an entry nor a leftover lock, and no identical request is left waiting on the
         # aborted one.
@@ -294,7 +294,7 @@ def test_aborted_stream_is_not_cached(served_models, backend) -> None:
 
 def test_embedding_cache_computes_only_missing_texts(served_models, backend, monkeypatch) -> None:
     with serving(served_models, backend) as (url, _app):
-        embedding = served_models.embedding
+        embedding = served_models.embedding.embedder
         computed: list[list[str]] = []
         real_embed = embedding.embed
 
@@ -448,7 +448,7 @@ def test_requests_per_minute(served_models, backend) -> None:
             "requests",
             3,
         )
-        assert app.state.rebar.num_rate_limited == 2
+        assert app.state.rebar.gate.num_rate_limited == 2
 
 
 def test_tokens_per_minute_counts_prompt_and_completion_tokens(served_models, backend) -> None:
@@ -530,10 +530,8 @@ def test_tokens_per_minute_stops_a_generation_that_runs_out(served_models, backe
             StoreView(app, backend).keys("rebar:cache:llm:") == []
         )  # a cut answer is never cached
         assert_rate_limited(httpx.post(url + COMPLETIONS, json=body, timeout=60), "tokens", limit)
-        wait_until(lambda: app.state.rebar.models.engine.core.stats().num_running == 0)
-        assert (
-            app.state.rebar.models.engine.core.stats().num_running == 0
-        )  # the cut request was stopped
+        wait_until(lambda: chat_core(app).stats().num_running == 0)
+        assert chat_core(app).stats().num_running == 0  # the cut request was stopped
 
 
 def test_tokens_per_minute_holds_across_concurrent_streams(served_models, backend) -> None:

@@ -8,8 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from rebar.errors import InvalidRequestError
-from rebar.server.convert import template_messages
-from rebar.server.schemas import ChatCompletionRequest, ChatMessage
+from rebar.server.dialects.openai_schemas import ChatCompletionRequest, neutral_messages
+from rebar.server.pipeline.prepare import template_messages
+from rebar.server.pipeline.request import Message
 
 READS_TOOL_CALLS = "{% for m in messages %}{{ m.tool_calls }}{% endfor %}"
 PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -22,8 +23,10 @@ def model_text(template: str) -> SimpleNamespace:
     )
 
 
-def messages(*raw: dict) -> list[ChatMessage]:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": list(raw)}).messages
+def messages(*raw: dict) -> tuple[Message, ...]:
+    """The messages of a chat request, as the chat dialect hands them to the pipeline."""
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": list(raw)})
+    return neutral_messages(body.messages)
 
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}

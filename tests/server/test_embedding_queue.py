@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rebar.server.embedding_queue import EmbeddingQueue
-from rebar.server.errors import APIError
+from rebar.server.errors import problem_of
+from rebar.serving.embedding_queue import EmbeddingQueue
+from rebar.serving.errors import Overloaded, ShuttingDown
 
 
 class FakeModel:
@@ -68,9 +69,10 @@ def test_admission_refuses_past_the_bound_with_503(make_queue) -> None:
     async def main():
         first = asyncio.ensure_future(queue.embed(["x"] * 8))
         await asyncio.sleep(0)
-        with pytest.raises(APIError) as refused:
+        with pytest.raises(Overloaded) as refused:
             await queue.embed(["y"])
-        assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "3"
+        problem = problem_of(refused.value)
+        assert problem.status == 503 and problem.headers == {"Retry-After": "3"}
         assert len(await first) == 8
         assert len(await queue.embed(["z"])) == 1  # room again once the first is done
 
@@ -139,9 +141,9 @@ def test_shutdown_fails_waiting_requests_and_the_thread_never_blocks_exit(make_q
         stopper = asyncio.get_running_loop().run_in_executor(None, queue.shutdown, 5.0)
         gate.set()
         await stopper
-        with pytest.raises(APIError) as stopped:
+        with pytest.raises(ShuttingDown) as stopped:
             await job
-        assert stopped.value.status == 503
+        assert problem_of(stopped.value).status == 503
 
     asyncio.run(main())
     # The worker is gone (and, being a daemon, could never have held the process open at exit).

@@ -11,8 +11,9 @@ import threading
 import pytest
 from test_registry import MiB, registry
 
-from rebar.server.errors import APIError
-from rebar.server.model_reload import ModelReloads, reload_slot
+from rebar.server.errors import problem_of
+from rebar.serving.errors import ServingError
+from rebar.serving.reload import ModelReloads, reload_slot
 from rebar.store import MemoryStore
 
 
@@ -36,11 +37,11 @@ def test_a_reload_loads_beside_the_old_version_and_switches_new_requests_only() 
         assert outcome is not None and not outcome.drained_first
         assert outcome.version == 2 and outcome.previous_version == 1 and outcome.swap_ms < 5
         new_lease = await reg.acquire("a", "chat")
-        assert new_lease.instance.version == 2 and new_lease.instance.path == "a2.gguf"
-        assert old_lease.instance.version == 1 and not old_lease.instance.closed  # still busy
+        assert new_lease.version.version == 2 and new_lease.version.path == "a2.gguf"
+        assert old_lease.version.version == 1 and not old_lease.version.closed  # still busy
         assert reg.used_bytes() == 200 * MiB
         old_lease.release()
-        assert await wait_for(lambda: old_lease.instance.closed and not reg.slots["a"].retired)
+        assert await wait_for(lambda: old_lease.version.closed and not reg.slots["a"].retired)
         assert reg.used_bytes() == 100 * MiB and reg.slots["a"].describe()["version"] == 2
         new_lease.release()
         assert await reload_slot(reg, reg.slots["a"], "a2.gguf", 2) is None  # not newer: ignored
@@ -62,8 +63,8 @@ def test_without_memory_for_both_the_old_version_drains_first_and_requests_wait(
         assert not waiting.done()
         lease.release()  # the old version drains: now the new one loads
         outcome = await reloading
-        assert outcome.drained_first and lease.instance.closed
-        assert (await waiting).instance.version == 2
+        assert outcome.drained_first and lease.version.closed
+        assert (await waiting).version.version == 2
         assert reg.used_bytes() == 100 * MiB
         await reg.close()
 
@@ -75,24 +76,27 @@ def test_a_reload_that_fails_keeps_the_old_version_serving() -> None:
         reg, loader = registry([{"name": "a"}])
         (await reg.acquire("a", "chat")).release()
         loader.broken.add("a")
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reload_slot(reg, reg.slots["a"], "bad.gguf", 2)
-        assert caught.value.status == 409 and caught.value.code == "reload_refused"
-        assert "v1 keeps serving" in caught.value.message
-        assert "the contract says otherwise" in caught.value.message
+        assert (
+            problem_of(caught.value).status == 409
+            and problem_of(caught.value).code == "reload_refused"
+        )
+        assert "v1 keeps serving" in str(caught.value)
+        assert "the contract says otherwise" in str(caught.value)
         slot = reg.slots["a"]
         assert slot.state == "loaded" and slot.version == 1 and slot.path == "a.gguf"
         assert slot.error is None and slot.describe()["last_reload"]["refused"].startswith(
             "reload of 'a' to bad.gguf refused"
         )
         lease = await reg.acquire("a", "chat")
-        assert lease.instance.version == 1
+        assert lease.version.version == 1
         assert reg.used_bytes() == 100 * MiB  # nothing of the refused version left
         # The refused path does not poison the model: unloaded, it loads its own version again.
         lease.release()
         await reg.unload("a")
         loader.broken.clear()
-        assert (await reg.acquire("a", "chat")).instance.path == "a.gguf"
+        assert (await reg.acquire("a", "chat")).version.path == "a.gguf"
         await reg.close()
 
     run(scenario())
@@ -103,13 +107,13 @@ def test_a_refused_drain_first_reload_brings_the_old_version_back_on_the_next_re
         reg, loader = registry([{"name": "a"}], total_mib=150)
         (await reg.acquire("a", "chat")).release()
         loader.broken.add("a")
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reload_slot(reg, reg.slots["a"], "bad.gguf", 2)
-        assert "the next request loads v1 again" in caught.value.message
+        assert "the next request loads v1 again" in str(caught.value)
         assert reg.slots["a"].state == "unloaded" and reg.used_bytes() == 0
         loader.broken.clear()
         lease = await reg.acquire("a", "chat")
-        assert (lease.instance.version, lease.instance.path) == (1, "a.gguf")
+        assert (lease.version.version, lease.version.path) == (1, "a.gguf")
         await reg.close()
 
     run(scenario())
@@ -122,9 +126,9 @@ def test_a_model_in_the_middle_of_a_reload_is_never_evicted_for_another() -> Non
         loader.gate = threading.Event()  # a's new version loads until the gate opens
         reloading = asyncio.create_task(reload_slot(reg, reg.slots["a"], "a2.gguf", 2))
         await asyncio.sleep(0.1)
-        with pytest.raises(APIError) as caught:  # 250 MiB: a v1 and a v2 (reserved) leave 50
+        with pytest.raises(ServingError) as caught:  # 250 MiB: a v1 and a v2 (reserved) leave 50
             await asyncio.wait_for(reg.acquire("b", "chat"), 5)
-        assert caught.value.code == "insufficient_memory"
+        assert problem_of(caught.value).code == "insufficient_memory"
         assert reg.slots["a"].current is not None and reg.slots["a"].current.version == 1
         loader.gate.set()
         assert (await reloading).version == 2

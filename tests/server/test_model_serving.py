@@ -128,7 +128,7 @@ def test_a_reload_under_streaming_load_loses_nothing_and_frees_the_old_version(t
     registry = app.state.rebar.registry
     slot = registry.slots["smollm2"]
     first = slot.version
-    old_model = weakref.ref(slot.current.text)
+    old_model = weakref.ref(slot.current.front.core.runner.model)  # the first version's weights
     stop = threading.Event()
     results: list[tuple[str, set]] = []
     errors: list[BaseException] = []

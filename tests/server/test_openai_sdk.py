@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from live_server import chat_core
 from needs import need_module
 
 openai = need_module("openai")
@@ -36,7 +37,7 @@ def greedy(client):
 
 
 def engine_idle(app, timeout: float = 1.0) -> bool:
-    core = app.state.rebar.models.engine.core
+    core = chat_core(app)
     end = time.monotonic() + timeout
     while True:
         stats = core.stats()
@@ -250,7 +251,7 @@ def test_closing_an_sdk_stream_aborts_the_generation(client, server) -> None:
     chunks = iter(stream)
     next(chunks)
     next(chunks)
-    assert app.state.rebar.models.engine.core.has_unfinished_requests()
+    assert chat_core(app).has_unfinished_requests()
     stream.close()
     assert engine_idle(app, timeout=1.0)
 

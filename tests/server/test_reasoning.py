@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from rebar.engine.outputs import Choice, RequestOutput
-from rebar.server.completion_flow import Completion
-from rebar.server.reasoning import ReasoningSplitter, split, thinking_start
-from rebar.server.routes.chat import ChatRenderer
+from rebar.server.dialects.openai_chat import ChatRenderer
+from rebar.server.pipeline.answer import AnswerReader
+from rebar.server.pipeline.reasoning import ReasoningSplitter, split, thinking_start
+from rebar.server.pipeline.respond import ResponseInfo
+from rebar.server.pipeline.results import Completion
 
 CASES = [
     # (output, whether the prompt opened the block) -> (reasoning, content)
@@ -68,8 +70,26 @@ def test_only_models_that_name_the_closing_tag_think() -> None:
     assert thinking_start(opened, [1, 2]) is True
 
 
-def renderer(thinking: bool | None) -> ChatRenderer:
-    return ChatRenderer(SimpleNamespace(), "chatcmpl-1", "m", False, thinking)
+class Rendered:
+    """A chat answer read by the pipeline and rendered by the chat dialect."""
+
+    def __init__(self, thinking: bool | None) -> None:
+        self.answers = AnswerReader(SimpleNamespace(), False, thinking)
+        info = ResponseInfo("1", "m", "m-v1", 0, 1, False, thinking is not None)
+        self.render = ChatRenderer(info)
+
+    def json(self, completion: Completion) -> dict:
+        return self.render.body(self.answers.read(completion))
+
+    def output_chunks(self, output: RequestOutput) -> list[str]:
+        return list(self.render.stream_item(self.answers.events(output)))
+
+    def replay_chunks(self, choice: Choice) -> list[str]:
+        return list(self.render.stream_item(self.answers.replay(choice)))
+
+
+def renderer(thinking: bool | None) -> Rendered:
+    return Rendered(thinking)
 
 
 def deltas(events: list[str]) -> list[dict]:

@@ -13,9 +13,10 @@ import pytest
 
 from rebar.config import load_settings
 from rebar.errors import ConfigError
-from rebar.server.errors import APIError
-from rebar.server.model_instance import ModelInstance
-from rebar.server.registry import ModelRegistry
+from rebar.server.errors import problem_of
+from rebar.serving.errors import ServingError
+from rebar.serving.instances import ChatModel
+from rebar.serving.registry import ModelRegistry
 
 MiB = 2**20
 
@@ -49,7 +50,7 @@ class FakeLoader:
         self.broken: set[str] = set()
         self.engines: list[FakeEngine] = []
 
-    def __call__(self, settings, entry, path, version) -> ModelInstance:
+    def __call__(self, settings, entry, path, version) -> ChatModel:
         if self.gate is not None:
             self.gate.wait(10)
         time.sleep(self.delay_s)
@@ -59,7 +60,7 @@ class FakeLoader:
         engine = FakeEngine()
         self.engines.append(engine)
         text = SimpleNamespace(load_seconds=0.0)
-        return ModelInstance(entry, version, path, text, entry.memory_budget, 0.0, engine=engine)
+        return ChatModel(entry, version, path, text, entry.memory_budget, 0.0, engine=engine)
 
 
 def registry(
@@ -105,14 +106,17 @@ def test_a_request_loads_an_unloaded_model_and_later_ones_share_it() -> None:
 def test_unknown_models_and_wrong_kinds_are_400_naming_the_choices() -> None:
     async def scenario():
         reg, _ = registry([{"name": "a"}, {"name": "e", "kind": "embedding"}])
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reg.acquire("nope", "chat")
-        assert caught.value.status == 400 and caught.value.param == "model"
-        assert "available: a" in caught.value.message
-        with pytest.raises(APIError) as caught:
+        assert problem_of(caught.value).status == 400 and problem_of(caught.value).param == "model"
+        assert "available: a" in str(caught.value)
+        with pytest.raises(ServingError) as caught:
             await reg.acquire("e", "chat")  # an embedding model cannot generate
-        assert caught.value.status == 400 and caught.value.code == "model_not_found"
-        assert (await reg.acquire(None, "embedding")).instance.entry.name == "e"  # the default
+        assert (
+            problem_of(caught.value).status == 400
+            and problem_of(caught.value).code == "model_not_found"
+        )
+        assert (await reg.acquire(None, "embedding")).version.entry.name == "e"  # the default
         await reg.close()
 
     run(scenario())
@@ -123,11 +127,14 @@ def test_a_slow_load_answers_503_with_retry_after_once_the_wait_bound_passes() -
         reg, loader = registry([{"name": "a"}], load_wait_s=0.3)
         loader.gate = threading.Event()
         started = time.monotonic()
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reg.acquire("a", "chat")
         assert 0.25 < time.monotonic() - started < 2
-        assert caught.value.status == 503 and caught.value.code == "model_loading"
-        assert caught.value.headers["Retry-After"] == "5"
+        assert (
+            problem_of(caught.value).status == 503
+            and problem_of(caught.value).code == "model_loading"
+        )
+        assert problem_of(caught.value).headers["Retry-After"] == "5"
         assert reg.slots["a"].state == "loading"
         loader.gate.set()  # the load carries on; the next request is served
         lease = await reg.acquire("a", "chat")
@@ -164,13 +171,13 @@ def test_busy_and_pinned_models_are_never_evicted_and_the_refusal_has_the_number
         await reg.start()  # loads the pinned one
         assert reg.slots["p"].state == "loaded"
         busy = await reg.acquire("a", "chat")
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reg.acquire("b", "chat")
-        error = caught.value
+        error = problem_of(caught.value)
         assert error.status == 503 and error.code == "insufficient_memory"
         assert error.headers["Retry-After"] == "5"
-        assert "needs about 100 MiB, 0 MiB of the 200 MiB budget is free" in error.message
-        assert "p 100 MiB" in error.message and "a 100 MiB" in error.message
+        assert "needs about 100 MiB, 0 MiB of the 200 MiB budget is free" in str(caught.value)
+        assert "p 100 MiB" in str(caught.value) and "a 100 MiB" in str(caught.value)
         assert reg.slots["b"].state == "unloaded" and reg.slots["b"].error is None
         busy.release()  # now a is idle: b evicts it
         (await reg.acquire("b", "chat")).release()
@@ -183,10 +190,13 @@ def test_busy_and_pinned_models_are_never_evicted_and_the_refusal_has_the_number
 def test_a_model_bigger_than_the_whole_budget_is_refused_for_good() -> None:
     async def scenario():
         reg, loader = registry([{"name": "big", "memory_budget": 500 * MiB}], total_mib=400)
-        with pytest.raises(APIError) as caught:
+        with pytest.raises(ServingError) as caught:
             await reg.acquire("big", "chat")
-        assert caught.value.code == "insufficient_memory" and not caught.value.headers
-        assert "more than the whole memory budget of 400 MiB" in caught.value.message
+        assert (
+            problem_of(caught.value).code == "insufficient_memory"
+            and not problem_of(caught.value).headers
+        )
+        assert "more than the whole memory budget of 400 MiB" in str(caught.value)
         assert loader.loads == []
         await reg.close()
 
@@ -222,7 +232,7 @@ def test_an_unloaded_version_is_freed_only_when_its_last_request_ends() -> None:
     async def scenario():
         reg, _ = registry([{"name": "a"}])
         lease = await reg.acquire("a", "chat")
-        instance = lease.instance
+        instance = lease.version
         await reg.unload("a")
         assert reg.slots["a"].state == "unloaded"
         await asyncio.sleep(0.1)
@@ -244,10 +254,10 @@ def test_a_failed_load_is_reported_until_a_load_succeeds() -> None:
         reg, loader = registry([{"name": "a"}])
         loader.broken.add("a")
         for _ in range(2):
-            with pytest.raises(APIError) as caught:
+            with pytest.raises(ServingError) as caught:
                 await reg.acquire("a", "chat")
-            assert caught.value.status == 503 and "the contract says otherwise" in str(
-                caught.value.message
+            assert problem_of(caught.value).status == 503 and "the contract says otherwise" in str(
+                str(caught.value)
             )
         assert reg.slots["a"].state == "failed" and loader.loads == []  # not retried per request
         loader.broken.clear()

@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
-from live_server import assert_idle
+from live_server import assert_idle, chat_core
 from needs import need_module
 
 openai = need_module("openai")
@@ -92,7 +92,7 @@ def streamed_texts(chunks) -> tuple[dict[int, str], dict[int, str]]:
 
 
 def requests_added(app) -> int:
-    return app.state.rebar.models.engine.core.stats().num_requests_added
+    return chat_core(app).stats().num_requests_added
 
 
 def error_of(exc: openai.APIStatusError) -> dict:
@@ -345,7 +345,7 @@ def test_client_leaving_a_constrained_stream_aborts_it(client, server) -> None:
         assert response.status_code == 200
         data = (line for line in response.iter_lines() if line.startswith("data: "))
         next(data), next(data)  # the role chunk, then generated content
-        assert app.state.rebar.models.engine.core.has_unfinished_requests()
+        assert chat_core(app).has_unfinished_requests()
     assert_idle(app, timeout=1.0)
 
     # The same schema serves the next request from a fresh matcher.

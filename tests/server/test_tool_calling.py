@@ -11,13 +11,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from live_server import chat_core
 from needs import need_module
 from rebar.engine.grammar import Grammars
 from rebar.engine.structured import StructuredOutput
 from rebar.errors import InvalidRequestError
 from rebar.model.chat_template import render_chat
-from rebar.server.schemas import ChatCompletionRequest, Tool
-from rebar.server.tools import forced_calls_grammar, plan_tools, tool_format, with_system_prompt
+from rebar.server.dialects.openai_chat import neutral
+from rebar.server.dialects.openai_schemas import ChatCompletionRequest
+from rebar.server.pipeline.request import FunctionTool, Tools
+from rebar.server.pipeline.tools import (
+    forced_calls_grammar,
+    plan_tools,
+    tool_format,
+    with_system_prompt,
+)
 
 openai = need_module("openai")
 jsonschema = need_module("jsonschema")
@@ -55,7 +63,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
 def engine_idle(app, timeout: float = 2.0) -> bool:
-    core = app.state.rebar.models.engine.core
+    core = chat_core(app)
     end = time.monotonic() + timeout
     while core.has_unfinished_requests() or core.stats().num_free_blocks != core.stats().num_blocks:
         if time.monotonic() >= end:
@@ -227,8 +235,16 @@ def fake_model(template: str, tokens: dict[str, int] | None = None):
     return SimpleNamespace(checkpoint=SimpleNamespace(chat_template=template), tokenizer=tokenizer)
 
 
-def request(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": ASK, **fields})
+def request(**fields) -> Tools | None:
+    """The tools of a chat request, as the chat dialect hands them to the pipeline."""
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": ASK, **fields})
+    return neutral(body).tools
+
+
+def function_tools(tools: list[dict]) -> list[FunctionTool]:
+    tools_of = request(tools=tools)
+    assert tools_of is not None
+    return list(tools_of.functions)
 
 
 def test_each_family_is_read_in_its_own_format() -> None:
@@ -286,7 +302,7 @@ def test_control_token_text_in_a_tool_is_refused() -> None:
 def test_forced_call_grammars_accept_only_valid_calls(
     smollm2_tokenizer, fmt, valid, invalid
 ) -> None:
-    tools = [Tool.model_validate(t) for t in TOOLS]
+    tools = function_tools(TOOLS)
     grammars = Grammars(smollm2_tokenizer, smollm2_tokenizer.vocab_size)
     spec = StructuredOutput.lark(forced_calls_grammar(fmt, tools, one_call=False), "tool_choice")
     for text, ok in ((valid, True), (invalid, False)):
@@ -300,7 +316,7 @@ def test_forced_call_grammars_accept_only_valid_calls(
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
 def test_forced_calls_sampled_from_a_random_model_always_parse_and_validate(tmp_path, fmt) -> None:
     from rebar.engine.sampling_params import SamplingParams
-    from rebar.server.tool_calls import ToolCallReader
+    from rebar.server.pipeline.tool_calls import ToolCallReader
     from tiny_engine import make_core, run_to_completion
 
     small = {
@@ -317,7 +333,7 @@ def test_forced_calls_sampled_from_a_random_model_always_parse_and_validate(tmp_
             },
         },
     }
-    tools = [Tool.model_validate(small)]
+    tools = function_tools([small])
     spec = StructuredOutput.lark(forced_calls_grammar(fmt, tools, one_call=True), "tool_choice")
     core = make_core(tmp_path, characters=True, num_blocks=512, max_model_len=256, max_num_seqs=8)
     for i in range(8):

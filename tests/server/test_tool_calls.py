@@ -1,4 +1,4 @@
-"""Reading tool calls out of answers (rebar.server.tool_calls) for each family's format, whole and
+"""Reading tool calls out of answers (rebar.server.pipeline.tool_calls) for each family's format, whole and
 streamed: every way of cutting a stream gives the whole answer's calls and text, and text that
 only looks like a call is never lost."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from rebar.server.tool_call_stream import ToolCallStream
-from rebar.server.tool_calls import ParsedCall, ToolCallReader
+from rebar.server.pipeline.tool_call_stream import CallPiece, ToolCallStream
+from rebar.server.pipeline.tool_calls import ParsedCall, ToolCallReader
 
 NAMES = ("get_weather", "add")
 HERMES_TWO = (
@@ -21,21 +21,24 @@ WEATHER = ParsedCall("get_weather", '{"city": "Paris"}')
 ADD = ParsedCall("add", '{"a": 1, "b": 2}')
 
 
-def streamed(reader: ToolCallReader, pieces: list[str]) -> tuple[str, list[ParsedCall], list]:
-    """(content, calls, tool-call deltas) of an answer fed in `pieces`."""
+def streamed(
+    reader: ToolCallReader, pieces: list[str]
+) -> tuple[str, list[ParsedCall], list[CallPiece]]:
+    """(content, calls, tool-call pieces) of an answer fed in `pieces`."""
     stream = ToolCallStream(reader)
     events = [e for piece in pieces for e in stream.feed(piece)] + stream.finish()
     content = "".join(e.content for e in events)
     deltas = [e.tool_call for e in events if e.tool_call is not None]
     calls: dict[int, dict] = {}
     for delta in deltas:
-        call = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
-        function = delta["function"]
-        if "name" in function:
+        call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+        if delta.name is not None:
             assert not call["name"], "a name is sent once, first"
-            assert delta["id"].startswith("call_") and delta["type"] == "function"
-            call["name"] = function["name"]
-        call["arguments"] += function["arguments"]
+            assert delta.id is not None and delta.id.startswith("call_")
+            call["name"] = delta.name
+        else:
+            assert delta.id is None, "only a call's first piece has its id"
+        call["arguments"] += delta.arguments
     assert sorted(calls) == list(range(len(calls)))
     return content, [ParsedCall(c["name"], c["arguments"]) for c in calls.values()], deltas
 
@@ -77,9 +80,9 @@ def test_forced_calls_stream_their_arguments_while_written(pieces) -> None:
         assert content == "" and all(map(same_call, calls, (WEATHER, ADD))), cut
     stream = ToolCallStream(reader)
     first = stream.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1')
-    assert [e.tool_call["function"] for e in first] == [
-        {"name": "add", "arguments": ""},
-        {"arguments": '{"a": 1'},  # before the object is even complete
+    assert [(e.tool_call.name, e.tool_call.arguments) for e in first if e.tool_call] == [
+        ("add", ""),
+        (None, '{"a": 1'),  # before the object is even complete
     ]
 
 
@@ -88,8 +91,8 @@ def test_hermes_arguments_stream_in_fragments_after_the_name(forced) -> None:
     reader = ToolCallReader("hermes", NAMES, forced=forced)
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     _, _calls, deltas = streamed(reader, [text[i : i + 3] for i in range(0, len(text), 3)])
-    assert "name" in deltas[0]["function"] and deltas[0]["function"]["arguments"] == ""
-    fragments = [d["function"]["arguments"] for d in deltas[1:]]
+    assert deltas[0].name == "get_weather" and deltas[0].arguments == ""
+    fragments = [d.arguments for d in deltas[1:]]
     assert len(fragments) > 3 and "".join(fragments) == '{"city": "Paris"}'
 
 
@@ -202,14 +205,17 @@ def chunks_of(text_pieces: list[str], reader: ToolCallReader) -> list[dict]:
     from types import SimpleNamespace
 
     from rebar.engine.outputs import RequestOutput
-    from rebar.server.routes.chat import ChatRenderer
+    from rebar.server.dialects.openai_chat import ChatRenderer
+    from rebar.server.pipeline.answer import AnswerReader
+    from rebar.server.pipeline.respond import ResponseInfo
 
-    render = ChatRenderer(SimpleNamespace(), "chatcmpl-1", "m", False, None, reader)
+    answers = AnswerReader(SimpleNamespace(), False, None, reader)
+    render = ChatRenderer(ResponseInfo("1", "m", "m-v1", 0, 1, False, False))
     events = []
     for i, piece in enumerate(text_pieces):
         last = i == len(text_pieces) - 1
         output = RequestOutput("r", 0, (1,), piece, last, "stop" if last else None)
-        events += list(render.output_chunks(output))
+        events += list(render.stream_item(answers.events(output)))
     return [json.loads(e[6:])["choices"][0] for e in events if e.startswith("data: {")]
 
 

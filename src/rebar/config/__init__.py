@@ -17,11 +17,11 @@ What callers may rely on: an unknown key in any layer and every invalid value ra
 environment: it is defaults plus the given values, which keeps tests hermetic.
 """
 
-from rebar.config.loading import load_settings, to_toml
+from rebar.config.engine_settings import EngineSettings
+from rebar.config.loading import check_engine_settings, load_settings, to_toml
 from rebar.config.settings import (
     PROCESS_ENV_SWITCHES,
     CacheSettings,
-    EngineSettings,
     LimitsSettings,
     LoggingSettings,
     ModelsSettings,
@@ -50,6 +50,7 @@ __all__ = [
     "Settings",
     "StoreSettings",
     "TracingSettings",
+    "check_engine_settings",
     "hash_api_key",
     "load_settings",
     "read_api_key_file",

@@ -18,19 +18,22 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource, SettingsError
 
+from rebar.config.base import blank_to_none
+from rebar.config.engine_settings import PROCESS_FIELDS, EngineSettings
 from rebar.config.settings import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     PROCESS_ENV_SWITCHES,
     SECRET_KEYS,
     Settings,
-    blank_to_none,
 )
 from rebar.errors import ConfigError
 
 
 def load_settings(
-    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+    config_file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    overrides_origin: str = "from overrides",
 ) -> Settings:
     """Defaults < `config_file` (TOML) < `REBAR_*` env < `overrides` (`{"server.port": 9000}`).
 
@@ -44,11 +47,35 @@ def load_settings(
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        origins = _Origins(config_file, file_layer, env_layer, override_layer)
+        origins = _Origins(config_file, file_layer, env_layer, override_layer, overrides_origin)
         lines = dict.fromkeys(
             _describe_error(error, origins) for error in exc.errors(include_url=False)
         )
         raise ConfigError("\n".join(lines)) from None
+
+
+def check_engine_settings(values: Mapping[str, Any], origin: str) -> EngineSettings:
+    """`[engine]` settings given as Python values (`LLM(block_size=8)`), checked strictly (no
+    strings for numbers) against their definition. Process settings (`num_threads`,
+    `separate_process`) are refused: they belong to whoever runs the engine. Raises ConfigError
+    naming each bad setting, its value, `origin` and what is allowed."""
+    known = [name for name in EngineSettings.model_fields if name not in PROCESS_FIELDS]
+    for name in values:
+        if name not in known:
+            raise _unknown(f"engine.{name}", [f"engine.{k}" for k in known], origin)
+    try:
+        return EngineSettings.model_validate(dict(values), strict=True)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0])
+            field = EngineSettings.model_fields[name]
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(
+                f"invalid setting engine.{name} = {values[name]!r} {origin}: {message}; "
+                f"allowed: {describe_allowed(field)}"
+            )
+        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
 
 
 def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
@@ -190,18 +217,19 @@ class _Origins:
     """Says which layer supplied the value at a path, for error messages."""
 
     def __init__(
-        self, config_file: Path | None, file_layer: dict, env_layer: dict, override_layer: dict
+        self,
+        config_file: Path | None,
+        file_layer: dict,
+        env_layer: dict,
+        override_layer: dict,
+        overrides_origin: str,
     ) -> None:
-        self.config_file, self.file_layer, self.env_layer, self.override_layer = (
-            config_file,
-            file_layer,
-            env_layer,
-            override_layer,
-        )
+        self.config_file, self.file_layer, self.env_layer = config_file, file_layer, env_layer
+        self.override_layer, self.overrides_origin = override_layer, overrides_origin
 
     def describe(self, path: tuple[str, ...]) -> str:
         if _has_path(self.override_layer, path):
-            return "from overrides"
+            return self.overrides_origin
         if _has_path(self.env_layer, path):
             upper = {name.upper(): name for name in os.environ}
             for depth in range(len(path), 0, -1):

@@ -1,6 +1,6 @@
 """The settings schema: one frozen pydantic model per section, and `Settings`, which holds them.
 
-The `[engine]` section is derived from `rebar.engine.engine_config.EngineConfig`'s definitions.
+The `[engine]` section is in `rebar.config.engine_settings`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
-    ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
@@ -26,8 +22,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from rebar.engine.engine_config import ENGINE_SETTINGS, DtypeName, EngineConfig
-from rebar.engine.setting import SettingSpec
+from rebar.config.base import Section, Unsettable
+from rebar.config.engine_settings import EngineSettings
+from rebar.dtypes import DtypeName
 from rebar.errors import ConfigError
 
 ENV_PREFIX = "REBAR_"
@@ -42,16 +39,6 @@ PROCESS_ENV_SWITCHES = frozenset(
 )
 
 
-def blank_to_none(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
-        return None
-    return value
-
-
-# Marks an optional setting: "" or "none" (any case) mean unset.
-Unsettable = BeforeValidator(blank_to_none)
-
-
 def hash_api_key(key: str) -> str:
     """SHA-256 hex digest of an API key; the only form in which the server keeps keys."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
@@ -62,23 +49,7 @@ def _check_api_key(key: str) -> None:
         raise ValueError("an API key must be non-empty and contain no whitespace")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # Lax mode would read `port = true` as 1.
-        if (
-            isinstance(value, bool)
-            and info.field_name
-            and cls.model_fields[info.field_name].annotation is not bool
-        ):
-            raise ValueError("expected a value of the setting's type, not true/false")
-        return value
-
-
-class ServerSettings(_Section):
+class ServerSettings(Section):
     """HTTP listener, authentication and request-size limits. An empty key set means auth is off."""
 
     host: str = Field("127.0.0.1", min_length=1)
@@ -125,7 +96,7 @@ def served_name(model: str) -> str:
     )
 
 
-class ServedModelSettings(_Section):
+class ServedModelSettings(Section):
     """One `[[models.serve]]` entry: a model the service may serve, loaded at start when pinned,
     else on its first request, and unloaded after `keep_alive_s` idle or to make room."""
 
@@ -139,7 +110,7 @@ class ServedModelSettings(_Section):
     pinned: bool = False  # loaded at start and never unloaded
 
 
-class ModelsSettings(_Section):
+class ModelsSettings(Section):
     """Which models to serve. `chat` and `embedding` are a shorthand for one pinned entry each
     (None disables it); `serve` lists more."""
 
@@ -188,43 +159,7 @@ class ModelsSettings(_Section):
         return self.shorthand() + self.serve
 
 
-def _pydantic_field(spec: SettingSpec) -> tuple[Any, Any]:
-    """The pydantic (annotation, field) for an engine setting: same type, default, bounds, help."""
-    bounds = {
-        name: getattr(spec, name) for name in ("ge", "gt", "le") if getattr(spec, name) is not None
-    }
-    annotation: Any = Annotated[spec.kind, Field(**bounds)]
-    if spec.optional:
-        annotation = Annotated[annotation | None, Unsettable]
-    return annotation, Field(spec.default, description=spec.help)
-
-
-# Every EngineConfig field, derived from its definition; validated here with the file, variable or
-# flag it came from in the message, and again (the same checks) when the EngineConfig is built.
-_ENGINE_FIELDS: dict[str, Any] = {spec.name: _pydantic_field(spec) for spec in ENGINE_SETTINGS}
-_EngineConfigFields = create_model("_EngineConfigFields", __base__=_Section, **_ENGINE_FIELDS)
-
-
-class EngineSettings(_EngineConfigFields):
-    """The `[engine]` section: `rebar.engine.engine_config.EngineConfig`'s fields plus torch
-    threads."""
-
-    num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = (
-        None  # None: torch's default
-    )
-    # True: the server runs the chat engine in a process of its own (rebar.engine.engine_process),
-    # so the HTTP side's Python work never waits for the engine's GIL, and a crash in a kernel
-    # leaves a server that reports it. On 2 cores it measured no faster than the default thread
-    # (docs/benchmarks.md) and costs a second interpreter with torch (~160 MiB private memory).
-    separate_process: bool = False
-
-    def to_engine_config(self) -> EngineConfig:
-        """The engine's own frozen config; `num_threads` is applied by whoever starts torch, and
-        `separate_process` by the server."""
-        return EngineConfig(**self.model_dump(exclude={"num_threads", "separate_process"}))
-
-
-class LimitsSettings(_Section):
+class LimitsSettings(Section):
     """Admission control: beyond these queue limits requests get 503 with Retry-After."""
 
     max_waiting_requests: int = Field(256, ge=1)
@@ -234,7 +169,7 @@ class LimitsSettings(_Section):
     max_waiting_embedding_inputs: int = Field(4096, ge=1)
 
 
-class StoreSettings(_Section):
+class StoreSettings(Section):
     """Where caches and rate-limit counters live: in-process ("memory") or a shared Redis."""
 
     backend: Literal["memory", "redis"] = "memory"
@@ -250,7 +185,7 @@ class StoreSettings(_Section):
     memory_max_bytes: int = Field(256 * 2**20, ge=2**16)
 
 
-class CacheSettings(_Section):
+class CacheSettings(Section):
     """Response cache (deterministic requests only) and embedding cache."""
 
     enabled: bool = True
@@ -266,7 +201,7 @@ class CacheSettings(_Section):
     max_entry_bytes: int = Field(4 * 2**20, ge=1024)
 
 
-class RateLimitEntry(_Section):
+class RateLimitEntry(Section):
     requests_per_minute: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None
     tokens_per_minute: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = None
 
@@ -281,7 +216,7 @@ class RateLimitSettings(RateLimitEntry):
     per_key: dict[str, RateLimitEntry] = Field(default_factory=dict)
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     """Log verbosity (case-insensitive) and shape: one JSON object per line, or plain text for a
     terminal."""
 
@@ -294,7 +229,7 @@ class LoggingSettings(_Section):
     log_prompts: bool = False
 
 
-class TracingSettings(_Section):
+class TracingSettings(Section):
     """OpenTelemetry traces. With exporter "none" spans still get ids (logs, X-Trace-ID) but go
     nowhere."""
 
@@ -308,7 +243,7 @@ class TracingSettings(_Section):
     )  # of new traces; an incoming traceparent's decision is kept
 
 
-class RaySettings(_Section):
+class RaySettings(Section):
     """`rebar serve --ray`: rebar's app as a Ray Serve deployment, N replicas behind Ray Serve's
     HTTP proxy (on `server.host`:`server.port`), each with its own engines."""
 

@@ -1,2 +1,2 @@
-"""The engine: requests, paged KV cache, scheduler, runner, sampler, detokenizer, async bridge,
-offline LLM."""
+"""The engine: requests, paged KV cache, scheduler, runner, sampler, detokenizer, the async bridge
+and the engine process, and the one builder that loads a model to run."""

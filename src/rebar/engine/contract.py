@@ -26,6 +26,8 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from rebar.engine import run
+from rebar.engine.prompt import prompt_token_ids
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import RebarError
 from rebar.model.loader import Checkpoint
@@ -182,8 +184,10 @@ def default_versions() -> str:
 
 def golden_tokens(llm, prompt: str, count: int) -> tuple[int, ...]:
     """The greedy continuation of `prompt` (EOS ignored), as the contract records it."""
+    core = llm.engine
     params = SamplingParams(max_tokens=count, temperature=0, ignore_eos=True)
-    return tuple(llm.generate(prompt, params)[0].token_ids)
+    admitted = core.admit(prompt_token_ids(core.tokenizer, prompt), params)
+    return tuple(run.complete(core, [admitted])[0].token_ids)
 
 
 def record(
@@ -192,7 +196,8 @@ def record(
     num_tokens: int = DEFAULT_GOLDEN_TOKENS,
     versions: str | None = None,
 ) -> Contract:
-    """The contract `llm` (a loaded `rebar.LLM`) meets now; an embedding model's has no golden
+    """The contract `llm` (a loaded model: `rebar.LLM` or `rebar.engine.builder.LoadedModel`)
+    meets now; an embedding model's has no golden
     prompts."""
     golden = (
         ()

@@ -1,9 +1,10 @@
-"""Engine settings (frozen), defined once here, and the KV-cache sizing that follows from them.
+"""The engine's configuration as plain frozen values, and the KV-cache sizing that follows from
+them.
 
-Each field's type, default, bounds and help text are declared on `EngineConfig` (see
-rebar.engine.setting); rebar.config derives the `[engine]` settings section from them and the
-command line its flags. torch is imported inside the functions that use it so that loading those
-definitions (every `rebar` command, `rebar config show`) stays light.
+The settings themselves (defaults, bounds, help) are defined once, in `rebar.config`
+(`EngineSettings`); whoever starts an engine builds an `EngineConfig` from them
+(`EngineConfig(**settings.engine.engine_fields())`) and the engine takes the values as they are.
+torch is imported inside the functions that use it so that this module stays light.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
-from rebar.engine.setting import check_settings, setting, setting_specs
+from rebar.dtypes import DTYPE_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -23,12 +24,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rebar.engine")
 
 CPU_KV_CACHE_CAP = 2 * 2**30  # bytes; a CPU box shares its memory with everything else
-
-# The one table of floating-point dtype names (each the name of a torch dtype): a model's compute
-# dtype (models.dtype) and the KV cache's storage (engine.kv_cache_dtype) are among these.
-DtypeName = Literal["float32", "float16", "bfloat16"]
-DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
-KvCacheDtype = Literal["auto", DtypeName]
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -42,51 +37,24 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine batches and how much memory it gives the KV cache.
+    """How the engine batches and how much memory it gives the KV cache (checked values: see
+    `rebar.config.EngineSettings` for what each means and allows).
 
-    Every value is checked at construction: a bad one raises rebar.errors.ConfigError naming the
-    setting (`engine.block_size`) and what it allows. `kv_cache_memory` (bytes) wins when set;
-    otherwise `kv_cache_fraction` of the device's available memory, capped at 2 GiB on CPU.
-    float16 K/V halve the cache's memory and the bytes each decode step reads from it; attention
-    still computes in the model's dtype.
+    `kv_cache_memory` (bytes) wins when set; otherwise `kv_cache_fraction` of the device's available
+    memory, capped at 2 GiB on CPU. float16 K/V halve the cache's memory and the bytes each decode
+    step reads from it; attention still computes in the model's dtype.
     """
 
-    block_size: int = setting(16, "Tokens per KV-cache block.", ge=1)
-    max_num_seqs: int = setting(32, "Most sequences running in one batch.", ge=1)
-    max_num_batched_tokens: int = setting(
-        2048, "Most tokens (prefill + decode) computed in one engine step.", ge=1
-    )
-    max_model_len: int | None = setting(
-        None, "Longest prompt + completion in tokens; unset: the model's context window.", ge=2
-    )
-    kv_cache_memory: int | None = setting(
-        None, "KV-cache budget in bytes; wins over kv_cache_fraction when set.", gt=0
-    )
-    kv_cache_fraction: float = setting(
-        0.2,
-        "Share of available device memory for the KV cache; capped at 2 GiB on CPU.",
-        gt=0.0,
-        le=1.0,
-    )
-    enable_prefix_caching: bool = setting(
-        True, "Reuse KV blocks of shared prompt prefixes across requests."
-    )
-    attention_backend: str | None = setting(
-        None, 'Attention kernel ("torch" or "batched"); unset: the best one for the device.'
-    )
-    fused_decode: bool = setting(
-        True,
-        "Run decode steps of a quantized Llama-family model on the CPU in one fused C++ call "
-        "(rebar.model.fused_decode) when it applies; off: the model's own forward, op by op.",
-    )
-    kv_cache_dtype: KvCacheDtype = setting(
-        "auto",
-        "How K/V are stored: auto (float16 for a float32 model on the CPU, as llama.cpp's "
-        "default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
-    )
-
-    def __post_init__(self) -> None:
-        check_settings(self, "engine")
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int | None  # None: the model's context window
+    kv_cache_memory: int | None
+    kv_cache_fraction: float
+    enable_prefix_caching: bool
+    attention_backend: str | None  # None: the best one for the device
+    fused_decode: bool
+    kv_cache_dtype: str  # "auto" or one of DTYPE_NAMES
 
     def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
         """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
@@ -97,9 +65,6 @@ class EngineConfig:
         return (
             torch.float16 if device.type == "cpu" and model_dtype == torch.float32 else model_dtype
         )
-
-
-ENGINE_SETTINGS = setting_specs(EngineConfig, "engine")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from rebar.engine.admission import RequestChecker
@@ -36,17 +36,18 @@ logger = logging.getLogger("rebar.engine")
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Everything the child needs to load the model as `LLM` would in this process."""
+    """Everything the child needs to load the model as this process would
+    (`rebar.engine.builder.load_model`)."""
 
     model: str
+    engine_config: EngineConfig
     dtype: str = "float32"
     device: str = "auto"
-    engine_config: EngineConfig = field(default_factory=EngineConfig)
     dequantize: bool = False
     num_threads: int | None = None  # None: torch's default
     log_level: str = "info"
     log_format: str = "json"
-    memory_budget: int | None = None  # bytes for weights + KV cache (see LLM)
+    memory_budget: int | None = None  # bytes for weights + KV cache (see load_model)
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,8 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
 
     import torch
 
+    from rebar.engine.builder import load_model
     from rebar.engine.contract import enforce_beside
-    from rebar.engine.llm import LLM
     from rebar.obs.logs import configure_logging
 
     # Ctrl-C reaches the whole process group; the server stops this process itself, after its
@@ -229,19 +230,19 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     try:
-        llm = LLM(
+        loaded = load_model(
             spec.model,
-            dtype=spec.dtype,
-            device=spec.device,
-            engine_config=spec.engine_config,
-            dequantize=spec.dequantize,
-            memory_budget=spec.memory_budget,
+            spec.dtype,
+            spec.device,
+            spec.engine_config,
+            spec.dequantize,
+            spec.memory_budget,
         )
-        if llm.engine is None:
+        if loaded.engine is None:
             raise ConfigError(
                 f"models.chat: {spec.model} is an embedding model; it cannot generate"
             )
-        enforce_beside(llm)
+        enforce_beside(loaded)
     except RebarError as exc:
         kind = next(k for k, cls in _LOAD_ERRORS.items() if isinstance(exc, cls))
         results.send(_LoadFailed(str(exc), kind))
@@ -250,12 +251,12 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
         logger.exception("the engine process could not load %s", spec.model)
         results.send(_LoadFailed(f"{type(exc).__name__}: {exc}"))
         return
-    core = llm.engine
+    core = loaded.engine
     results.send(
         _Ready(
             core.max_model_len,
-            llm.load_seconds,
-            llm.footprint_bytes,
+            loaded.load_seconds,
+            loaded.footprint_bytes,
             core.stats(),
             core.grammars.vocab_size,
         )

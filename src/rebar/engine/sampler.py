@@ -303,25 +303,38 @@ def _draw(
             settled = {rows[j] for j in fit}
             pending = [i for i in pending if i not in settled]
             settled_masked |= settled & set(fitting)
-    if pending:  # their kept sets may reach past every width: sort the whole row
+    unsettled = [
+        i for i, p in enumerate(params) if not _narrows(p, vocab_size) and i not in settled_masked
+    ]
+    whole = sorted(pending + unsettled)
+    if whole:
+        token_ids[whole] = _draw_over_vocabulary(
+            logits, params, thresholds, masses, uniforms, pending, whole
+        )
+    return token_ids
+
+
+def _draw_over_vocabulary(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    thresholds: torch.Tensor,
+    masses: torch.Tensor,
+    uniforms: torch.Tensor,
+    pending: list[int],
+    whole: list[int],
+) -> torch.Tensor:
+    """Token ids for the rows `whole`, each drawn over its whole vocabulary; the `pending` rows
+    (narrowed by top_k/top_p past every candidate width) get their thresholds from a full sort."""
+    if pending:
         wide = [params[i] for i in pending]
+        vocab_size = logits.shape[1]
         cut = _Thresholds(logits[pending], wide, thresholds[pending], masses[pending], vocab_size)
         thresholds[pending] = cut.values
-    whole = sorted(
-        pending
-        + [
-            i
-            for i, p in enumerate(params)
-            if not _narrows(p, vocab_size) and i not in settled_masked
-        ]
-    )
-    if whole:
-        scaled = _scaled(logits[whole], [params[i] for i in whole], in_place=True)
-        weights = scaled.exp()
-        if pending or any(params[i].min_p > 0.0 for i in whole):
-            weights.masked_fill_(scaled < thresholds[whole], 0.0)
-        token_ids[whole] = _invert_cdf(weights, uniforms[whole])
-    return token_ids
+    scaled = _scaled(logits[whole], [params[i] for i in whole], in_place=True)
+    weights = scaled.exp()
+    if pending or any(params[i].min_p > 0.0 for i in whole):
+        weights.masked_fill_(scaled < thresholds[whole], 0.0)
+    return _invert_cdf(weights, uniforms[whole])
 
 
 def _narrows(params: SamplingParams, vocab_size: int) -> bool:

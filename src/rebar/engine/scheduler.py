@@ -15,21 +15,20 @@ from dataclasses import dataclass
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.request import Request, RequestStatus
-from rebar.engine.setting import check_settings, same_setting
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The step limits: requests in one step, and tokens in one step (longer prefills are split).
 
-    Both are the engine settings of the same names (defaults, bounds and checks included).
+    Both are the engine settings of the same names.
     """
 
-    max_num_seqs: int = same_setting(EngineConfig, "max_num_seqs")
-    max_num_batched_tokens: int = same_setting(EngineConfig, "max_num_batched_tokens")
+    max_num_seqs: int
+    max_num_batched_tokens: int
 
     def __post_init__(self) -> None:
-        check_settings(self, "engine")
+        assert self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1, self
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:

@@ -18,7 +18,7 @@ def add_eval_parser(commands: Any, add_model_args: Any) -> None:
         "tokens, so every token is predicted once with at least context - stride tokens of "
         "history.",
     )
-    add_model_args(ppl)
+    add_model_args(ppl, skip={"max_model_len"})  # --context sets it
     ppl.add_argument(
         "--data",
         type=Path,
@@ -37,7 +37,7 @@ def add_eval_parser(commands: Any, add_model_args: Any) -> None:
 
 
 def cmd_eval_ppl(args: argparse.Namespace) -> int:
-    from rebar.engine.llm import LLM
+    from rebar.config.flags import settings_from_flags
     from rebar.errors import InvalidRequestError
     from rebar.eval.perplexity import evaluation_tokens, perplexity, sliding_windows
 
@@ -45,13 +45,10 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     sliding_windows(2, args.context, args.stride)
     if not args.data.is_file():
         raise InvalidRequestError(f"data file {args.data} does not exist", "data")
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        dequantize=args.dequantize,
-        max_model_len=args.context,
-    )
+    from rebar.llm import LLM
+
+    settings = settings_from_flags(args, **{"engine.max_model_len": args.context})
+    llm = LLM.from_settings(args.model, settings)
     ids = evaluation_tokens(llm.tokenizer, args.data, args.text_field, args.max_tokens)
     result = perplexity(llm.logits, ids, args.context, args.stride)
     print(f"perplexity: {result.perplexity:.4f}")

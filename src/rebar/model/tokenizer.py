@@ -221,21 +221,7 @@ class Tokenizer:
                 f"GGUF tokenizer model {model!r} is not supported (rebar reads "
                 "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
             )
-        types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * len(tokens)
-        backend.add_special_tokens(
-            [
-                AddedToken(tokens[i], special=True, normalized=False)
-                for i, kind in enumerate(types)
-                if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
-            ]
-        )
-        backend.add_tokens(
-            [
-                AddedToken(tokens[i], special=False, normalized=False)
-                for i, kind in enumerate(types)
-                if kind == TOKEN_TYPE_USER_DEFINED
-            ]
-        )
+        _add_typed_tokens(backend, tokens, token_types)
         special = SpecialTokens(
             bos_token_id=bos_token_id,
             eos_token_ids=_end_of_generation_ids(vocab, eos_token_id, end_of_turn_ids),
@@ -396,3 +382,24 @@ def _token_string(value: object) -> str:
     if isinstance(value, dict):
         return str(value.get("content", ""))
     return value if isinstance(value, str) else ""
+
+
+def _add_typed_tokens(
+    backend: BackendTokenizer, tokens: Sequence[str], token_types: Sequence[int] | None
+) -> None:
+    """Control and unknown tokens as special tokens, user-defined ones as added text tokens."""
+    types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * len(tokens)
+    backend.add_special_tokens(
+        [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, kind in enumerate(types)
+            if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
+        ]
+    )
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=False, normalized=False)
+            for i, kind in enumerate(types)
+            if kind == TOKEN_TYPE_USER_DEFINED
+        ]
+    )

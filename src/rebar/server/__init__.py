@@ -1,2 +1,2 @@
-"""The OpenAI-compatible HTTP service: app, routes, schemas, middleware, streaming, caches and
-limits."""
+"""The HTTP service: the shell (app, middleware, auth, error shapes, SSE), one request pipeline,
+and the API dialects in front of it."""

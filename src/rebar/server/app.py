@@ -1,25 +1,35 @@
-"""The FastAPI application: middleware, routes, and model loading in the background.
+"""The FastAPI application: the HTTP shell (middleware, error shapes), the dialects' routes, and the
+server's state built whole; the pinned models load in the background.
 
-The server answers /health at once; /ready and the model endpoints answer 503 until the models
-are loaded and a warm-up generation has run.
+The server answers /health at once; /ready and the model endpoints answer 503 until the pinned
+models are loaded and a warm-up generation has run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
+from rebar.engine.async_engine import AsyncEngine
+from rebar.engine.builder import LoadedModel, load_model
+from rebar.engine.contract import enforce_beside
 from rebar.errors import RebarError
+from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
-from rebar.server.errors import install_error_handlers
+from rebar.server.dialects import (
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+)
+from rebar.server.errors import ErrorShapes, install_error_handlers
 from rebar.server.middleware import (
     AdminKeyMiddleware,
     ApiKeyMiddleware,
@@ -28,49 +38,50 @@ from rebar.server.middleware import (
     RequestIdMiddleware,
     api_key_id,
 )
-from rebar.server.model_instance import ModelInstance
-from rebar.server.model_loading import instance_of, load_instance, warm_up
-from rebar.server.model_reload import ModelReloads
-from rebar.server.registry import ModelRegistry
-from rebar.server.response_cache import EmbeddingCache, ResponseCache
-from rebar.server.routes import admin, chat, completions, misc, web
+from rebar.server.pipeline.cache import EmbeddingCache, ResponseCache
+from rebar.server.pipeline.gate import Gate, WaitingRoom
+from rebar.server.routes import admin, ops, tokenize, web
 from rebar.server.routes import models as model_routes
-from rebar.server.state import Admission, ServedModels, ServerState
+from rebar.server.state import ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
+from rebar.serving.loading import engine_config, serve_loaded, warm_up
+from rebar.serving.registry import ModelRegistry
+from rebar.serving.reload import ModelReloads
+from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
 logger = logging.getLogger("rebar.server")
 
+DIALECTS = (openai_chat, openai_completions, openai_embeddings)
+
+
+@dataclass
+class ServedModels:
+    """Models loaded outside the registry, handed to `create_app` to serve as the `chat` and
+    `embedding` shorthand entries (tests load them once for many apps). `engine` is the chat
+    model's engine front (built when None)."""
+
+    chat: LoadedModel | None = None
+    embedding: LoadedModel | None = None
+    engine: AsyncEngine | None = None
+
 
 def load_models(settings: Settings) -> ServedModels:
-    """The `chat` and `embedding` shorthand models, loaded in this thread (tests load them once
-    and hand them to many apps)."""
+    """The `chat` and `embedding` shorthand models, loaded in this thread."""
     if settings.engine.num_threads:
         torch.set_num_threads(settings.engine.num_threads)
-    served = ServedModels(created=int(time.time()))
-    for entry in settings.models.shorthand():
-        instance = load_instance(settings, entry, entry.model, 1)
+    served = ServedModels()
+    m = settings.models
+    for entry in m.shorthand():
+        budget = entry.memory_budget
+        loaded = load_model(
+            entry.model, m.dtype, m.device, engine_config(settings), m.dequantize, budget
+        )
+        enforce_beside(loaded)  # as a load by the registry would
         if entry.kind == "chat":
-            served.chat_name, served.chat, served.engine = (
-                entry.name,
-                instance.text,
-                instance.engine,
-            )
+            served.chat = loaded
         else:
-            served.embedding_name, served.embedding = entry.name, instance.embedder
+            served.embedding = loaded
     return served
-
-
-def _preloaded(settings: Settings, models: ServedModels) -> dict[str, ModelInstance]:
-    """`models`' chat and embedding as instances of their shorthand entries."""
-    instances = {}
-    for entry in settings.models.shorthand():
-        if entry.kind == "chat" and models.chat is not None and models.engine is not None:
-            instances[entry.name] = instance_of(
-                settings, entry, 1, entry.model, models.chat, models.engine
-            )
-        elif entry.kind == "embedding" and models.embedding is not None:
-            instances[entry.name] = instance_of(settings, entry, 1, entry.model, models.embedding)
-    return instances
 
 
 def create_app(
@@ -86,12 +97,7 @@ def create_app(
     `load_before_serving` makes the app's startup wait for the pinned models (and fail with their
     error) instead of answering 503 until they are loaded.
     """
-    state = _server_state(settings, tracing)
-    install_store(state, settings)
-    state.registry = registry = ModelRegistry(settings)
-    assert state.store is not None
-    state.reloads = reloads = ModelReloads(registry, state.store, settings.store.key_prefix)
-    state.metrics.attach(state)
+    state = build_state(settings, tracing)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -99,54 +105,100 @@ def create_app(
         loading = loop.create_task(_load_and_warm(state, settings, models))
         if load_before_serving:  # a Ray Serve replica: taking traffic only once it can serve
             await loading
-            if state.load_error is not None:
-                raise RuntimeError(f"model loading failed: {state.load_error}")
+            if state.registry.load_error is not None:
+                raise RuntimeError(f"model loading failed: {state.registry.load_error}")
         yield
         loading.cancel()
-        await reloads.close()
-        await registry.close()
-        if state.store is not None:
-            await state.store.close()
+        await state.reloads.close()
+        await state.registry.close()
+        await state.store.close()
         state.tracing.shutdown()
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
-    install_error_handlers(app)
-    for router in (chat.router, completions.router, misc.router, admin.router, model_routes.router):
-        app.include_router(router)
+    shapes = ErrorShapes()
+    install_error_handlers(app, shapes)
+    for dialect in DIALECTS:
+        app.include_router(dialect.router)
+    for routes in (tokenize, ops, admin, model_routes):
+        app.include_router(routes.router)
     web.install(app)
-    install_middleware(app, settings, state)
+    install_middleware(app, settings, state, shapes)
     return app
 
 
-def _server_state(settings: Settings, tracing: Tracing | None) -> ServerState:
-    limits = settings.limits
+def build_state(settings: Settings, tracing: Tracing | None = None) -> ServerState:
+    """Everything the server holds: the store (memory or Redis, behind a circuit breaker), its
+    caches and rate limiter, the model registry and its reloads, metrics and tracing."""
+    tracing = tracing or Tracing.from_settings(settings.tracing)
+    s, c, limits = settings.store, settings.cache, settings.limits
+    backend = (
+        open_store("memory://", max_entries=s.memory_max_entries, max_bytes=s.memory_max_bytes)
+        if s.backend == "memory"
+        else open_store(s.url)
+    )
+    store = ResilientStore(
+        backend,
+        call_timeout_s=s.call_timeout_s,
+        failure_threshold=s.failure_threshold,
+        open_for_s=s.open_for_s,
+        on_error=s.on_store_error,
+        tracer=tracing.tracer,
+    )
+    tenants = c.tenant_isolation
+    isolate = tenants == "on" or (tenants == "auto" and bool(settings.api_key_hashes()))
+    waiting = WaitingRoom(
+        limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
+    )
+    registry = ModelRegistry(settings)
     state = ServerState(
-        Admission(
-            limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
-        ),
+        registry=registry,
+        reloads=ModelReloads(registry, store, s.key_prefix),
+        store=store,
+        gate=Gate(_rate_limiter(settings, store), waiting, tracing, isolate),
+        metrics=ServerMetrics(),
+        tracing=tracing,
         request_timeout_s=limits.request_timeout_s,
-        tracing=tracing or Tracing.from_settings(settings.tracing),
         log_prompts=settings.logging.log_prompts,
     )
-    tenants = settings.cache.tenant_isolation
-    state.isolate_tenants = tenants == "on" or (
-        tenants == "auto" and bool(settings.api_key_hashes())
-    )
+    if c.enabled:
+        state.response_cache = ResponseCache(
+            store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s, c.max_entry_bytes
+        )
+        state.embedding_cache = EmbeddingCache(store, s.key_prefix, c.embedding_ttl_s)
+    state.metrics.attach(state)
     return state
 
 
-def install_middleware(app: FastAPI, settings: Settings, state: ServerState) -> None:
+def _rate_limiter(settings: Settings, store: ResilientStore) -> RateLimiter | None:
+    r = settings.rate_limits
+    per_key = {
+        api_key_id(digest): RateLimits(e.requests_per_minute, e.tokens_per_minute)
+        for digest, e in r.per_key.items()
+    }
+    if not (r.requests_per_minute or r.tokens_per_minute or per_key):
+        return None
+    default = RateLimits(r.requests_per_minute, r.tokens_per_minute)
+    return RateLimiter(store, settings.store.key_prefix, default, per_key)
+
+
+def install_middleware(
+    app: FastAPI, settings: Settings, state: ServerState, shapes: ErrorShapes
+) -> None:
     """Outermost last: metrics > request id > trace > access log > CORS > auth > admin auth > body
     > routes."""
     server = settings.server
     app.add_middleware(
-        BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s
+        BodyLimitMiddleware,
+        max_bytes=server.max_body_bytes,
+        timeout_s=server.body_timeout_s,
+        shapes=shapes,
     )
-    app.add_middleware(AdminKeyMiddleware, checker=ApiKeyChecker(settings.admin_key_hashes()))
+    admin_keys = ApiKeyChecker(settings.admin_key_hashes())
+    app.add_middleware(AdminKeyMiddleware, checker=admin_keys, shapes=shapes)
     checker = ApiKeyChecker(settings.api_key_hashes())
     if checker.enabled:
-        app.add_middleware(ApiKeyMiddleware, checker=checker)
+        app.add_middleware(ApiKeyMiddleware, checker=checker, shapes=shapes)
     # Outside auth: a browser's preflight carries no key, and a 401 must carry CORS headers to be
     # readable.
     if server.cors_allow_origins:
@@ -163,65 +215,35 @@ def install_middleware(app: FastAPI, settings: Settings, state: ServerState) -> 
     app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics, routes=lambda: app.routes)
 
 
-def install_store(state: ServerState, settings: Settings) -> None:
-    """The shared store (memory or Redis, behind a circuit breaker), the caches and the rate
-    limiter."""
-    from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
-
-    s = settings.store
-    backend = (
-        open_store("memory://", max_entries=s.memory_max_entries, max_bytes=s.memory_max_bytes)
-        if s.backend == "memory"
-        else open_store(s.url)
-    )
-    state.store = ResilientStore(
-        backend,
-        call_timeout_s=s.call_timeout_s,
-        failure_threshold=s.failure_threshold,
-        open_for_s=s.open_for_s,
-        on_error=s.on_store_error,
-        tracer=state.tracing.tracer,
-    )
-    c = settings.cache
-    if c.enabled:
-        state.response_cache = ResponseCache(
-            state.store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s, c.max_entry_bytes
-        )
-        state.embedding_cache = EmbeddingCache(state.store, s.key_prefix, c.embedding_ttl_s)
-    r = settings.rate_limits
-    per_key = {
-        api_key_id(digest): RateLimits(e.requests_per_minute, e.tokens_per_minute)
-        for digest, e in r.per_key.items()
-    }
-    if r.requests_per_minute or r.tokens_per_minute or per_key:
-        state.rate_limiter = RateLimiter(
-            state.store,
-            s.key_prefix,
-            RateLimits(r.requests_per_minute, r.tokens_per_minute),
-            per_key,
-        )
-
-
 async def _load_and_warm(
     state: ServerState, settings: Settings, models: ServedModels | None
 ) -> None:
-    assert state.registry is not None and state.reloads is not None
     try:
         if settings.engine.num_threads:
             torch.set_num_threads(settings.engine.num_threads)
-        for name, instance in _preloaded(settings, models or ServedModels()).items():
-            state.registry.install(name, instance)
-            await warm_up(instance)
+        await _install_preloaded(state, settings, models or ServedModels())
         await state.reloads.adopt_current()  # a version reloaded before this process started
         await state.registry.start()  # the pinned models
         state.reloads.start()  # once subscribed, loaded models catch up with newer versions
-        state.ready = True
+        state.registry.ready = True
         logger.info("ready: %s", ", ".join(state.registry.loaded_names()))
     except asyncio.CancelledError:
         raise
     except RebarError as exc:  # a bad file or setting: its message says it all, no traceback
         logger.error("model loading failed: %s", exc)
-        state.load_error = str(exc)
+        state.registry.load_error = str(exc)
     except Exception as exc:  # keep serving /health and report the failure on /ready
         logger.exception("model loading failed")
-        state.load_error = str(exc)
+        state.registry.load_error = str(exc)
+
+
+async def _install_preloaded(state: ServerState, settings: Settings, models: ServedModels) -> None:
+    """`models`' chat and embedding, served as version 1 of their shorthand entries."""
+    for entry in settings.models.shorthand():
+        loaded = models.chat if entry.kind == "chat" else models.embedding
+        if loaded is None:
+            continue
+        engine = models.engine if entry.kind == "chat" else None
+        version = serve_loaded(settings, entry, 1, entry.model, loaded, engine)
+        state.registry.install(entry.name, version)
+        await warm_up(version)

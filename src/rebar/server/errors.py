@@ -1,8 +1,12 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`, for every 4xx/5xx
-we send."""
+"""Every error rebar answers with, in one place: which status code each error becomes (`STATUS`,
+the one table from domain errors to HTTP), and the body shape of the dialect the request came in
+(OpenAI's by default: `{"error": {"message", "type", "param", "code"}}`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,21 +15,57 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
-from rebar.server.schemas import INVALID_UNICODE
+from rebar.server.body import INVALID_UNICODE
+from rebar.server.pipeline.errors import (
+    ClientGone,
+    GenerationFailed,
+    GenerationTimeout,
+    RateLimited,
+)
+from rebar.serving.errors import (
+    EngineStopped,
+    InsufficientMemory,
+    LoadRefused,
+    ModelFailed,
+    ModelLoading,
+    NoSuchEntry,
+    NotReady,
+    Overloaded,
+    ReloadRefused,
+    ReloadSuperseded,
+    ServingError,
+    ShuttingDown,
+    UnknownModel,
+)
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-    504: "timeout_error",
+# Domain error -> (status, code). Looked up along the error's class hierarchy, most specific first.
+STATUS: dict[type[Exception], tuple[int, str | None]] = {
+    NoSuchEntry: (404, "model_not_found"),
+    UnknownModel: (400, "model_not_found"),
+    ModelNotFoundError: (400, "model_not_found"),
+    InvalidRequestError: (400, "invalid_value"),
+    ModelLoading: (503, "model_loading"),
+    ModelFailed: (503, "not_ready"),
+    NotReady: (503, "not_ready"),
+    EngineStopped: (503, "engine_stopped"),
+    InsufficientMemory: (503, "insufficient_memory"),
+    Overloaded: (503, "overloaded"),
+    ShuttingDown: (503, "shutting_down"),
+    LoadRefused: (409, "load_failed"),
+    ReloadRefused: (409, "reload_refused"),
+    ReloadSuperseded: (409, "reload_superseded"),
+    RateLimited: (429, "rate_limit_exceeded"),
+    ClientGone: (499, None),
+    GenerationTimeout: (504, "timeout"),
+    GenerationFailed: (500, "internal_error"),
+    RebarError: (400, "invalid_request"),  # any other error a user caused (a bad file, setting)
 }
+# Which request parameter an error is about, when its class says it.
+_PARAM: dict[type[Exception], str] = {UnknownModel: "model", ModelNotFoundError: "model"}
 
 
 class APIError(Exception):
-    """Raise from a route to answer with an OpenAI error body."""
+    """An error only the HTTP layer knows (a route's own refusal): its status and code given."""
 
     def __init__(
         self,
@@ -36,18 +76,57 @@ class APIError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = (
-            status,
-            message,
-            param,
-            code,
-            headers or {},
-        )
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An error as every dialect renders it."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+
+def problem_of(exc: Exception) -> Problem:
+    """The status, code, parameter and headers of any error rebar raises on purpose."""
+    if isinstance(exc, APIError):
+        return Problem(exc.status, exc.message, exc.param, exc.code, exc.headers)
+    status, code = next(
+        (STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), (500, "internal_error")
+    )
+    param = next((_PARAM[cls] for cls in type(exc).__mro__ if cls in _PARAM), None)
+    if isinstance(exc, InvalidRequestError):
+        param = exc.param
+    headers = None
+    if isinstance(exc, ServingError) and exc.retry_after_s is not None:
+        headers = {"Retry-After": str(int(exc.retry_after_s))}
+    if isinstance(exc, RateLimited):
+        headers = exc.headers
+    return Problem(status, str(exc), param, code, headers)
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
 
 
 def error_body(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
+    """OpenAI's error body."""
     return {
         "error": {
             "message": message,
@@ -58,16 +137,22 @@ def error_body(
     }
 
 
-def error_response(
-    status: int,
-    message: str,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    return JSONResponse(
-        error_body(status, message, param, code), status_code=status, headers=headers
-    )
+ErrorShape = Callable[[int, str, "str | None", "str | None"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ErrorShapes:
+    """Which body shape an error takes: the dialect whose path prefix the request's path starts
+    with, else OpenAI's."""
+
+    by_prefix: Sequence[tuple[str, ErrorShape]] = ()
+
+    def for_path(self, path: str) -> ErrorShape:
+        return next((shape for p, shape in self.by_prefix if path.startswith(p)), error_body)
+
+    def response(self, path: str, problem: Problem) -> JSONResponse:
+        body = self.for_path(path)(problem.status, problem.message, problem.param, problem.code)
+        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
 
 
 # What pydantic puts in an error's location for the member of a union that failed: a type
@@ -99,32 +184,30 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{param or 'body'}: {first.get('msg')}", param
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+def install_error_handlers(app: FastAPI, shapes: ErrorShapes) -> None:
+    """Every error a request can raise, answered in its dialect's shape; anything unexpected is a
+    500 that says to look in the log (its traceback is logged by uvicorn)."""
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(400, message, param, "invalid_value")
-
-    @app.exception_handler(InvalidRequestError)
-    async def _invalid_value(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return error_response(400, str(exc), exc.param, "invalid_value")
-
-    @app.exception_handler(ModelNotFoundError)
-    async def _no_model(_: Request, exc: ModelNotFoundError) -> JSONResponse:
-        return error_response(400, str(exc), "model", "model_not_found")
-
-    @app.exception_handler(RebarError)
-    async def _rebar(_: Request, exc: RebarError) -> JSONResponse:
-        return error_response(400, str(exc), None, "invalid_request")
+        problem = Problem(400, message, param, "invalid_value")
+        return shapes.response(request.url.path, problem)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), None, None)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        problem = Problem(exc.status_code, str(exc.detail))
+        return shapes.response(request.url.path, problem)
+
+    async def _known(request: Request, exc: Exception) -> JSONResponse:
+        return shapes.response(request.url.path, problem_of(exc))
+
+    # Handled where raised (Starlette's exception middleware); the catch-all below runs in its
+    # server-error middleware, which logs the traceback.
+    app.add_exception_handler(RebarError, _known)
+    app.add_exception_handler(APIError, _known)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(500, "internal error; see the server log", None, "internal_error")
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        problem = Problem(500, "internal error; see the server log", None, "internal_error")
+        return shapes.response(request.url.path, problem)

@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Match
 from rebar.obs.logs import bind_request_id, unbind_request_id
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.context import request_context
-from rebar.server.errors import error_body
+from rebar.server.errors import ErrorShapes
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -26,12 +26,16 @@ _VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 async def send_error(
     send: Send,
+    scope: Scope,
+    shapes: ErrorShapes,
     status: int,
     message: str,
     headers: list[tuple[bytes, bytes]] | None = None,
     code: str | None = None,
 ) -> None:
-    body = json.dumps(error_body(status, message, None, code)).encode()
+    """An error answered before any route runs, in the shape of the dialect of `scope`'s path."""
+    shape = shapes.for_path(scope.get("path", ""))
+    body = json.dumps(shape(status, message, None, code)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -95,15 +99,17 @@ class BodyLimitMiddleware:
     route (or the engine) waiting; later `receive` calls still report the client's disconnect.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, timeout_s: float, shapes: ErrorShapes = ErrorShapes()
+    ) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.shapes = app, max_bytes, timeout_s, shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._too_large(send)
+            return await self._too_large(scope, send)
         chunks: list[bytes] = []
         received = 0
         loop = asyncio.get_running_loop()
@@ -114,6 +120,8 @@ class BodyLimitMiddleware:
             except TimeoutError:
                 return await send_error(
                     send,
+                    scope,
+                    self.shapes,
                     408,
                     f"the request body did not arrive within {self.timeout_s:g}s",
                     [(b"connection", b"close")],
@@ -124,16 +132,18 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             received += len(chunk)
             if received > self.max_bytes:
-                return await self._too_large(send)
+                return await self._too_large(scope, send)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send) -> None:
         # Connection: close, since the rest of the body is never read.
         await send_error(
             send,
+            scope,
+            self.shapes,
             413,
             f"request body exceeds {self.max_bytes} bytes",
             [(b"connection", b"close")],
@@ -164,8 +174,10 @@ class AdminKeyMiddleware:
     endpoint.
     """
 
-    def __init__(self, app: ASGIApp, checker: ApiKeyChecker) -> None:
-        self.app, self.checker = app, checker
+    def __init__(
+        self, app: ASGIApp, checker: ApiKeyChecker, shapes: ErrorShapes = ErrorShapes()
+    ) -> None:
+        self.app, self.checker, self.shapes = app, checker, shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/admin/"):
@@ -173,12 +185,16 @@ class AdminKeyMiddleware:
         if not self.checker.enabled:
             return await send_error(
                 send,
+                scope,
+                self.shapes,
                 403,
                 "admin endpoints are disabled; set server.admin_api_keys to enable them",
                 code="admin_disabled",
             )
         if self.checker.matching_digest(_header(scope, b"authorization")) is None:
-            return await _refuse_key(send, "admin key (Authorization: Bearer <admin key>)")
+            return await _refuse_key(
+                send, scope, self.shapes, "admin key (Authorization: Bearer <admin key>)"
+            )
         await self.app(scope, receive, send)
 
 
@@ -202,9 +218,13 @@ class ApiKeyMiddleware:
     """
 
     def __init__(
-        self, app: ASGIApp, checker: ApiKeyChecker, open_paths: tuple[str, ...] = OPEN_PATHS
+        self,
+        app: ASGIApp,
+        checker: ApiKeyChecker,
+        shapes: ErrorShapes = ErrorShapes(),
+        open_paths: tuple[str, ...] = OPEN_PATHS,
     ) -> None:
-        self.app, self.checker, self.open_paths = app, checker, open_paths
+        self.app, self.checker, self.shapes, self.open_paths = app, checker, shapes, open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -218,7 +238,9 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         digest = self.checker.matching_digest(_header(scope, b"authorization"))
         if digest is None:
-            return await _refuse_key(send, "API key (Authorization: Bearer <key>)")
+            return await _refuse_key(
+                send, scope, self.shapes, "API key (Authorization: Bearer <key>)"
+            )
         request_context(scope).api_key_id = api_key_id(digest)
         await self.app(scope, receive, send)
 
@@ -229,9 +251,11 @@ def api_key_id(digest: str) -> str:
     return "key-" + digest[:32]
 
 
-async def _refuse_key(send: Send, what: str) -> None:
+async def _refuse_key(send: Send, scope: Scope, shapes: ErrorShapes, what: str) -> None:
     await send_error(
         send,
+        scope,
+        shapes,
         401,
         f"invalid or missing {what}",
         [(b"www-authenticate", b"Bearer")],

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -124,7 +125,9 @@ def compiler_flags(isa: str) -> list[str]:
 def extension_name(isa: str) -> str:
     """A name that changes with the sources and flags, so an edited kernel never loads a stale build
     and each instruction set keeps its own."""
-    digest = hashlib.sha256()
+    # The sources' folder counts too: torch's build folder names them by path, so two checkouts of
+    # rebar sharing one extension cache would otherwise rebuild it each time the other loads it.
+    digest = hashlib.sha256(str(CSRC).encode())
     for name in SOURCES + HEADERS:
         digest.update((CSRC / name).read_bytes())
     digest.update(" ".join(compiler_flags(isa)).encode())
@@ -156,9 +159,11 @@ def _build_locked() -> BuildResult:
         "first build on a machine takes a minute or more)",
         isa,
     )
+    name = extension_name(isa)
+    _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
     try:
         module = cpp_extension.load(
-            name=extension_name(isa),
+            name=name,
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=compiler_flags(isa),
             extra_ldflags=["-pthread", "-fopenmp"],
@@ -175,6 +180,21 @@ def _build_locked() -> BuildResult:
         torch.__version__,
     )
     return BuildResult(module, "")
+
+
+STALE_LOCK_S = 15 * 60  # no build takes this long; a lock this old was left by a killed build
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """Remove the build folder's lock when a killed build left it behind: torch waits on it
+    forever, so every later start would hang."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("removing a stale build lock %s (%.0f s old)", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def loaded_extension() -> ModuleType | None:

@@ -1,0 +1,78 @@
+"""The `[engine]` section: how the engine batches, sizes its KV cache and which kernels it runs.
+
+These fields are the one definition of the engine's settings (type, default, bounds, help); the
+engine itself receives their values as a plain `rebar.engine.engine_config.EngineConfig`, built by
+whoever starts it from `engine_fields()`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from rebar.config.base import Section, Unsettable
+from rebar.dtypes import DtypeName
+
+KvCacheDtype = Literal["auto", DtypeName]
+# Settings of the process that runs an engine, not of the engine itself.
+PROCESS_FIELDS = frozenset({"num_threads", "separate_process"})
+
+
+class EngineSettings(Section):
+    """The `[engine]` section. Every field but `num_threads` and `separate_process` reaches the
+    engine (`engine_fields()`)."""
+
+    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    max_num_seqs: int = Field(32, ge=1, description="Most sequences running in one batch.")
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, description="Most tokens (prefill + decode) computed in one engine step."
+    )
+    max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = Field(
+        None,
+        description="Longest prompt + completion in tokens; unset: the model's context window.",
+    )
+    kv_cache_memory: Annotated[Annotated[int, Field(gt=0)] | None, Unsettable] = Field(
+        None, description="KV-cache budget in bytes; wins over kv_cache_fraction when set."
+    )
+    kv_cache_fraction: float = Field(
+        0.2,
+        gt=0.0,
+        le=1.0,
+        description="Share of available device memory for the KV cache; capped at 2 GiB on CPU.",
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse KV blocks of shared prompt prefixes across requests."
+    )
+    # The names are the kernel registry's (rebar.kernels.backends); it refuses unknown ones.
+    attention_backend: Annotated[str | None, Unsettable] = Field(
+        None,
+        description='Attention kernel ("torch", "batched" or "triton"); unset: the best one for '
+        "the device.",
+    )
+    fused_decode: bool = Field(
+        True,
+        description="Run decode steps of a quantized Llama-family model on the CPU in one fused "
+        "C++ call (rebar.model.fused_decode) when it applies; off: the model's own forward, op by "
+        "op.",
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        "auto",
+        description="How K/V are stored: auto (float16 for a float32 model on the CPU, as "
+        "llama.cpp's default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
+    )
+    num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = Field(
+        None, description="torch threads for the model's math; unset: torch's default."
+    )
+    # On 2 cores it measured no faster than the default thread (docs/benchmarks.md) and costs a
+    # second interpreter with torch (~160 MiB private memory).
+    separate_process: bool = Field(
+        False,
+        description="Run each chat engine in a process of its own (rebar.engine.engine_process), "
+        "so the HTTP side's Python work never waits for the engine's GIL and a crash in a kernel "
+        "leaves a server that reports it.",
+    )
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The values `EngineConfig` takes (every field but the process's own)."""
+        return self.model_dump(exclude=set(PROCESS_FIELDS))
