@@ -168,13 +168,21 @@ DIALECT_HELPERS = frozenset({f"{DIALECTS}.openai_schemas", f"{DIALECTS}.openai_f
 PIPELINE = "rebar.server.pipeline"
 
 
+def dialect_of(module: str) -> str | None:
+    """The dialect a module belongs to (a dialect may be a package of modules); None outside the
+    dialects and for their shared helpers."""
+    if not module.startswith(DIALECTS + ".") or module in DIALECT_HELPERS:
+        return None
+    return module.split(".")[3]
+
+
 def dialect_violations(edges: list[Import]) -> list[str]:
     """Dialects import no other dialect; the pipeline imports no dialect and no route."""
     found = []
     for edge in edges:
         importer, imported = edge.importer, edge.imported
-        into_dialect = imported.startswith(DIALECTS + ".") and imported not in DIALECT_HELPERS
-        if importer.startswith(DIALECTS + ".") and into_dialect and importer != imported:
+        mine, theirs = dialect_of(importer), dialect_of(imported)
+        if importer.startswith(DIALECTS + ".") and theirs is not None and theirs != mine:
             found.append(f"{importer} (line {edge.line}) imports the dialect {imported}")
         if importer.startswith(PIPELINE) and imported.startswith((DIALECTS, "rebar.server.routes")):
             found.append(f"{importer} (line {edge.line}) imports {imported}")
@@ -196,6 +204,8 @@ def test_a_dialect_importing_another_is_named(tmp_path: Path) -> None:
             "rebar/server/dialects/openai_fields.py": "",
             "rebar/server/dialects/a.py": "from rebar.server.dialects import openai_fields\n",
             "rebar/server/dialects/b.py": "from rebar.server.dialects import a\n",
+            "rebar/server/dialects/c/__init__.py": "from rebar.server.dialects.c import parts\n",
+            "rebar/server/dialects/c/parts.py": "from rebar.server.dialects import openai_fields\n",
             "rebar/server/pipeline/__init__.py": "",
             "rebar/server/pipeline/respond.py": "import rebar.server.dialects.b\n",
         },

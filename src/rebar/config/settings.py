@@ -243,6 +243,18 @@ class TracingSettings(Section):
     )  # of new traces; an incoming traceparent's decision is kept
 
 
+class ResponsesSettings(Section):
+    """The Responses API's stored responses (`store: true`, its default) and background runs."""
+
+    # Seconds a stored response stays retrievable (and continuable by previous_response_id).
+    store_ttl_s: float = Field(30 * 24 * 3600.0, gt=0)
+    # Largest stored record (the response, its input and the conversation before it), in bytes;
+    # a bigger one is answered but not stored.
+    max_stored_bytes: int = Field(4 * 2**20, ge=1024)
+    # Seconds a cancel waits for the replica running a background response to confirm it.
+    cancel_wait_s: float = Field(5.0, gt=0)
+
+
 class RaySettings(Section):
     """`rebar serve --ray`: rebar's app as a Ray Serve deployment, N replicas behind Ray Serve's
     HTTP proxy (on `server.host`:`server.port`), each with its own engines."""
@@ -291,6 +303,7 @@ class Settings(BaseSettings):
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
 
     @classmethod

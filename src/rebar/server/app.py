@@ -24,10 +24,12 @@ from rebar.errors import RebarError
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
+from rebar.server.conversations import BackgroundRuns, ResponseStore
 from rebar.server.dialects import (
     openai_chat,
     openai_completions,
     openai_embeddings,
+    openai_responses,
 )
 from rebar.server.errors import ErrorShapes, install_error_handlers
 from rebar.server.middleware import (
@@ -51,7 +53,7 @@ from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
 logger = logging.getLogger("rebar.server")
 
-DIALECTS = (openai_chat, openai_completions, openai_embeddings)
+DIALECTS = (openai_chat, openai_completions, openai_embeddings, openai_responses)
 
 
 @dataclass
@@ -107,8 +109,10 @@ def create_app(
             await loading
             if state.registry.load_error is not None:
                 raise RuntimeError(f"model loading failed: {state.registry.load_error}")
+        state.background.watch()
         yield
         loading.cancel()
+        await state.background.close()
         await state.reloads.close()
         await state.registry.close()
         await state.store.close()
@@ -151,15 +155,19 @@ def build_state(settings: Settings, tracing: Tracing | None = None) -> ServerSta
         limits.max_waiting_requests, limits.max_waiting_prompt_tokens, limits.retry_after_s
     )
     registry = ModelRegistry(settings)
+    r = settings.responses
     state = ServerState(
         registry=registry,
         reloads=ModelReloads(registry, store, s.key_prefix),
         store=store,
         gate=Gate(_rate_limiter(settings, store), waiting, tracing, isolate),
+        responses=ResponseStore(store, s.key_prefix, r.store_ttl_s, r.max_stored_bytes),
+        background=BackgroundRuns(store, f"{s.key_prefix}:responses:cancel"),
         metrics=ServerMetrics(),
         tracing=tracing,
         request_timeout_s=limits.request_timeout_s,
         log_prompts=settings.logging.log_prompts,
+        cancel_wait_s=r.cancel_wait_s,
     )
     if c.enabled:
         state.response_cache = ResponseCache(

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
+from rebar.server.conversations import BackgroundRuns, ResponseStore
 from rebar.server.pipeline.cache import EmbeddingCache, ResponseCache
 from rebar.server.pipeline.gate import Gate
 from rebar.serving.registry import ModelRegistry
@@ -22,6 +23,8 @@ class ServerState:
     reloads: ModelReloads
     store: ResilientStore
     gate: Gate
+    responses: ResponseStore  # the Responses API's stored responses
+    background: BackgroundRuns  # and its background runs
     metrics: ServerMetrics  # this app's own registry
     tracing: Tracing  # this app's own tracer provider
     request_timeout_s: float
@@ -29,6 +32,7 @@ class ServerState:
     embedding_cache: EmbeddingCache | None = None  # None when caching is off
     log_prompts: bool = False  # prompt and completion text in the access log
     ping_interval_s: float = 10.0
+    cancel_wait_s: float = 5.0  # a cancelled background response's wait for its replica
 
 
 def server_state(request: Request) -> ServerState:
