@@ -1,7 +1,9 @@
-"""Shared fixtures (the bundled models, loaded once per session) and the `requires` marker's hook.
+"""Shared fixtures (the bundled models, loaded once per session), the `requires` marker's hook and
+the suite's rules for every run.
 
 A missing model package skips the tests that need it locally and fails them under CI=true
-(tests/needs.py). tests/model's tiny-GGUF builders are importable from every test folder.
+(tests/needs.py); under CI=true any skip or xfail fails the run (tests/strict_ci.py). tests/model's
+tiny-GGUF builders are importable from every test folder.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import strict_ci
 from markers import need_gemma3, need_minilm, need_smollm2
 from needs import MARKER, run_required_checks
 
@@ -23,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}(check): run check() before the test (tests/needs.py)"
     )
+    strict_ci.register(config)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
