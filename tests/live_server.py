@@ -12,6 +12,8 @@ from typing import TypeVar
 import httpx
 import uvicorn
 
+from waiting import HANG_S, wait_until
+
 T = TypeVar("T")
 
 
@@ -84,7 +86,19 @@ def serving_models(served_models, settings):
         yield url, app
 
 
-def assert_idle(app, timeout: float = 10.0) -> None:
+def engine_idle(app, timeout: float = HANG_S) -> bool:
+    """Whether the chat engine reports idle (no unfinished request, every KV block free) within
+    `timeout`, which only bounds a hang (tests/waiting.py)."""
+    core = app.state.rebar.models.engine.core
+
+    def idle() -> bool:
+        stats = core.stats()
+        return not core.has_unfinished_requests() and stats.num_free_blocks == stats.num_blocks
+
+    return wait_until(idle, timeout)
+
+
+def assert_idle(app, timeout: float = HANG_S) -> None:
     """Nothing left behind: no admission tickets, no queued embeddings, no requests in the engine,
     every KV block free (blocks that only cache a prefix count as free: they are reusable)."""
     state = app.state.rebar

@@ -125,7 +125,9 @@ def test_a_slow_load_answers_503_with_retry_after_once_the_wait_bound_passes() -
         started = time.monotonic()
         with pytest.raises(APIError) as caught:
             await reg.acquire("a", "chat")
-        assert 0.25 < time.monotonic() - started < 2
+        # It waited its bound (a lower bound: a slow machine only waits longer), and it did not
+        # wait for the load: that is still held at the gate.
+        assert time.monotonic() - started > 0.25 and not loader.gate.is_set()
         assert caught.value.status == 503 and caught.value.code == "model_loading"
         assert caught.value.headers["Retry-After"] == "5"
         assert reg.slots["a"].state == "loading"
