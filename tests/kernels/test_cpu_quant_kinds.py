@@ -22,6 +22,9 @@ from test_cpu_quant_linear import assert_matches
 from needs import need_cpu_features
 from rebar.kernels import cpu_quant
 from rebar.kernels.cpu_quant.build import ISAS, cpu_flags
+from suite_tiers import limit
+
+pytestmark = limit("kernel_build")  # tests/suite_tiers.py
 
 # (out, in): the 1 B model's attention and MLP shapes scaled down, a partial last tile, one
 # super-block.

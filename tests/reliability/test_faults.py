@@ -23,7 +23,10 @@ from suite import scaled
 
 from live_server import assert_idle, free_port, server_settings, serving_models
 from markers import requires_minilm, requires_smollm2
+from suite_tiers import limit
 from waiting import HANG_S
+
+pytestmark = limit("soak")  # tests/suite_tiers.py
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

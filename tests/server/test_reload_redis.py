@@ -9,6 +9,9 @@ import json
 from markers import requires_smollm2
 from rebar_bench.reload_load import run_reload_load
 from redis_server import running_redis_server
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 
 @requires_smollm2

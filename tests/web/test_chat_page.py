@@ -10,7 +10,10 @@ from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
 from web_tools import SCREENSHOT_DIR
 
 from live_server import server_settings, serving_models
+from suite_tiers import limit
 from waiting import wait_until
+
+pytestmark = limit("browser")  # tests/suite_tiers.py
 
 STATS = re.compile(r"first token \d+\.\d\d s · \d+\.\d tokens/s · \d+ tokens")
 
