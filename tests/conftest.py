@@ -1,18 +1,31 @@
-"""Shared fixtures (the bundled models, loaded once per session) and the `requires` marker's hook.
+"""Shared fixtures (the bundled models, loaded once per session), the `requires` marker's hook and
+the suite's rules for every run.
 
 A missing model package skips the tests that need it locally and fails them under CI=true
-(tests/needs.py). tests/model's tiny-GGUF builders are importable from every test folder.
+(tests/needs.py); under CI=true any skip or xfail fails the run (tests/strict_ci.py). tests/model's
+tiny-GGUF builders are importable from every test folder.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
 
+import strict_ci
+import suite_tiers
 from markers import need_gemma3, need_minilm, need_smollm2
 from needs import MARKER, run_required_checks
+
+# Property tests and fuzzers draw the same cases on every run (CI and `make test`), so a failure
+# is reproducible and a green run means the same thing twice; `make reliability` draws new random
+# cases (REBAR_HYPOTHESIS_PROFILE=random) and keeps the failing ones in .hypothesis/.
+hypothesis.settings.register_profile("derandomized", derandomize=True, print_blob=True)
+hypothesis.settings.register_profile("random", print_blob=True)
+hypothesis.settings.load_profile(os.environ.get("REBAR_HYPOTHESIS_PROFILE", "derandomized"))
 
 MODEL_TEST_HELPERS = str(Path(__file__).resolve().parent / "model")
 if MODEL_TEST_HELPERS not in sys.path:
@@ -23,6 +36,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}(check): run check() before the test (tests/needs.py)"
     )
+    config.addinivalue_line(
+        "markers", f"{suite_tiers.MARKER}: only the full suite runs it (tests/suite_tiers.py)"
+    )
+    strict_ci.register(config)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the full-only tests (tests/suite_tiers.py), which `make check` leaves out."""
+    for item in items:
+        path = Path(item.path)
+        if path.is_relative_to(TESTS) and suite_tiers.is_full_only(
+            path.relative_to(TESTS).as_posix()
+        ):
+            item.add_marker(suite_tiers.MARKER)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -12,6 +12,8 @@ from typing import TypeVar
 import httpx
 import uvicorn
 
+from waiting import HANG_S, wait_until
+
 T = TypeVar("T")
 
 
@@ -96,7 +98,19 @@ def embedding_model(app):
     return registry.slots[registry.default_name("embedding")].current
 
 
-def assert_idle(app, timeout: float = 10.0) -> None:
+def engine_idle(app, timeout: float = HANG_S) -> bool:
+    """Whether the chat engine reports idle (no unfinished request, every KV block free) within
+    `timeout`, which only bounds a hang (tests/waiting.py)."""
+    core = chat_core(app)
+
+    def idle() -> bool:
+        stats = core.stats()
+        return not core.has_unfinished_requests() and stats.num_free_blocks == stats.num_blocks
+
+    return wait_until(idle, timeout)
+
+
+def assert_idle(app, timeout: float = HANG_S) -> None:
     """Nothing left behind: no admission tickets, no queued embeddings, no requests in the engine,
     every KV block free (blocks that only cache a prefix count as free: they are reusable)."""
     state = app.state.rebar

@@ -5,7 +5,12 @@ can build them) skips the test locally with the command that installs it; under 
 by .ci/run) it fails the test with the same message, so a CI machine can never pass by skipping.
 
 Hardware is different: a machine without a CPU feature cannot be given it by installing anything,
-so `skip_for_hardware` and `requires_hardware` always skip, CI included.
+so `skip_for_hardware` and `requires_hardware` skip, CI included, and what the CPU has is asked of
+the CPU itself (`/proc/cpuinfo`, else CPUID: rebar.kernels.cpu_quant.build.cpu_flags), never of
+an environment variable. Under CI a hardware skip still fails the run as a whole
+(tests/strict_ci.py): CI machines must have the hardware the suite tests.
+
+This module is the only place in tests/ that may skip (tests/test_suite_rules.py enforces it).
 
 `requires(check)` turns any of these checks into a marker; the hook in tests/conftest.py runs the
 check before the test.
@@ -18,6 +23,7 @@ import importlib.util
 import os
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
@@ -66,20 +72,43 @@ def need_binary(name: str, install: str) -> str:
     return path
 
 
+def need_cpu_features(flags: set[str], what: str) -> None:
+    """A hardware skip unless the CPU itself reports every one of `flags` (/proc/cpuinfo names)."""
+    from rebar.kernels.cpu_quant.build import cpu_flags
+
+    lacking = flags - cpu_flags()
+    if lacking:
+        skip_for_hardware(f"{what}: this CPU lacks {', '.join(sorted(lacking))}")
+
+
 def need_cpu_kernels() -> None:
     """rebar's CPU quantized kernels: built here, unless the CPU lacks AVX2 (a hardware skip).
 
-    CI machines have AVX2 and install a compiler and ninja, so there a missing build fails.
+    On a CPU with AVX2, FMA and F16C (asked of the CPU, not of /proc/cpuinfo alone) a kernel that
+    is not built is a missing dependency: a compiler, ninja, or REBAR_DISABLE_CPU_KERNELS left set.
     """
     from rebar.kernels import cpu_quant
-    from rebar.kernels.cpu_quant.build import cpu_flags, load_extension
+    from rebar.kernels.cpu_quant.build import load_extension
 
     if cpu_quant.available():
         return
     reason = load_extension().reason
-    if not {"avx2", "fma", "f16c"} <= cpu_flags():
-        skip_for_hardware(f"rebar's CPU kernels need AVX2, FMA and F16C: {reason}")
+    need_cpu_features(
+        {"avx2", "fma", "f16c"}, f"rebar's CPU kernels need AVX2, FMA and F16C ({reason})"
+    )
     missing(f"rebar's CPU kernels on this AVX2 machine: {reason}")
+
+
+def need_linux_proc() -> None:
+    """A hardware (platform) skip off Linux: the test reads /proc/self."""
+    if not Path("/proc/self/maps").exists():
+        skip_for_hardware("needs Linux /proc")
+
+
+def relay_skip(message: str) -> NoReturn:
+    """Skip as a subprocess run of the same test did (its skip came from a check in this module,
+    and under CI that check fails instead)."""
+    pytest.skip(message)
 
 
 def requires(check: Callable[[], object]) -> pytest.MarkDecorator:

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from markers import requires_gemma3, requires_minilm, requires_smollm2
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 
 def rebar(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

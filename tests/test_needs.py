@@ -128,29 +128,98 @@ def test_a_module_level_requirement_covers_the_whole_file(run, ci: bool) -> None
 
 
 @pytest.mark.parametrize("ci", [False, True], ids=["local", "ci"])
-def test_hardware_skips_even_under_ci(run, ci: bool) -> None:
+def test_hardware_skips_the_test_even_under_ci(run, ci: bool) -> None:
     result = run(HARDWARE, ci)
     result.assert_outcomes(skipped=2, passed=1)
     says(result, ["hardware: this CPU has no such unit"])
 
 
-# Skips that do not go through tests/needs.py, each with why it may stay.
-ALLOWED_DIRECT_SKIPS = {
-    "needs.py": "the mechanism itself",
-    "kernels/conftest.py": "relays the outcome of the same test run in a subprocess under CI too",
-    "model/test_hf_parity.py": "a Linux /proc skip: the operating system, not an installable tool",
-    "quant/test_checkpoint.py": "a Linux /proc skip: the operating system, not an installable tool",
-}
-DIRECT_SKIP = re.compile(r"pytest\.skip\(|importorskip\(|mark\.skipif\(|mark\.skip\(")
+SKIPPED_AND_XFAILED = """
+import pytest
+from needs import skip_for_hardware
+
+def test_passes():
+    pass
+
+def test_hardware():
+    skip_for_hardware("this CPU has no such unit")
+
+@pytest.mark.xfail(reason="known to be wrong")
+def test_known_bug():
+    assert False
+"""
 
 
-def test_no_test_skips_around_the_ci_rule() -> None:
+def test_under_ci_a_run_that_skipped_or_xfailed_anything_fails_with_the_list(run) -> None:
+    result = run(SKIPPED_AND_XFAILED, ci=True)
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    says(
+        result,
+        [
+            "skipped under CI=true: the run fails",
+            "test_case.py::test_hardware: hardware: this CPU has no such unit",
+            "test_case.py::test_known_bug: xfailed: known to be wrong",
+            "2 skipped or xfailed: under CI every test must run",
+        ],
+    )
+
+
+def test_under_ci_a_module_skipped_at_collection_fails_the_run(run) -> None:
+    result = run(HARDWARE_MODULE, ci=True)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    says(result, ["test_case.py: hardware: this module needs a unit this CPU lacks"])
+
+
+def test_locally_skips_leave_the_run_green(run) -> None:
+    result = run(SKIPPED_AND_XFAILED, ci=False)
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1)
+    assert result.ret == pytest.ExitCode.OK
+    assert "skipped under CI=true" not in result.stdout.str()
+
+
+def test_under_ci_a_run_without_skips_passes(run) -> None:
+    result = run("def test_passes():\n    pass\n", ci=True)
+    assert result.ret == pytest.ExitCode.OK
+
+
+HARDWARE_MODULE = """
+from needs import skip_for_hardware
+skip_for_hardware("this module needs a unit this CPU lacks")
+
+def test_x():
+    pass
+"""
+
+# Every skip and xfail goes through tests/needs.py, which says what is missing and fails under CI.
+DIRECT_SKIP = re.compile(
+    r"pytest\.skip\(|importorskip\(|mark\.skip(if)?\b|mark\.xfail\b|pytest\.xfail\("
+)
+SKIP_MODULE = TESTS / "needs.py"
+
+
+def test_no_test_skips_or_xfails_around_tests_needs() -> None:
     offenders = [
         f"{path.relative_to(TESTS)}:{number}: {line.strip()}"
         for path in sorted(TESTS.rglob("*.py"))
-        if path.relative_to(TESTS).as_posix() not in ALLOWED_DIRECT_SKIPS
-        and path != Path(__file__).resolve()
+        if path not in (SKIP_MODULE, Path(__file__).resolve())
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if DIRECT_SKIP.search(line)
     ]
     assert not offenders, "skip through tests/needs.py instead:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "@pytest.mark.skip(reason='later')",
+        "@pytest.mark.skip",
+        "@pytest.mark.skipif(True, reason='x')",
+        "@pytest.mark.xfail(strict=False)",
+        "    pytest.skip('not now')",
+        "    pytest.xfail('broken')",
+        "torch = pytest.importorskip('torch')",
+    ],
+)
+def test_the_rule_catches_every_bare_skip_or_xfail(line: str) -> None:
+    assert DIRECT_SKIP.search(line)

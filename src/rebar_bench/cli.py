@@ -124,8 +124,10 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_gate(args: argparse.Namespace) -> int:
-    from rebar_bench.gate import run_gate
+    from rebar_bench.gate import run_gate, run_noise
 
+    if args.noise:
+        return run_noise(args.model, args.noise, args.threads)
     return run_gate(
         args.model,
         Path(args.baseline),
@@ -381,6 +383,14 @@ def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
         default=None,
         help="torch threads (default: torch's default, "
         "as `make run` uses; must match the baseline)",
+    )
+    gate.add_argument(
+        "--noise",
+        type=positive_int,
+        default=0,
+        metavar="RUNS",
+        help="measure RUNS times, judge nothing and print each figure's spread (the noise model "
+        "the tolerances rest on)",
     )
     gate.set_defaults(handler=cmd_bench_gate)
 

@@ -14,6 +14,9 @@ from markers import requires_smollm2
 from rebar_bench import compare, llamacpp
 from rebar_bench.compare import CompareConfig, HttpFigures, MemoryFigures, RebarFigures, build_rows
 from rebar_bench.llamacpp import BatchedFigures, BenchFigures, PeerUnavailable
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 # What llama.cpp's tools print (trimmed from real runs of this build).
 LLAMA_BENCH_JSON = """[

@@ -12,6 +12,7 @@ from rebar.engine.outputs import ENGINE_FAULT
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
 from tiny_engine import make_core, run_to_completion, tokens_of
+from waiting import wait_until
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
@@ -34,15 +35,6 @@ def reference_tokens(tmp_path, prompt: list[int], params: SamplingParams) -> lis
     core = make_core(tmp_path)
     core.add_request("reference", prompt, params)
     return tokens_of(run_to_completion(core)[("reference", 0)])
-
-
-def wait_until(predicate, timeout: float = 1.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def test_streams_the_same_tokens_as_the_core(engine, tmp_path) -> None:
@@ -73,8 +65,8 @@ def test_leaving_the_stream_aborts_and_frees_blocks_within_a_second(engine) -> N
 
     asyncio.run(main())
     core = engine.core
-    assert wait_until(lambda: not core.has_unfinished_requests(), timeout=1.0)
-    assert wait_until(lambda: core.stats().num_free_blocks == core.stats().num_blocks, timeout=1.0)
+    assert wait_until(lambda: not core.has_unfinished_requests())
+    assert wait_until(lambda: core.stats().num_free_blocks == core.stats().num_blocks)
 
 
 def test_cancelled_task_aborts(engine) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import pytest
 from hf_tiny import build_decoder, save_decoder
@@ -16,6 +15,7 @@ from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
 from rebar.llm import LLM, engine_config
+from waiting import wait_until
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 CONFIG = engine_config(max_model_len=128, kv_cache_memory=2**20, block_size=4)
@@ -39,15 +39,6 @@ async def collect(engine, prompt, params=GREEDY, **kwargs) -> list:
 
 def tokens(outputs, index: int = 0) -> list[int]:
     return [t for o in outputs if o.index == index for t in o.new_token_ids]
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_streams_the_tokens_the_same_model_generates_in_process(engine, model_dir) -> None:

@@ -118,7 +118,12 @@ def test_invalid_new_values_name_the_parameter(kwargs: dict, param: str) -> None
     ],
 )
 def test_boundary_values_are_accepted(kwargs: dict) -> None:
-    SamplingParams(**kwargs)
+    params = SamplingParams(**kwargs)
+    for name, value in kwargs.items():
+        if name == "logit_bias":  # kept with int ids and float biases
+            assert params.logit_bias == {int(k): float(v) for k, v in value.items()}
+        else:
+            assert getattr(params, name) == value, name
 
 
 def test_new_fields_default_to_off() -> None:

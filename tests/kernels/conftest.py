@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from interpreted_triton import subprocess_outcomes
 
+from needs import relay_skip
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
@@ -20,5 +22,5 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if outcome == "failed":
         pytest.fail(f"failed under the interpreter in a subprocess:\n{message}", pytrace=False)
     if outcome == "skipped":
-        pytest.skip(message)
+        relay_skip(message)
     return True  # passed in the subprocess

@@ -19,9 +19,12 @@ import torch
 from cpu_quant_helpers import KINDS, random_activations, random_kind, require_kernels
 from test_cpu_quant_linear import assert_matches
 
-from needs import requires_hardware, skip_for_hardware
+from needs import need_cpu_features
 from rebar.kernels import cpu_quant
 from rebar.kernels.cpu_quant.build import ISAS, cpu_flags
+from suite_tiers import limit
+
+pytestmark = limit("kernel_build")  # tests/suite_tiers.py
 
 # (out, in): the 1 B model's attention and MLP shapes scaled down, a partial last tile, one
 # super-block.
@@ -99,13 +102,19 @@ def test_bad_layouts_raise_value_errors() -> None:
             cpu_quant._extension().linear_packed(x, args)
 
 
-@requires_hardware({"avx2", "fma", "f16c"} <= cpu_flags(), "needs an AVX2 CPU")
+def widest_isa() -> str:
+    """The widest instruction set this CPU has, as the CPU reports it (REBAR_CPU_ISA aside)."""
+    flags = cpu_flags()
+    return next(name for name, needs, _ in ISAS if needs <= flags)
+
+
 def test_avx2_build_gives_the_same_bits() -> None:
     """The AVX2 fallback (REBAR_CPU_ISA=avx2, its own build) computes every kind exactly as the
     build for this CPU's widest instruction set: the integer dots are exact either way and the float
     steps are the same."""
-    if cpu_quant.isa() == "avx2":
-        skip_for_hardware("this CPU has no VNNI: the default build is the AVX2 one")
+    wide_isa = widest_isa()
+    if wide_isa == "avx2":
+        need_cpu_features({"avx_vnni"}, "a VNNI build to compare the AVX2 one with")
     script = textwrap.dedent(
         """
         import json, sys
@@ -129,7 +138,7 @@ def test_avx2_build_gives_the_same_bits() -> None:
     )
     here = os.path.dirname(__file__)
     results = {}
-    for isa in ("avx2", ISAS[0][0] if ISAS[0][1] <= cpu_flags() else "avx-vnni"):
+    for isa in ("avx2", wide_isa):
         env = {**os.environ, "REBAR_CPU_ISA": isa}
         done = subprocess.run(
             [sys.executable, "-c", script, here],

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,6 +144,35 @@ def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler, no ninja
     monkeypatch.delenv("CXX", raising=False)
     assert "compiler" in build.missing_requirement()
+
+
+def test_cpu_flags_come_from_cpuid_when_proc_cpuinfo_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A /proc/cpuinfo without a flags line (some VMs and sandboxes) does not hide the CPU's
+    instructions: CPUID answers, and for the instruction sets CPUID can tell apart it agrees with
+    /proc/cpuinfo here."""
+    from rebar.kernels.cpu_quant import build
+
+    listed = build.cpu_flags()
+    probed = build.cpuid_flags()
+    if listed:  # both views of the same CPU agree on what they both name
+        assert probed <= listed
+        for flag in ("avx2", "avx512f", "avx512_vnni"):
+            assert (flag in probed) == (flag in listed), flag
+    real_read_text = Path.read_text
+
+    def no_flags_line(path: Path, *args, **kwargs) -> str:
+        if str(path) == "/proc/cpuinfo":
+            return "processor\t: 0\nmodel name\t: a CPU that lists no flags\n"
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", no_flags_line)
+    assert build.cpu_flags() == probed
+    if {"avx2", "fma", "f16c"} <= listed:  # the kernels still build, for the same instructions
+        assert "AVX2" not in build.missing_requirement()
+        monkeypatch.delenv(build.ISA_ENV, raising=False)
+        assert build.chosen_isa() == build.chosen_isa(listed) or "avx_vnni" in listed
 
 
 def test_prefill_calls_share_torchs_openmp_runtime() -> None:

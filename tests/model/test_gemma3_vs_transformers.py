@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from float_reference import float_llm
+from suite_tiers import limit
+
+pytestmark = limit("reference_model")  # tests/suite_tiers.py
 
 FIXTURES = json.loads(
     (Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_greedy.json").read_text("utf-8")

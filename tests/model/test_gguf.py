@@ -8,7 +8,6 @@ file is written here by `gguf.GGUFWriter` (see gguf_builder.py).
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from gguf_builder import (
     stored_values,
 )
 
+from clock import elapsed_s, reference_s
 from expect import raises
 from float_reference import float_llm
 from markers import need_smollm2
@@ -780,10 +780,15 @@ def test_bundled_smollm2_opens_quickly() -> None:
         path = resolve_model_path("smollm2")
     except ModelNotFoundError:
         need_smollm2()
-    started = time.perf_counter()
-    checkpoint = open_checkpoint(path)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 5.0, f"opening took {elapsed:.1f}s"
+    # Time is the point: against a calibration of this machine taken around it (about 4x the
+    # reference work here; reading the tensors, ~100 MB, would take well over 25x).
+    before = reference_s()
+    opened = [elapsed_s(lambda: open_checkpoint(path)) for _ in range(3)]
+    checkpoint, elapsed = min(opened, key=lambda pair: pair[1])
+    reference = max(before, reference_s())
+    assert elapsed < 25 * reference, (
+        f"opening took {elapsed:.2f}s, {elapsed / reference:.0f}x the reference"
+    )
     config = checkpoint.config
     assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
         30,

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from float_reference import float_llm
-from needs import need_module
+from needs import need_linux_proc, need_module, requires
 from rebar import LLM, SamplingParams
 from rebar.errors import ModelFormatError, UnsupportedModelError
 
@@ -169,7 +169,7 @@ def test_decoder_features_under_test_change_logits(case: str, tmp_path: Path) ->
     assert _max_diff(got, _hf_logits(model, ids)) > 1e-2
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+@requires(need_linux_proc)
 def test_a_float32_folder_is_mapped_once_for_all_its_tensors(tmp_path: Path) -> None:
     """Weights already in float32 are used in place from one mapping of the file, not one per
     tensor."""

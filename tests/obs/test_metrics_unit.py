@@ -125,7 +125,7 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         return SimpleNamespace(
             entry=SimpleNamespace(name="tiny"),
             engine=engine,
-            embedding_queue=queue,
+            queue=queue,
             closed=False,
             text=chat,
             load_seconds=1.5,
@@ -146,9 +146,8 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         registry=registry,
         response_cache=SimpleNamespace(stats=SimpleNamespace(hits=2, stale_hits=1, misses=4)),
         embedding_cache=None,
-        num_rate_limited=3,
+        gate=SimpleNamespace(num_rate_limited=3, waiting=SimpleNamespace(num_rejected=4)),
         store=SimpleNamespace(num_errors=2, circuit_open=True),
-        admission=SimpleNamespace(num_rejected=4),
     )
     metrics = ServerMetrics()
     metrics.attach(state)

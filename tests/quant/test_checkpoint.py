@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_quant import IDS, TEMPLATE, hf_logits, quantized_state, tiny_gguf, use_reference_kernels
 
-from needs import need_module
+from needs import need_linux_proc, need_module, requires
 from rebar import LLM
 from rebar.errors import ModelFormatError
 from rebar.llm import engine_config
@@ -151,14 +151,14 @@ def mapped_file(tensor: torch.Tensor) -> str | None:
     return None
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+@requires(need_linux_proc)
 def test_weights_are_memory_mapped(made: dict) -> None:
     weight = open_checkpoint(made["int8"]).load_quantized("layers.0.mlp.up_proj.weight")
     assert mapped_file(weight.qweight) == str(made["int8"] / "model.safetensors")
     assert mapped_file(torch.zeros(1000)) != str(made["int8"] / "model.safetensors")
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+@requires(need_linux_proc)
 def test_each_file_is_mapped_once_for_all_its_tensors(made: dict, tmp_path: Path) -> None:
     folder = copy_checkpoint(made["int4"], tmp_path / "c")  # a path no other test has mapped
     checkpoint = open_checkpoint(folder)

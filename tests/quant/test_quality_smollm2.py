@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from markers import requires_smollm2
+from suite_tiers import limit
+
+pytestmark = limit("model_quality")  # tests/suite_tiers.py
 
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus"
 GROUP_SIZE = 64

@@ -16,6 +16,9 @@ import pytest
 from tiny_quant import tiny_gguf
 
 from rebar.quant.quantize import source_digest
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 
 def rebar(*args: str) -> subprocess.CompletedProcess[str]:

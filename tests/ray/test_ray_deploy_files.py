@@ -15,6 +15,9 @@ import yaml
 
 from live_server import free_port
 from markers import requires_smollm2
+from suite_tiers import limit
+
+pytestmark = limit("cluster")  # tests/suite_tiers.py
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ray"
 

@@ -18,8 +18,9 @@ import pytest
 from live_server import free_port
 from markers import requires_smollm2
 from redis_server import running_redis_server
+from suite_tiers import limit
 
-pytestmark = requires_smollm2
+pytestmark = [requires_smollm2, limit("cluster")]
 
 USER, LIMITED, ADMIN = "user-key-1", "limited-key-2", "admin-key-3"
 MiB = 2**20

@@ -23,6 +23,10 @@ from suite import scaled
 
 from live_server import assert_idle, chat_core, free_port, server_settings, serving_models
 from markers import requires_minilm, requires_smollm2
+from suite_tiers import limit
+from waiting import HANG_S
+
+pytestmark = limit("soak")  # tests/suite_tiers.py
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -204,17 +208,15 @@ def test_sigterm_under_load_drains_and_exits_0(tmp_path) -> None:
         for thread in threads:
             thread.start()
         time.sleep(1.5)  # streams are producing, embeddings abandoned
-        started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=drain_s + 30)
-        took = time.monotonic() - started
+        # The server exits by itself (code 0 below); the wait only bounds a hang.
+        code = process.wait(timeout=drain_s + HANG_S)
         for thread in threads:
             thread.join(60)
     finally:
         if process.poll() is None:
             process.kill()
     assert code == 0, (tmp_path / "server.log").read_text()[-2000:]
-    assert took < drain_s + 15
     assert outcomes.count("done") >= 1 and "cut" not in outcomes, outcomes
 
 

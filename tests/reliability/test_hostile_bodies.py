@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 from suite import scaled
 
 from live_server import assert_idle, chat_core, server_settings, serving_models
+from suite_tiers import limit
+
+pytestmark = limit("soak")  # tests/suite_tiers.py
 
 NUMBERS = [
     0,

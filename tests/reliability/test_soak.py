@@ -19,6 +19,9 @@ import httpx
 from suite import FULL, resident_mib, scaled
 
 from live_server import assert_idle, server_settings, serving_models
+from suite_tiers import limit
+
+pytestmark = limit("soak")  # tests/suite_tiers.py
 
 CONCURRENCY = 16
 DURATION_S = float(os.environ.get("RELIABILITY_SOAK_S", scaled(30, 1200)))

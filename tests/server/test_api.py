@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from live_server import chat_core, embedding_model
+from live_server import chat_core, embedding_model, engine_idle
+from waiting import HANG_S
 
 CHAT = "/v1/chat/completions"
 # SmolLM2's own default system prompt makes this 135M model ramble, in llama.cpp exactly as in rebar
@@ -37,17 +38,6 @@ def sse_events(response: httpx.Response) -> list[str]:
     text = response.text
     assert text.endswith("\n\n")
     return [block for block in text.split("\n\n") if block]
-
-
-def engine_idle(app, timeout: float = 1.0) -> bool:
-    core = chat_core(app)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        stats = core.stats()
-        if not core.has_unfinished_requests() and stats.num_free_blocks == stats.num_blocks:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
@@ -352,7 +342,7 @@ def test_client_disconnect_mid_stream_aborts_within_a_second(server) -> None:
         data = (line for line in response.iter_lines() if line.startswith("data: "))
         next(data), next(data)  # the role chunk, then generated content
         assert chat_core(app).has_unfinished_requests()
-    assert engine_idle(app, timeout=1.0)
+    assert engine_idle(app)
 
 
 def test_non_streaming_client_that_gives_up_is_aborted(server) -> None:
@@ -360,7 +350,7 @@ def test_non_streaming_client_that_gives_up_is_aborted(server) -> None:
     body = {"model": "smollm2", "messages": ASK, "max_tokens": 1500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + CHAT, json=body, timeout=httpx.Timeout(60, read=0.5))
-    assert engine_idle(app, timeout=1.5)
+    assert engine_idle(app)
 
 
 def test_pings_keep_a_slow_stream_alive(server) -> None:
@@ -407,10 +397,10 @@ def test_overload_gives_503_with_retry_after_and_health_stays_up(server) -> None
         for thread in threads:
             thread.start()
         time.sleep(0.05)
-        assert httpx.get(url + "/health", timeout=2).status_code == 200
+        assert httpx.get(url + "/health", timeout=HANG_S).status_code == 200
         for thread in threads:
             thread.join(120)
     finally:
         state.gate.waiting = original
     assert 503 in statuses and 200 in statuses
-    assert engine_idle(app, timeout=2.0)
+    assert engine_idle(app)

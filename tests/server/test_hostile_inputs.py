@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from live_server import assert_idle, server_settings, serving_models, slowest_health
+from waiting import HANG_S
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -213,8 +214,9 @@ def test_a_chunked_body_over_the_limit_is_413(guarded) -> None:
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
 
 
-def raw_request(url: str, data: bytes, wait_s: float) -> bytes:
-    """Send `data` on a fresh connection, then read what the server says within `wait_s`."""
+def raw_request(url: str, data: bytes, wait_s: float = HANG_S) -> tuple[bytes, bool]:
+    """Send `data` on a fresh connection, then read what the server says: (the bytes, whether the
+    server closed the connection; False when `wait_s` passed first)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
         sock.sendall(data)
@@ -223,27 +225,43 @@ def raw_request(url: str, data: bytes, wait_s: float) -> bytes:
             while chunk := sock.recv(65536):
                 received += chunk
         except TimeoutError:
-            pass
-        return received
+            return received, False
+        return received, True
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the server has neither answered nor closed `sock` yet (a non-blocking peek)."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+    return False
+
+
+def timed(call, *args):
+    """(call(*args), the seconds it took)."""
+    started = time.monotonic()
+    result = call(*args)
+    return result, time.monotonic() - started
 
 
 def test_half_sent_headers_get_408_and_the_connection_is_closed(guarded) -> None:
     url, _ = guarded
-    started = time.monotonic()
-    answer = raw_request(
-        url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty", wait_s=10
+    answer, closed = raw_request(
+        url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty"
     )
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
-    assert (
-        time.monotonic() - started < 5
-    )  # closed after the 1 s deadline, not the 10 s we would wait
+    assert closed  # by the server, at its 1 s header deadline: the client would wait HANG_S
 
 
 def test_a_body_that_stops_arriving_gets_408(guarded) -> None:
     url, _ = guarded
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
-    answer = raw_request(url, head + b'{"model": ', wait_s=10)
-    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer
+    answer, closed = raw_request(url, head + b'{"model": ')
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer and closed
 
 
 def test_hundreds_of_slow_clients_do_not_lock_out_a_new_one(guarded) -> None:
@@ -255,9 +273,10 @@ def test_hundreds_of_slow_clients_do_not_lock_out_a_new_one(guarded) -> None:
             sock = socket.create_connection((host, int(port)))
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
             sockets.append(sock)
-        started = time.monotonic()
-        assert httpx.get(url + "/health", timeout=5).status_code == 200
-        assert time.monotonic() - started < 2
+        assert httpx.get(url + "/health", timeout=HANG_S).status_code == 200
+        # Answered while the slow clients still hold their connections: not once their header
+        # deadline had closed them (a count of open sockets, not a clock).
+        assert any(still_open(sock) for sock in sockets)
         time.sleep(2.5)  # past the header deadline, every one of them was answered and closed
         closed = 0
         for sock in sockets:
@@ -335,6 +354,10 @@ def test_cors_preflight_and_401_work_with_api_keys_on(served_models) -> None:
 def test_a_huge_prompt_does_not_stall_health(guarded) -> None:
     url, _ = guarded
     text = "lorem ipsum dolor sit amet " * 36_000  # ~970 KB, just under the 1 MiB body limit
-    worst, response = slowest_health(url, lambda: post(url, "/tokenize", {"prompt": text}))
+    worst, (response, took) = slowest_health(
+        url, lambda: timed(post, url, "/tokenize", {"prompt": text})
+    )
     assert response.status_code == 200 and response.json()["count"] > 100_000
-    assert worst < 0.5, worst
+    # Time is the point here, measured against the same run: tokenizing on the event loop would
+    # hold a /health poll for about the whole tokenization; off the loop it waits a small part.
+    assert worst < took / 2, (worst, took)

@@ -1,8 +1,16 @@
 """The live server driven by LangChain's `ChatOpenAI`, a second stock client: its message shapes
-(system/human/AI/tool messages, content as parts) and its streaming."""
+(system/human/AI/tool messages, content as parts) and its streaming.
+
+Every answer LangChain hands back is checked against the chat route's own greedy answer to the very
+request LangChain sent (recorded on the wire): the same text, the same tool calls with the same
+arguments, the same structured object.
+"""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from needs import need_module
@@ -15,22 +23,52 @@ SYSTEM = "You are a helpful AI assistant."
 
 
 @pytest.fixture(scope="module")
-def chat(server):
+def sent() -> list[dict]:
+    """The JSON bodies LangChain sent, in order."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def chat(server, sent):
     url, _ = server
-    return langchain_openai.ChatOpenAI(
-        base_url=url + "/v1",
-        api_key="unused",
-        model="smollm2",
-        temperature=0,
-        max_tokens=24,
-        max_retries=0,
-        timeout=120,
-    )
+
+    def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    with httpx.Client(event_hooks={"request": [record]}, timeout=120) as wire:
+        yield langchain_openai.ChatOpenAI(
+            base_url=url + "/v1",
+            api_key="unused",
+            model="smollm2",
+            temperature=0,
+            max_tokens=24,
+            max_retries=0,
+            timeout=120,
+            http_client=wire,
+        )
+
+
+def route_answer(server, sent: list[dict]) -> dict:
+    """The chat route's own (non-streamed) answer message to the last request LangChain sent."""
+    url, _ = server
+    body = {key: value for key, value in sent[-1].items() if key != "stream_options"}
+    response = httpx.post(url + "/v1/chat/completions", json=body | {"stream": False}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]
+
+
+def route_tool_calls(message: dict) -> list[tuple[str, dict]]:
+    return [
+        (call["function"]["name"], json.loads(call["function"]["arguments"]))
+        for call in message.get("tool_calls") or []
+    ]
+
+
+def langchain_tool_calls(answer) -> list[tuple[str, dict]]:
+    return [(call["name"], call["args"]) for call in answer.tool_calls]
 
 
 def test_invoke_answers_like_the_openai_sdk(chat, server) -> None:
-    import httpx
-
     url, _ = server
     answer = chat.invoke([messages.SystemMessage(SYSTEM), messages.HumanMessage(ASK)])
     body = {
@@ -66,7 +104,9 @@ def test_stream_yields_the_invoke_answer_in_pieces(chat) -> None:
     assert "".join(pieces) == chat.invoke(conversation).content
 
 
-def test_a_tool_result_in_the_history_is_accepted(chat) -> None:
+def test_a_tool_result_in_the_history_is_answered_as_the_chat_route_answers_it(
+    chat, server, sent
+) -> None:
     call = {"name": "weather", "args": {"city": "Paris"}, "id": "call_1", "type": "tool_call"}
     answer = chat.invoke(
         [
@@ -75,7 +115,13 @@ def test_a_tool_result_in_the_history_is_accepted(chat) -> None:
             messages.ToolMessage(content='{"celsius": 21}', tool_call_id="call_1"),
         ]
     )
-    assert isinstance(answer.content, str) and answer.response_metadata["finish_reason"]
+    history = sent[-1]["messages"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool"]
+    assert history[1]["tool_calls"][0]["function"]["name"] == "weather"
+    assert history[2] == {"role": "tool", "content": '{"celsius": 21}', "tool_call_id": "call_1"}
+    route = route_answer(server, sent)
+    assert answer.content == route["content"] and answer.content.strip()
+    assert answer.response_metadata["finish_reason"] in ("stop", "length")
 
 
 # ----- tools and structured outputs as LangChain asks for them ----------------------------------
@@ -91,28 +137,30 @@ def get_weather(city: str, unit: str) -> str:
     return f"21 degrees {unit} in {city}"
 
 
-def test_bind_tools_with_a_forced_tool_gives_parsed_tool_calls(chat) -> None:
+def test_bind_tools_with_a_forced_tool_gives_parsed_tool_calls(chat, server, sent) -> None:
     bound = chat.bind_tools([get_weather], tool_choice="get_weather").bind(max_tokens=80)
     answer = bound.invoke([messages.HumanMessage("What is the weather in Paris?")])
-    assert answer.tool_calls, answer
+    assert sent[-1]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     call = answer.tool_calls[0]
     assert call["name"] == "get_weather" and call["id"].startswith("call_")
     assert set(call["args"]) == {"city", "unit"} and isinstance(call["args"]["city"], str)
+    assert langchain_tool_calls(answer) == route_tool_calls(route_answer(server, sent))
     assert answer.response_metadata["finish_reason"] == "tool_calls"
 
 
-def test_bind_tools_streams_tool_call_chunks_that_add_up(chat) -> None:
+def test_bind_tools_streams_tool_call_chunks_that_add_up(chat, server, sent) -> None:
     bound = chat.bind_tools([get_weather], tool_choice="any").bind(max_tokens=80)
     chunks = list(bound.stream([messages.HumanMessage("Weather in Lisbon, please?")]))
+    assert sent[-1]["stream"] is True and sent[-1]["tool_choice"] == "required"
     assert sum(len(c.tool_call_chunks) for c in chunks) > 1  # name, then fragments
     whole = chunks[0]
     for chunk in chunks[1:]:
         whole = whole + chunk
     assert whole.tool_calls and whole.tool_calls[0]["name"] == "get_weather"
-    assert isinstance(whole.tool_calls[0]["args"], dict)
+    assert langchain_tool_calls(whole) == route_tool_calls(route_answer(server, sent))
 
 
-def test_a_tool_answer_round_trips_through_the_history(chat) -> None:
+def test_a_tool_answer_round_trips_through_the_history(chat, server, sent) -> None:
     bound = chat.bind_tools([get_weather], tool_choice="get_weather").bind(max_tokens=80)
     ask = messages.HumanMessage("What is the weather in Oslo?")
     call = bound.invoke([ask])
@@ -120,11 +168,17 @@ def test_a_tool_answer_round_trips_through_the_history(chat) -> None:
         get_weather(**call.tool_calls[0]["args"]), tool_call_id=call.tool_calls[0]["id"]
     )
     answer = chat.bind_tools([get_weather]).invoke([ask, call, result])
-    assert isinstance(answer, messages.AIMessage)
+    history = sent[-1]["messages"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool"]
+    assert history[2]["content"] == get_weather(**call.tool_calls[0]["args"])
+    route = route_answer(server, sent)
+    assert answer.content == (route["content"] or "")
+    assert langchain_tool_calls(answer) == route_tool_calls(route)
+    assert answer.content.strip() or answer.tool_calls
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
-def test_with_structured_output_returns_the_schema_object(chat, method) -> None:
+def test_with_structured_output_returns_the_schema_object(chat, server, sent, method) -> None:
     import pydantic
 
     class City(pydantic.BaseModel):
@@ -137,7 +191,13 @@ def test_with_structured_output_returns_the_schema_object(chat, method) -> None:
     structured = roomy.with_structured_output(City, method=method)
     prompt = "Name a city in Japan as JSON with keys name and country."
     result = structured.invoke([messages.HumanMessage(prompt)])
-    if method == "json_mode":  # any JSON object: LangChain parses it into the model
-        assert isinstance(result, City | dict)
+    route = route_answer(server, sent)
+    if method == "function_calling":
+        ((_name, expected),) = route_tool_calls(route)
     else:
+        expected = json.loads(route["content"])
+    # LangChain's object is the one the chat route answered, field for field.
+    fields = result.model_dump() if isinstance(result, City) else result
+    assert fields == expected
+    if method != "json_mode":  # json_mode asks for any JSON object; the others for City
         assert isinstance(result, City) and result.name and result.country

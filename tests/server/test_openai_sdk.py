@@ -7,11 +7,10 @@ these tests fail when rebar answers something the SDK cannot read (or reads diff
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
-from live_server import chat_core
+from live_server import chat_core, engine_idle
 from needs import need_module
 
 openai = need_module("openai")
@@ -34,18 +33,6 @@ def app_of(server):
 def greedy(client):
     """The non-streaming answer to GREEDY, which the streaming tests must reproduce."""
     return client.chat.completions.create(**GREEDY)
-
-
-def engine_idle(app, timeout: float = 1.0) -> bool:
-    core = chat_core(app)
-    end = time.monotonic() + timeout
-    while True:
-        stats = core.stats()
-        if not core.has_unfinished_requests() and stats.num_free_blocks == stats.num_blocks:
-            return True
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.01)
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -253,7 +240,7 @@ def test_closing_an_sdk_stream_aborts_the_generation(client, server) -> None:
     next(chunks)
     assert chat_core(app).has_unfinished_requests()
     stream.close()
-    assert engine_idle(app, timeout=1.0)
+    assert engine_idle(app)
 
 
 # --- completions ------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ import pytest
 from live_server import free_port, live_server
 from markers import requires_smollm2
 from redis_server import running_redis_server
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 CHAT = "/v1/chat/completions"
 

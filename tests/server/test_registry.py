@@ -129,12 +129,12 @@ def test_a_slow_load_answers_503_with_retry_after_once_the_wait_bound_passes() -
         started = time.monotonic()
         with pytest.raises(ServingError) as caught:
             await reg.acquire("a", "chat")
-        assert 0.25 < time.monotonic() - started < 2
-        assert (
-            problem_of(caught.value).status == 503
-            and problem_of(caught.value).code == "model_loading"
-        )
-        assert problem_of(caught.value).headers["Retry-After"] == "5"
+        # It waited its bound (a lower bound: a slow machine only waits longer), and it did not
+        # wait for the load: that is still held at the gate.
+        assert time.monotonic() - started > 0.25 and not loader.gate.is_set()
+        problem = problem_of(caught.value)
+        assert problem.status == 503 and problem.code == "model_loading"
+        assert problem.headers["Retry-After"] == "5"
         assert reg.slots["a"].state == "loading"
         loader.gate.set()  # the load carries on; the next request is served
         lease = await reg.acquire("a", "chat")

@@ -15,6 +15,9 @@ import httpx
 
 from live_server import free_port
 from markers import requires_smollm2
+from suite_tiers import limit
+
+pytestmark = limit("processes")  # tests/suite_tiers.py
 
 
 def start_server(

@@ -6,12 +6,11 @@ forced calls whose grammar accepts only valid calls."""
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
 
-from live_server import chat_core
+from live_server import engine_idle
 from needs import need_module
 from rebar.engine.grammar import Grammars
 from rebar.engine.structured import StructuredOutput
@@ -60,16 +59,6 @@ ADD = {
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
-
-
-def engine_idle(app, timeout: float = 2.0) -> bool:
-    core = chat_core(app)
-    end = time.monotonic() + timeout
-    while core.has_unfinished_requests() or core.stats().num_free_blocks != core.stats().num_blocks:
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def assert_valid_calls(calls, names=("get_weather", "add")) -> None:

@@ -16,6 +16,9 @@ from chat_page_driver import GENERATION_TIMEOUT_MS, expect, open_page
 from web_tools import SCREENSHOT_DIR
 
 from live_server import server_settings, serving_models
+from suite_tiers import limit
+
+pytestmark = limit("browser")  # tests/suite_tiers.py
 
 CHAT_ROUTE = "**/v1/chat/completions"
 REASONING = "The user asks two things.\nI need the weather tool and the adder. <b>not bold</b>"

@@ -12,6 +12,9 @@ import pytest
 from chat_page_driver import GENERATION_TIMEOUT_MS, expect, metric, open_page
 
 from live_server import server_settings, serving_models
+from suite_tiers import limit
+
+pytestmark = limit("browser")  # tests/suite_tiers.py
 
 API_KEY = "web-test-key"
 

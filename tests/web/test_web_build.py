@@ -11,6 +11,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from web_tools import STATIC_DIR, WEB_DIR
 
+from suite_tiers import limit
+
+pytestmark = limit("browser")  # tests/suite_tiers.py
+
 REBUILD = "run `make web` (or `npm --prefix web run build`) and commit src/rebar/web/static"
 
 

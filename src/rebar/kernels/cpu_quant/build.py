@@ -6,8 +6,9 @@ it. Nothing here raises: a CPU without AVX2/FMA, a missing compiler or ninja, a 
 `REBAR_DISABLE_CPU_KERNELS=1` (read once, on first use) make `load_extension()` return no module,
 and the reason is logged once.
 
-The build is for the CPU it runs on: the widest integer dot products `/proc/cpuinfo` lists are
-chosen (AVX-512 VNNI, else AVX-VNNI, else AVX2's byte multiply-adds), and the extension's name
+The build is for the CPU it runs on: the widest integer dot products the CPU reports (in
+`/proc/cpuinfo`, else through CPUID) are chosen (AVX-512 VNNI, else AVX-VNNI, else AVX2's byte
+multiply-adds), and the extension's name
 carries the flags, so each instruction set has its own cached build. `REBAR_CPU_ISA=avx2` (or
 `avx-vnni`, `avx512-vnni`) asks for a narrower one, e.g. to compare them; asking for one the CPU
 lacks falls back to what it has, with a warning.
@@ -73,21 +74,41 @@ def disabled_by_env() -> bool:
 
 
 def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them; where /proc/cpuinfo is unreadable or has
+    no flags line (some VMs and sandboxes), the ones torch's own CPUID probe reports."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        text = ""
     for line in text.splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
-    return set()
+    return cpuid_flags()
+
+
+def cpuid_flags() -> set[str]:
+    """The flags this module asks about, from torch's CPUID probe (the cpuinfo library): AVX2,
+    AVX-512 and AVX-512 VNNI. AVX-VNNI (without AVX-512) is not probed, so such a CPU builds for
+    AVX2 here."""
+    probes = {
+        # Every x86 CPU with AVX2 also has FMA and F16C.
+        "_is_avx2_supported": {"avx2", "fma", "f16c"},
+        "_is_avx512_supported": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+        "_is_vnni_supported": {"avx512_vnni"},
+    }
+    flags: set[str] = set()
+    for probe, names in probes.items():
+        supported = getattr(torch.cpu, probe, None)  # private torch API: absent on other builds
+        if supported is not None and supported():
+            flags |= names
+    return flags
 
 
 def missing_requirement() -> str:
     """Why the extension cannot be built here, or "" when it can be tried."""
     flags = cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
-        return "the CPU lacks AVX2/FMA/F16C (or /proc/cpuinfo is unreadable)"
+        return "the CPU lacks AVX2/FMA/F16C (neither /proc/cpuinfo nor CPUID lists them)"
     compiler = (os.environ.get("CXX") or "c++").split()[
         0
     ]  # torch's choice; CXX may carry a wrapper's args
