@@ -50,6 +50,7 @@ class ChatMessage(StrictBody):
     # An earlier answer's thinking, as clients send it back: left out of the prompt, as reasoning
     # models' own templates leave earlier thinking out.
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same, as vLLM and Ollama name it
 
     @field_validator("content", mode="after")
     @classmethod
@@ -68,10 +69,9 @@ class ChatMessage(StrictBody):
             raise _invalid(f"tool_calls belong to assistant messages, not {self.role!r} ones")
         if self.role == "tool" and not self.tool_call_id:
             raise _invalid("a tool message needs the tool_call_id of the call it answers")
-        if self.reasoning_content is not None and self.role != "assistant":
-            raise _invalid(
-                f"reasoning_content belongs to assistant messages, not {self.role!r} ones"
-            )
+        for name in ("reasoning_content", "reasoning"):
+            if getattr(self, name) is not None and self.role != "assistant":
+                raise _invalid(f"{name} belongs to assistant messages, not {self.role!r} ones")
         if self.tool_call_id is not None and self.role != "tool":
             raise _invalid(f"tool_call_id belongs to tool messages, not {self.role!r} ones")
         return self
@@ -217,8 +217,8 @@ class DetokenizeRequest(StrictBody):
 
 def neutral_messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
     """`developer` as `system` (the templates know no developer role), a null content as "";
-    an earlier answer's `reasoning_content` is left out, as reasoning models' own templates
-    leave earlier thinking out."""
+    an earlier answer's `reasoning_content` (or `reasoning`) is left out, as reasoning models' own
+    templates leave earlier thinking out."""
     return tuple(
         Message(
             "system" if m.role == "developer" else m.role,
