@@ -195,9 +195,14 @@ class CompletionRequest(_SamplingFields):
 
 class EmbeddingRequest(StrictBody):
     model: str
-    input: str | list[str]
+    # A text, texts, token ids or lists of token ids (as OpenAI's spec takes them).
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    user: str | None = None  # an end-user id for the caller's own records; changes nothing
+    # vLLM's extension: cut inputs longer than this many tokens (-1: the model's window) instead
+    # of refusing them; rebar keeps each input's head (and a closing special token).
+    truncate_prompt_tokens: int | None = None
 
 
 class TokenizeRequest(StrictBody):
