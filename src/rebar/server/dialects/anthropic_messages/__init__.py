@@ -16,7 +16,7 @@ from rebar.server.dialects.anthropic_messages.schemas import (
 )
 from rebar.server.pipeline.lease import with_chat_model
 from rebar.server.pipeline.prepare import conversation_prompt
-from rebar.server.pipeline.request import GenerationRequest, SamplingParams
+from rebar.server.pipeline.request import GenerationRequest, SamplingParams, StructuredOutput
 from rebar.server.pipeline.respond import respond
 from rebar.server.state import server_state
 from rebar.serving.instances import ChatModel
@@ -53,12 +53,21 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 
 def neutral(body: MessagesRequest) -> GenerationRequest:
     """The body as the pipeline's request; raises InvalidRequestError naming the parameter."""
+    fmt = body.output_config.format if body.output_config else None
+    structured = (
+        None
+        if fmt is None
+        else StructuredOutput.json_schema(
+            fmt.schema_, strict=True, param="output_config.format.schema"
+        )
+    )
     params = SamplingParams(
         max_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k or 0,
         stop=tuple(body.stop_sequences or ()),
+        structured=structured,
     )
     return GenerationRequest(
         model=body.model,

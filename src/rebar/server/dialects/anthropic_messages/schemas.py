@@ -27,8 +27,10 @@ ERROR_PREFIX = "Error: "  # before a tool_result's content when it says is_error
 
 
 class ThinkingConfig(StrictBody):
-    type: Literal["enabled", "disabled"]
+    type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = None
+    # "summarized" is accepted: rebar shows the reasoning as the model wrote it, never summarised.
+    display: Literal["summarized"] | None = None
 
     @model_validator(mode="after")
     def _budget(self) -> ThinkingConfig:
@@ -41,7 +43,7 @@ class ThinkingConfig(StrictBody):
                 "budget_tokens must be at least {least}",
                 {"least": MIN_THINKING_BUDGET},
             )
-        if self.type == "disabled" and self.budget_tokens is not None:
+        if self.type != "enabled" and self.budget_tokens is not None:
             raise PydanticCustomError("invalid_thinking", "budget_tokens goes with enabled")
         return self
 
@@ -58,6 +60,22 @@ class ToolChoice(StrictBody):
         return self
 
 
+class JsonOutputFormat(StrictBody):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(StrictBody):
+    format: JsonOutputFormat | None = None
+    # Accepted: rebar's models have no effort control (see docs/anthropic.md).
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class CacheControl(StrictBody):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class Metadata(StrictBody):
     user_id: str | None = None  # the caller's own id for its end user; changes nothing
 
@@ -71,6 +89,9 @@ class _Conversation(StrictBody):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    # Accepted: rebar's prefix cache reuses every prompt prefix it has seen, marked or not.
+    cache_control: CacheControl | None = None
 
 
 class CountTokensRequest(_Conversation):
