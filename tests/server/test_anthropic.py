@@ -453,3 +453,13 @@ def test_overload_is_a_529_overloaded_error(server) -> None:
     assert overloaded[0].json()["error"]["type"] == "overloaded_error"
     assert overloaded[0].headers["retry-after"] == "2"
     assert_idle(app)
+
+
+def test_metrics_count_messages_by_route(server, client) -> None:
+    url, _ = server
+    ask(client, max_tokens=2)
+    client.messages.count_tokens(model="smollm2", messages=[{"role": "user", "content": "hi"}])
+    metrics = httpx.get(url + "/metrics", timeout=30).text
+    for route in ("/v1/messages", "/v1/messages/count_tokens"):
+        line = f'route="{route}"'
+        assert any(line in row and 'status="200"' in row for row in metrics.splitlines()), route
