@@ -357,6 +357,26 @@ def test_a_repeated_greedy_message_is_a_cache_hit_with_the_model_version(client)
             "budget_tokens",
         ),
         ({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        (
+            {
+                "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+            },
+            "display",
+        ),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "speed": "fast"},
+            "speed",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi"}],
+                "output_config": {"format": {"type": "json_schema", "schema": False}},
+            },
+            "output_config",
+        ),
     ],
 )
 def test_bad_requests_are_anthropic_shaped_400s(server, body, named) -> None:
