@@ -26,6 +26,7 @@ from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.conversations import BackgroundRuns, ResponseStore
 from rebar.server.dialects import (
+    anthropic_messages,
     openai_chat,
     openai_completions,
     openai_embeddings,
@@ -53,7 +54,13 @@ from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
 logger = logging.getLogger("rebar.server")
 
-DIALECTS = (openai_chat, openai_completions, openai_embeddings, openai_responses)
+DIALECTS = (
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_responses,
+    anthropic_messages,
+)
 
 
 @dataclass
@@ -120,7 +127,7 @@ def create_app(
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
-    shapes = ErrorShapes()
+    shapes = ErrorShapes(((anthropic_messages.PREFIX, anthropic_messages.ERRORS),))
     install_error_handlers(app, shapes)
     for dialect in DIALECTS:
         app.include_router(dialect.router)

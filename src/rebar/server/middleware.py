@@ -34,8 +34,9 @@ async def send_error(
     code: str | None = None,
 ) -> None:
     """An error answered before any route runs, in the shape of the dialect of `scope`'s path."""
-    shape = shapes.for_path(scope.get("path", ""))
-    body = json.dumps(shape(status, message, None, code)).encode()
+    style = shapes.for_path(scope.get("path", ""))
+    status = style.status(status)
+    body = json.dumps(style.body(status, message, None, code)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -210,8 +211,8 @@ OPEN_PATHS = (
 
 
 class ApiKeyMiddleware:
-    """401 with an OpenAI error body unless `Authorization: Bearer <key>` matches; open paths stay
-    open.
+    """401 in the dialect's error shape unless `Authorization: Bearer <key>` or `x-api-key: <key>`
+    matches; open paths stay open.
 
     The matched key, as the request context's `api_key_id`, is the caller's identity for rate
     limits and cache isolation.
@@ -237,9 +238,11 @@ class ApiKeyMiddleware:
         ):
             return await self.app(scope, receive, send)
         digest = self.checker.matching_digest(_header(scope, b"authorization"))
+        if digest is None:  # Anthropic's clients send the key alone, as x-api-key
+            digest = self.checker.key_digest(_header(scope, b"x-api-key"))
         if digest is None:
             return await _refuse_key(
-                send, scope, self.shapes, "API key (Authorization: Bearer <key>)"
+                send, scope, self.shapes, "API key (Authorization: Bearer <key>, or x-api-key)"
             )
         request_context(scope).api_key_id = api_key_id(digest)
         await self.app(scope, receive, send)
