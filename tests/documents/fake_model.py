@@ -62,7 +62,7 @@ class FakeModel:
 
 
 def answer(prompt: str) -> str:
-    """The first sentence of each paragraph after the instruction."""
-    paragraphs = [p.strip() for p in prompt.split("\n\n")[1:] if p.strip()]
+    """The first sentence of each paragraph before the instruction (the prompt's last one)."""
+    paragraphs = [p.strip() for p in prompt.split("\n\n")[:-1] if p.strip()]
     firsts = [re.split(r"(?<=[.!?])\s+", p)[0] for p in paragraphs]
     return " ".join(s if s.endswith((".", "!", "?")) else s + "." for s in firsts)

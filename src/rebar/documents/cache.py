@@ -26,6 +26,9 @@ class MemoryCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[str, Summary] = OrderedDict()
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get(self, key: str) -> Summary | None:
         summary = self._entries.get(key)
         if summary is not None:

@@ -1,4 +1,6 @@
-"""What the model is asked at each step of a summary, one definition per step and style."""
+"""What the model is asked at each step of a summary, one definition per step and style. The text
+comes first and the instruction after it: a small model follows an instruction it has just read,
+and one placed before a long text is often lost (it then edits or continues the text instead)."""
 
 from __future__ import annotations
 
@@ -10,30 +12,30 @@ STYLES: tuple[Style, ...] = ("abstract", "key_points", "per_section")
 SYSTEM = "You summarise documents accurately and briefly, using only facts the text states."
 
 CHUNK = (
-    "Summarise this part of a document in two or three sentences. Keep the names, numbers and "
-    "key terms it uses.\n\n{text}"
+    "{text}\n\nSummarise the text above in two or three sentences. Keep its names, numbers and "
+    "key terms."
 )
 COMBINE = (
-    "These are summaries of consecutive parts of one document. Combine them into one summary of "
-    "three or four sentences that keeps the main facts and key terms.\n\n{text}"
+    "{text}\n\nCombine the summaries above into one summary of three or four sentences that "
+    "keeps the main facts and key terms."
 )
 FINAL: dict[Style, str] = {
     "abstract": (
-        "Write a short abstract of this {what} in three to five sentences. Say what it is about "
-        "and its main points.\n\n{text}"
+        "{text}\n\nWrite a short abstract of the text above in three to five sentences: what it "
+        "is about and its main points."
     ),
     "key_points": (
-        "List the five most important points of this {what}, one per line, each starting with "
-        '"- " and written as a full sentence.\n\n{text}'
+        "{text}\n\nList the five most important points of the text above, one per line, each "
+        'starting with "- " and written as a full sentence.'
     ),
-    "per_section": "Summarise this section of a document in two or three sentences.\n\n{text}",
+    "per_section": "{text}\n\nSummarise this section of a document in two or three sentences.",
 }
 
 
-def messages(instruction: str, text: str, what: str = "document") -> list[dict[str, str]]:
+def messages(instruction: str, text: str) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": instruction.format(text=text, what=what)},
+        {"role": "user", "content": instruction.format(text=text)},
     ]
 
 

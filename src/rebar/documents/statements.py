@@ -37,7 +37,7 @@ class StatementSplitter:
 
 
 def _clean(text: str) -> list[str]:
-    text = _BULLET.sub("", text).strip()
+    text = _BULLET.sub("", text.replace("**", "")).strip()
     return [text] if any(ch.isalnum() for ch in text) else []
 
 

@@ -68,6 +68,7 @@ class SummaryRun:
         self._done: Counter[tuple[Stage, int]] = Counter()
         self.num_requests = 0
         self.num_chunks = 0
+        self.num_sections = 0
 
     def emit(self, event: Event | Exception) -> None:
         self._events.put_nowait(event)
@@ -82,6 +83,7 @@ class SummaryRun:
         """Every group (the whole document, or one per section) summarised concurrently; the
         sections reported in document order."""
         self.num_chunks = sum(len(g) for g in groups)
+        self.num_sections = len(groups)
         try:
             if self.options.style != "per_section":
                 sections = [await self._group(groups[0], stream=True)]
@@ -110,10 +112,9 @@ class SummaryRun:
 
     async def _group(self, chunks: list[Chunk], stream: bool) -> SummarySection:
         parts = await self._condense(chunks)
-        what = "document" if len(chunks) == 1 else "document, given as summaries of its parts"
         style = self.options.style
         text = "\n\n".join(p.text for p in parts)
-        statements = await self._final(FINAL[style], text, what, _pages(parts), stream)
+        statements = await self._final(FINAL[style], text, _pages(parts), stream)
         title = chunks[0].section or f"Pages {chunks[0].pages[0]}-{chunks[-1].pages[-1]}"
         return SummarySection(
             title if style == "per_section" else None, _pages(parts), tuple(statements)
@@ -155,13 +156,13 @@ class SummaryRun:
         self._planned[stage, level] += 1
         text = "\n\n".join(p.text for p in parts)
         answer = "".join(
-            [d async for d in self._ask(instruction, text, "document", self.options.summary_tokens)]
+            [d async for d in self._ask(instruction, text, self.options.summary_tokens)]
         )
         self._report(stage, level, _pages(parts))
         return Part(answer.strip(), _pages(parts))
 
     async def _final(
-        self, instruction: str, text: str, what: str, pages: tuple[int, ...], stream: bool
+        self, instruction: str, text: str, pages: tuple[int, ...], stream: bool
     ) -> list[Statement]:
         self._planned["final", 0] += 1
         splitter = StatementSplitter()
@@ -174,18 +175,16 @@ class SummaryRun:
                 if stream:
                     self.emit(StatementWritten(statement))
 
-        async for delta in self._ask(instruction, text, what, self.options.final_tokens):
+        async for delta in self._ask(instruction, text, self.options.final_tokens):
             written(splitter.feed(delta))
         written(splitter.close())
         self._report("final", 0, pages)
         return statements
 
-    async def _ask(
-        self, instruction: str, text: str, what: str, max_tokens: int
-    ) -> AsyncIterator[str]:
+    async def _ask(self, instruction: str, text: str, max_tokens: int) -> AsyncIterator[str]:
         async with self._slots:
             self.num_requests += 1
-            async for delta in self.generator.stream(messages(instruction, text, what), max_tokens):
+            async for delta in self.generator.stream(messages(instruction, text), max_tokens):
                 yield delta
 
     def _report(self, stage: Stage, level: int, pages: tuple[int, ...]) -> None:
@@ -193,4 +192,6 @@ class SummaryRun:
         done, total = self._done[stage, level], self._planned[stage, level]
         if stage == "chunk":
             total = self.num_chunks
+        elif stage == "final":
+            total = self.num_sections
         self.emit(Progress(stage, done, total, pages, level))
