@@ -9,12 +9,13 @@ import asyncio
 import pytest
 from tests.documents.fake_model import FakeModel
 
-from rebar.documents.attribution import content_words
+from rebar.documents.attribution import Attributor, content_words
 from rebar.documents.cache import FolderCache, MemoryCache
 from rebar.documents.chunks import split_blocks
 from rebar.documents.events import Planned, Progress, SectionStart, StatementWritten, Summary
 from rebar.documents.extract import read_document
 from rebar.documents.model import Document, DocumentLimits
+from rebar.documents.statements import StatementSplitter, split_statements
 from rebar.documents.summarize import ContextTooSmall, SummaryOptions, summarize
 
 LIMITS = DocumentLimits(max_bytes=2**20, max_pages=100)
@@ -214,3 +215,32 @@ def test_closing_the_summary_cancels_every_request() -> None:
 
     asyncio.run(start_then_leave())
     assert model.cancelled >= 5 and model.in_flight == 0 and model.finished == 0
+
+
+def test_statements_are_cut_as_they_complete() -> None:
+    splitter = StatementSplitter()
+    assert splitter.feed("Bees make hon") == []
+    assert splitter.feed("ey. Wasps do not") == ["Bees make honey."]
+    assert splitter.feed(".\n- **Queens** lay eggs.\n1. Drones mate\n") == [
+        "Wasps do not.",
+        "Queens lay eggs.",
+        "Drones mate",
+    ]
+    assert splitter.close() == []
+    assert split_statements("In 2020. The end e.g. here? Yes") == [
+        "In 2020. The end e.g. here?",
+        "Yes",
+    ]
+
+
+def test_attribution_needs_shared_content_words() -> None:
+    document = read_document(
+        "a.txt", b"Queens lay eggs in spring.\f Drones mate with queens.\fWax builds comb.", LIMITS
+    )
+    attributor = Attributor(document.blocks)
+    assert attributor.statement("The queens lay many eggs.", [1, 2, 3]).pages == (1,)
+    # one shared word ("queens") is not enough for a statement of four content words
+    assert attributor.statement("The queens lay many eggs.", [2, 3]).pages == ()
+    assert attributor.statement("Drones and queens mate.", [1, 2, 3]).pages == (2,)
+    assert attributor.statement("Wax.", [1, 2, 3]).pages == (3,)
+    assert attributor.statement("The weather was pleasant.", [1, 2, 3]).pages == ()
