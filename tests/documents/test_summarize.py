@@ -221,7 +221,7 @@ def test_statements_are_cut_as_they_complete() -> None:
     splitter = StatementSplitter()
     assert splitter.feed("Bees make hon") == []
     assert splitter.feed("ey. Wasps do not") == ["Bees make honey."]
-    assert splitter.feed(".\n- **Queens** lay eggs.\n1. Drones mate\n") == [
+    assert splitter.feed(".\nThe key points:\n- **Queens** lay eggs.\n1. Drones mate\n") == [
         "Wasps do not.",
         "Queens lay eggs.",
         "Drones mate",

@@ -32,7 +32,7 @@ def content_words(text: str) -> set[str]:
         word = word.strip("'-")
         if len(word) < 3 or word in STOPWORDS:
             continue
-        words.add(word[:-1] if len(word) > 4 and word.endswith("s") else word)
+        words.add(word[:-1] if len(word) > 3 and word.endswith("s") else word)
     return words
 
 

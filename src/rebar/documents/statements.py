@@ -37,8 +37,12 @@ class StatementSplitter:
 
 
 def _clean(text: str) -> list[str]:
+    """The statement in `text`, without its bullet or bold marks; none for a line that only
+    introduces what follows ("Here are the key points:")."""
     text = _BULLET.sub("", text.replace("**", "")).strip()
-    return [text] if any(ch.isalnum() for ch in text) else []
+    if text.endswith(":") or not any(ch.isalnum() for ch in text):
+        return []
+    return [text]
 
 
 def split_statements(text: str) -> list[str]:
