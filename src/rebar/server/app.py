@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from rebar.config import Settings
+from rebar.documents.cache import MemoryCache
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.builder import LoadedModel, load_model
 from rebar.engine.contract import enforce_beside
@@ -43,7 +44,7 @@ from rebar.server.middleware import (
 )
 from rebar.server.pipeline.cache import EmbeddingCache, ResponseCache
 from rebar.server.pipeline.gate import Gate, WaitingRoom
-from rebar.server.routes import admin, ops, tokenize, web
+from rebar.server.routes import admin, documents, ops, tokenize, web
 from rebar.server.routes import models as model_routes
 from rebar.server.state import ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
@@ -131,7 +132,7 @@ def create_app(
     install_error_handlers(app, shapes)
     for dialect in DIALECTS:
         app.include_router(dialect.router)
-    for routes in (tokenize, ops, admin, model_routes):
+    for routes in (tokenize, ops, admin, model_routes, documents):
         app.include_router(routes.router)
     web.install(app)
     install_middleware(app, settings, state, shapes)
@@ -181,6 +182,8 @@ def build_state(settings: Settings, tracing: Tracing | None = None) -> ServerSta
             store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s, c.max_entry_bytes
         )
         state.embedding_cache = EmbeddingCache(store, s.key_prefix, c.embedding_ttl_s)
+    if settings.documents.cache_entries:
+        state.summaries = MemoryCache(settings.documents.cache_entries)
     state.metrics.attach(state)
     return state
 
@@ -206,6 +209,8 @@ def install_middleware(
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=server.max_body_bytes,
+        # an uploaded document may be as large as documents.max_bytes, plus its form's framing
+        larger={documents.PATH: settings.documents.max_bytes + documents.FORM_FRAMING_BYTES},
         timeout_s=server.body_timeout_s,
         shapes=shapes,
     )

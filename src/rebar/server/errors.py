@@ -14,6 +14,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rebar.documents.errors import (
+    DocumentNotAllowed,
+    DocumentNotFound,
+    DocumentTooLarge,
+    EmptyDocument,
+    EncryptedDocument,
+    MalformedDocument,
+    NoTextLayer,
+    UnsupportedDocument,
+)
+from rebar.documents.generator import SummaryFailed
+from rebar.documents.summarize import ContextTooSmall
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
 from rebar.server.body import INVALID_UNICODE
 from rebar.server.pipeline.errors import (
@@ -58,6 +70,16 @@ STATUS: dict[type[Exception], tuple[int, str | None]] = {
     ClientGone: (499, None),
     GenerationTimeout: (504, "timeout"),
     GenerationFailed: (500, "internal_error"),
+    SummaryFailed: (500, "internal_error"),
+    UnsupportedDocument: (415, "unsupported_document"),
+    EncryptedDocument: (422, "encrypted_document"),
+    NoTextLayer: (422, "no_text_layer"),
+    EmptyDocument: (422, "empty_document"),
+    MalformedDocument: (422, "malformed_document"),
+    DocumentTooLarge: (413, "document_too_large"),
+    DocumentNotAllowed: (403, "path_not_allowed"),
+    DocumentNotFound: (404, "document_not_found"),
+    ContextTooSmall: (400, "context_too_small"),
     RebarError: (400, "invalid_request"),  # any other error a user caused (a bad file, setting)
 }
 # Which request parameter an error is about, when its class says it.
@@ -117,6 +139,8 @@ _TYPES = {
     408: "timeout_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
     504: "timeout_error",

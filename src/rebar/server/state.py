@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from rebar.documents.cache import SummaryCache
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.conversations import BackgroundRuns, ResponseStore
@@ -33,6 +34,7 @@ class ServerState:
     log_prompts: bool = False  # prompt and completion text in the access log
     ping_interval_s: float = 10.0
     cancel_wait_s: float = 5.0  # a cancelled background response's wait for its replica
+    summaries: SummaryCache | None = None  # finished document summaries; None when not kept
 
 
 def server_state(request: Request) -> ServerState:
