@@ -169,9 +169,18 @@ def llama_server_at(tool: Path, gguf: Path, threads: int, args: Sequence[str]) -
         yield server.url
 
 
+def served_name(url: str) -> str:
+    """The name the server at `url` serves its (first) model under: rebar names a model file by
+    its stem, so the path the bench was given is not a name it answers to."""
+    listing = httpx.get(url + "/v1/models", timeout=60)
+    listing.raise_for_status()
+    return str(listing.json()["data"][0]["id"])
+
+
 def answer_all(
     url: str, model: str, requests: Sequence[SpecRequest], config: SpecBenchConfig, into
 ) -> None:
+    model = served_name(url)
     stream_chat(url, model, "Say hello.", 8, "warm-up")  # first-request costs out of the figures
     for index, request in enumerate(requests):
         answer = stream_chat(
