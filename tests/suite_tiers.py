@@ -49,6 +49,7 @@ FULL_ONLY: dict[str, str] = {
     "server/test_request_path.py": "traces a request of every route through a live server",
     "server/test_responses.py": "the Responses API through a live server, background runs too",
     "server/test_responses_mcp.py": "MCP tool loops through a live server and two MCP servers",
+    "test_example_agent_flow.py": "the Agents SDK example against a live server and its MCP server",
     "server/test_deploy_files.py": "Locust against a live server",
     "server/test_models_cli.py": "`rebar models` processes against a live server",
     "bench/test_gate.py": "the real gate on a tiny model: fresh processes and a `rebar serve`",

@@ -302,7 +302,8 @@ def test_a_flow_is_traced_counted_and_logged(client, traced) -> None:
     saved = logger.level
     logger.setLevel(logging.INFO)
     try:
-        response = forced(client, local("fail"), "fail")
+        # an input of its own: no cached turn, so each turn generates
+        response = forced(client, local("fail"), "fail", input="Call the failing tool.")
     finally:
         logger.removeHandler(handler)
         logger.setLevel(saved)

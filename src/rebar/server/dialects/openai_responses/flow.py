@@ -1,7 +1,8 @@
 """The tool loop of one response: a model turn, the MCP calls it made run on their servers (at
-once, each isolated), their results fed back, and the next turn, until the model answers, calls a
-function the client runs, or a bound ends it (`max_tool_calls`, the loop's time limit: status
-"incomplete" with the reason).
+once, each isolated), their results fed back, and the next turn, until the model answers or calls
+a function the client runs. Once `max_tool_calls` calls have run, the next turn has no tools and
+answers with what it has; calls asked beyond the bound are not run and end the response
+"incomplete" (reason `max_tool_calls`), as does the loop's time limit (`flow_time_limit`).
 
 The loop runs as its own task and hands the Responses events it renders to its consumer (the
 client's stream, or a collector for a whole or background response). Cancelling the consumer
@@ -135,13 +136,20 @@ class Flow:
             if len(mcp_calls) < len(calls):  # a function the client runs: its turn now
                 return "completed", None, None
             messages += self._fed_back(turn, mcp_calls)
-            tools = replace(tools, choice="auto", forced=None) if tools else None
+            # Later turns choose freely; once the calls are spent, they answer with what they have.
+            spent = self.num_calls >= self.max_tool_calls
+            tools = (
+                replace(tools, choice="none" if spent else "auto", forced=None) if tools else None
+            )
         return "incomplete", "max_tool_calls", None
 
     async def _model_turn(
         self, number: int, messages: list[Message], tools: Tools | None, emit: Emit
     ) -> Turn:
         request = replace(self.request, messages=tuple(messages), tools=tools, stream=True)
+        if tools is not None and (tools.forced is not None or tools.choice == "required"):
+            # A forced turn writes calls, not text: `text.format` is for the turns that answer.
+            request = replace(request, params=replace(request.params, structured=None))
         self.render.begin_turn()
         with self.loop.tracer.start_as_current_span(
             "model turn", attributes={"rebar.turn": number}
