@@ -17,12 +17,16 @@ class RequestTiming:
     queue: arrival in the engine -> first scheduled; prefill: first scheduled -> first token
     (chunked prefill and any wait between chunks included); decode: first token -> finished.
     A request that never ran (aborted while waiting) has no `scheduled`/`first_token`.
+    `num_draft_tokens` / `num_accepted_tokens`: the speculative decoding behind the decode time,
+    draft tokens checked and kept.
     """
 
     arrival: float
     scheduled: float | None
     first_token: float | None
     finished: float
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def queue_s(self) -> float:
@@ -57,6 +61,8 @@ class RequestTiming:
             earliest(t.scheduled for t in timings),
             earliest(t.first_token for t in timings),
             max(t.finished for t in timings),
+            sum(t.num_draft_tokens for t in timings),
+            sum(t.num_accepted_tokens for t in timings),
         )
 
 

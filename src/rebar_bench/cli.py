@@ -1,5 +1,5 @@
-"""`rebar bench offline | serve | compare | http | grammar | reload | gate | make-model`: argument
-parsing and the commands (heavy imports happen only when one runs)."""
+"""`rebar bench offline | serve | compare | http | grammar | reload | gate | make-model | spec`:
+argument parsing and the commands (heavy imports happen only when one runs)."""
 
 from __future__ import annotations
 
@@ -160,6 +160,28 @@ def cmd_bench_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_spec(args: argparse.Namespace) -> int:
+    from rebar_bench.spec_bench import SpecBenchConfig, run_spec_bench
+
+    config = SpecBenchConfig(
+        models=tuple(args.models.split(",")) if args.models else (),
+        threads=args.threads,
+        tokens=args.tokens,
+        ignore_eos=args.ignore_eos,
+        rounds=args.rounds,
+        batch=args.batch,
+        spec_types=tuple(args.spec_types.split(",")),
+        big_model=args.big_model,
+        draft_model=args.draft_model,
+        llama_server=args.llama_server,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    report = run_spec_bench(config)
+    print(report.table())
+    _write_json(args.json, report.to_json())
+    return 0
+
+
 def cmd_bench_reload(args: argparse.Namespace) -> int:
     from rebar_bench.reload_load import cmd_bench_reload as run
 
@@ -202,6 +224,7 @@ def add_bench_parser(
     _add_reload_parser(bench, positive_int)
     _add_gate_parser(bench, positive_int)
     _add_make_model_parser(bench, positive_int)
+    _add_spec_parser(bench, positive_int)
 
 
 def _add_offline_parser(bench: Any, add_model_args: Callable[..., None]) -> None:
@@ -399,7 +422,7 @@ def _add_make_model_parser(bench: Any, positive_int: Callable[[str], int]) -> No
     make = bench.add_parser(
         "make-model", help="a random-weight Llama-shaped GGUF (for speed and memory benchmarks)"
     )
-    make.add_argument("--shape", default="1b", choices=["1b", "3b", "8b"])
+    make.add_argument("--shape", default="1b", choices=["135m", "1b", "3b", "8b"])
     make.add_argument("--type", default="Q4_K_M", help="llama-quantize type (F16: no quantization)")
     make.add_argument("--out", required=True, help="the .gguf file to write")
     make.add_argument(
@@ -412,6 +435,39 @@ def _add_make_model_parser(bench: Any, positive_int: Callable[[str], int]) -> No
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--keep-f16", action="store_true", help="keep the intermediate F16 file")
     make.set_defaults(handler=cmd_bench_make_model)
+
+
+def _add_spec_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
+    spec = bench.add_parser(
+        "spec",
+        help="speculative decoding against rebar without it and llama-server's n-gram types",
+        description=(
+            "Starts rebar (defaults, and speculative = false) and llama-server (no speculation, "
+            "and each --spec-types type) one after another on the same GGUF and threads; each "
+            "answers grounded requests (a function rewritten, sentences extracted, a passage "
+            "summarised) and a free-form chat, greedy, one stream; rebar also --batch chats at "
+            "once. --big-model (a random-weight GGUF) runs free-form chats with and without "
+            "speculation, and with --draft-model drafting it (docs/speculative.md)."
+        ),
+    )
+    spec.add_argument("--models", default="smollm2,gemma3", help="comma-separated; '' for none")
+    spec.add_argument("--threads", type=positive_int, default=2)
+    spec.add_argument("--tokens", type=positive_int, default=256, help="most new tokens an answer")
+    spec.add_argument(
+        "--ignore-eos", action="store_true", help="generate --tokens always (past the answer's end)"
+    )
+    spec.add_argument("--rounds", type=positive_int, default=2, help="every server, this often")
+    spec.add_argument("--batch", type=positive_int, default=16, help="streams at once (rebar)")
+    spec.add_argument(
+        "--spec-types",
+        default="ngram-simple,ngram-map-k,ngram-mod",
+        help="llama-server --spec-type values to compare against",
+    )
+    spec.add_argument("--big-model", default=None, help="a random-weight GGUF (make-model 1b)")
+    spec.add_argument("--draft-model", default=None, help="drafts for --big-model (135m)")
+    spec.add_argument("--llama-server", default=None, help="path of llama-server")
+    spec.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    spec.set_defaults(handler=cmd_bench_spec)
 
 
 def _add_reload_parser(bench: Any, positive_int: Callable[[str], int]) -> None:

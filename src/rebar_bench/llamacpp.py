@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,7 +191,7 @@ def parse_batched_bench(text: str) -> BatchedFigures:
 
 class LlamaServer:
     """`llama-server` on loopback with `parallel` slots (its continuous batching), each of
-    `slot_context` tokens."""
+    `slot_context` tokens; `extra_args` go to its command line as given (`--spec-type ...`)."""
 
     def __init__(
         self,
@@ -200,6 +201,7 @@ class LlamaServer:
         port: int,
         parallel: int,
         slot_context: int = 1024,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         command = [
@@ -219,6 +221,7 @@ class LlamaServer:
             "--port",
             str(port),
             "--no-webui",
+            *extra_args,
         ]
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 
 # Shapes by name: the 1 B one is 2,048 hidden, 16 layers, 32 heads, 8 KV heads, 8,192 FFN (1.07 B
-# parameters with the tied 49,152-token embedding; 638 MiB as Q4_K_M).
+# parameters with the tied 49,152-token embedding; 638 MiB as Q4_K_M). The 135 M one is SmolLM2's
+# shape: with the same tokenizer, a draft model for the others (rebar bench spec).
 SHAPES = {
+    "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192),
     "3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192),
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 from hf_tiny import build_decoder, save_decoder
@@ -18,7 +19,7 @@ from rebar.llm import LLM, engine_config
 from waiting import wait_until
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-CONFIG = engine_config(max_model_len=128, kv_cache_memory=2**20, block_size=4)
+CONFIG = engine_config(max_model_len=128, kv_cache_memory=2**20, block_size=4, speculative=True)
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +96,24 @@ def test_leaving_a_stream_aborts_it_and_frees_its_blocks(engine) -> None:
 
 def test_counts_decode_steps_in_its_step_histogram(engine) -> None:
     before = engine.stats().step_seconds["decode"].num
-    asyncio.run(collect(engine, [6, 7]))
+    one_per_step = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, speculative=False)
+    asyncio.run(collect(engine, [6, 7], one_per_step))
     after = engine.stats().step_seconds["decode"]
     assert after.num >= before + 11  # 12 tokens: one prefill step, then a decode step each
     assert after.total_s > 0 and sum(after.counts) == after.num
+
+
+def test_speculative_decoding_in_the_child_changes_no_token(engine, model_dir) -> None:
+    """A prompt that repeats itself gives the n-gram drafter matches; the child's drafts and their
+    counts cross the process boundary, and the tokens are those of decoding without drafts."""
+    prompt = [5, 6, 7, 8, 9] * 6
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = replace(CONFIG, speculative=False)
+    reference = LLM(model_dir, device="cpu", engine_config=plain).generate(prompt, params)[0]
+    outputs = asyncio.run(collect(engine, prompt, params))
+    assert tokens(outputs) == reference.token_ids
+    counts = engine.stats().drafts["ngram"]
+    assert counts.num_accepted <= counts.num_drafted
 
 
 def test_profiles_steps_in_the_child(engine) -> None:

@@ -98,3 +98,100 @@ def test_random_traffic_keeps_invariants_and_returns_every_block(
     event(f"prefix hits: {'some' if scheduler.kv.pool.num_prefix_hits else 'none'}")
     assert scheduler.kv.pool.num_free_blocks == num_blocks
     assert all(not scheduler.kv.block_ids(request_id) for request_id in added)
+
+
+class KVContents:
+    """What each cache slot holds (the token whose K/V was written there), to check that every
+    block the prefix cache publishes holds exactly the tokens it is published for."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots: dict[int, int] = {}
+
+    def write(self, item) -> None:
+        tokens = item.token_ids + item.draft_token_ids
+        for offset, token in enumerate(tokens):
+            position = item.start_position + offset
+            block = item.block_ids[position // self.block_size]
+            self.slots[block * self.block_size + position % self.block_size] = token
+
+    def check_cached_blocks(self, pool) -> None:
+        for block in pool.blocks:
+            if block.block_hash is None:
+                continue
+            held = [self.slots.get(block.block_id * self.block_size + i) for i in range(BLOCK)]
+            assert held == list(block.token_ids), f"cached block {block.block_id} holds {held}"
+
+
+def advance_with_drafts(scheduler: Scheduler, contents: KVContents, rng) -> None:
+    """A step where every decoding request asks for draft slots; a random prefix of each one's
+    drafts is kept, then one more token, as the verdict on real drafts would."""
+    from dataclasses import replace
+
+    lookahead = {r.request_id: rng.randrange(0, 6) for r in scheduler.running}
+    plan = scheduler.schedule(lookahead)
+    items = [
+        replace(
+            item,
+            draft_token_ids=tuple(
+                rng.randrange(VOCAB) for _ in range(rng.randrange(item.num_lookahead + 1))
+            ),
+        )
+        if item.num_lookahead
+        else item
+        for item in plan.scheduled
+    ]
+    for item in items:
+        contents.write(item)
+    scheduler.update_after_step(plan)
+    for item in items:
+        request = scheduler.requests[item.request_id]
+        if not item.sample:
+            continue
+        kept = rng.randrange(len(item.draft_token_ids) + 1)
+        appended = [*item.draft_token_ids[:kept], rng.randrange(VOCAB)]
+        finished = False
+        for token in appended:
+            request.append_output(token)
+            if request.num_tokens >= request.max_total_tokens:
+                scheduler.finish_request(item.request_id, RequestStatus.FINISHED_LENGTH)
+                finished = True
+                break
+        if item.num_lookahead and not finished:
+            scheduler.commit_drafts(item.request_id, kept)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompts_and_lengths=st.lists(st.tuples(prompts, st.integers(1, 24)), min_size=1, max_size=8),
+    num_blocks=st.integers(8, 16),
+    max_num_seqs=st.integers(1, 6),
+    budget=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_draft_slots_leave_exact_accounting_and_an_honest_prefix_cache(
+    prompts_and_lengths, num_blocks, max_num_seqs, budget, seed
+) -> None:
+    """Requests decode with draft slots and random verdicts (with preemptions when the pool runs
+    dry): between steps each running request holds exactly the blocks of its computed tokens
+    (check_integrity), every published block holds exactly its tokens' K/V, and at the end every
+    block is back in the pool."""
+    import random
+
+    rng = random.Random(seed)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs, budget), KVCacheManager(num_blocks, BLOCK, True)
+    )
+    contents = KVContents(BLOCK)
+    for index, (prompt, max_new) in enumerate(prompts_and_lengths):
+        max_new = min(max_new, num_blocks * BLOCK - len(prompt))
+        params = SamplingParams(max_tokens=max_new)
+        scheduler.add_request(Request(f"r{index}", prompt, params, len(prompt) + max_new))
+    for _ in range(2000):
+        if not scheduler.num_unfinished:
+            break
+        advance_with_drafts(scheduler, contents, rng)
+        scheduler.check_integrity()
+        contents.check_cached_blocks(scheduler.kv.pool)
+    assert scheduler.num_unfinished == 0
+    assert scheduler.kv.pool.num_free_blocks == num_blocks

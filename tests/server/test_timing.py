@@ -9,7 +9,14 @@ import time
 import httpx
 
 CHAT = "/v1/chat/completions"
-KEYS = ("queue_ms", "prefill_ms", "decode_ms", "cached_prompt_tokens")
+KEYS = (
+    "queue_ms",
+    "prefill_ms",
+    "decode_ms",
+    "cached_prompt_tokens",
+    "draft_tokens",
+    "accepted_draft_tokens",
+)
 
 
 def parse_header(value: str) -> dict[str, float]:

@@ -61,6 +61,25 @@ class EngineSettings(Section):
         description="How K/V are stored: auto (float16 for a float32 model on the CPU, as "
         "llama.cpp's default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
     )
+    # Off until `rebar bench spec` shows it costs no workload more than 3% (docs/speculative.md).
+    speculative: bool = Field(
+        False,
+        description="Speculative decoding: draft tokens (from n-grams of the prompt and output, or "
+        "from draft_model) and check them all in one pass of the model; the output is unchanged, "
+        "and it comes faster where drafts hold (docs/speculative.md).",
+    )
+    draft_model: Annotated[str | None, Unsettable] = Field(
+        None,
+        description="A model with the same vocabulary that drafts tokens for speculative decoding "
+        "(a path or a bundled name, loaded like the model); unset: drafts come from n-gram lookup.",
+    )
+    max_draft_tokens: int = Field(
+        16,
+        ge=1,
+        le=64,
+        description="Most draft tokens one sequence checks in a step; each step picks fewer, or "
+        "none, where more would not pay.",
+    )
     num_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = Field(
         None, description="torch threads for the model's math; unset: torch's default."
     )

@@ -19,11 +19,13 @@ from rebar.engine.core import EngineCore
 from rebar.engine.embedder import Embedder
 from rebar.engine.engine_config import EngineConfig, torch_dtype
 from rebar.engine.model_text import ModelText
+from rebar.engine.spec.draft_model import DraftModel, check_same_vocabulary
 from rebar.errors import ConfigError, InvalidRequestError
 from rebar.model.bert import BertModel
 from rebar.model.build import build_model
 from rebar.model.footprint import tensor_bytes
 from rebar.model.loader import open_checkpoint
+from rebar.model.loader.base import Checkpoint
 
 
 def resolve_device(device: str) -> torch.device:
@@ -62,6 +64,7 @@ class LoadedModel:
     load_seconds: float
     engine: EngineCore | None = None
     embedder: Embedder | None = None
+    draft: DraftModel | None = None  # the draft model speculative decoding drafts with
 
     @property
     def checkpoint(self):
@@ -94,6 +97,7 @@ def load_model(
     torch_device = resolve_device(device)  # settings first: a bad one fails before the load
     torch_dtype_ = resolve_dtype(dtype)
     checkpoint = open_checkpoint(model)
+    draft_checkpoint = _draft_checkpoint(checkpoint, engine_config)  # before any weight loads
     module = build_model(
         checkpoint,
         torch_dtype_,
@@ -106,6 +110,9 @@ def load_model(
     loaded = LoadedModel(
         ModelText(checkpoint), module, torch_device, torch_dtype_, weight_bytes, 0.0
     )
+    if draft_checkpoint is not None:
+        loaded.draft = _draft(draft_checkpoint, engine_config, torch_dtype_, torch_device)
+        loaded.weight_bytes += tensor_bytes(loaded.draft.model)
     if not config.is_decoder:
         assert isinstance(module, BertModel), "every encoder rebar builds is a BertModel"
         if memory_budget is not None and weight_bytes > memory_budget:
@@ -116,7 +123,7 @@ def load_model(
         loaded.embedder = Embedder(module, checkpoint.tokenizer, torch_device)
     else:
         if memory_budget is not None:
-            kv_left = _kv_left(memory_budget, weight_bytes, model)
+            kv_left = _kv_left(memory_budget, loaded.weight_bytes, model)
             engine_config = replace(engine_config, kv_cache_memory=kv_left)
         loaded.engine = _engine_core(loaded, engine_config, memory_budget, model)
         loaded.text = ModelText(checkpoint, loaded.engine.max_model_len)
@@ -141,6 +148,7 @@ def _engine_core(
             engine_config,
             loaded.dtype,
             loaded.device,
+            loaded.draft,
         )
     except InvalidRequestError as exc:
         if memory_budget is None:
@@ -151,6 +159,37 @@ def _engine_core(
             f"{_mib(loaded.weight_bytes)} of weights; "
             + str(exc).replace("raise kv_cache_memory", "raise the memory budget")
         ) from None
+
+
+def _draft_checkpoint(checkpoint: Checkpoint, engine_config: EngineConfig) -> Checkpoint | None:
+    """The configured draft model's checkpoint (metadata only), its vocabulary checked against the
+    model's; None when no draft model drafts."""
+    name = engine_config.draft_model
+    if name is None or not engine_config.speculative or not checkpoint.config.is_decoder:
+        return None
+    draft = open_checkpoint(name)
+    if not draft.config.is_decoder:
+        raise ConfigError(f"draft_model {name} is an embedding model; it cannot draft tokens")
+    check_same_vocabulary(
+        str(checkpoint.path),
+        checkpoint.tokenizer,
+        checkpoint.config,
+        name,
+        draft.tokenizer,
+        draft.config,
+    )
+    return draft
+
+
+def _draft(
+    checkpoint: Checkpoint, engine_config: EngineConfig, dtype: torch.dtype, device: torch.device
+) -> DraftModel:
+    """The draft model, loaded like the model."""
+    module = build_model(
+        checkpoint, dtype, device, attention_backend=engine_config.attention_backend
+    )
+    assert engine_config.draft_model is not None  # what _draft_checkpoint opened
+    return DraftModel(engine_config.draft_model, module, checkpoint.config)
 
 
 def _kv_left(memory_budget: int, weight_bytes: int, model: str | Path) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ from torch import nn
 from rebar.engine.admission import RequestChecker
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
-from rebar.engine.grammar import GrammarMatcher, Grammars, StepMask, TokenMasks
+from rebar.engine.grammar import Grammars, TokenMasks
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.outputs import (
     DEADLINE_EXCEEDED,
@@ -26,14 +26,15 @@ from rebar.engine.outputs import (
 )
 from rebar.engine.request import AdmittedRequest, Request, RequestStatus
 from rebar.engine.runner import ModelRunner
-from rebar.engine.sampler import (
-    SampledToken,
-    SampleRequest,
-    make_generator,
-    sample_batch,
-)
+from rebar.engine.sampler import SampledToken, make_generator
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.scheduler import ScheduledRequest, Scheduler, SchedulerConfig
+from rebar.engine.sequence_state import EngineSideState, append_token, state_of
+from rebar.engine.spec.build import build_speculator
+from rebar.engine.spec.draft_model import DraftModel
+from rebar.engine.spec.speculator import DraftCounts, Drafting, SequenceSpeculation, Speculator
+from rebar.engine.step_execution import execute_isolated
+from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict
 from rebar.errors import InvalidRequestError
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
@@ -41,29 +42,6 @@ from rebar.model.tokenizer import Tokenizer
 from rebar.timing import DurationHistogram, RequestTiming
 
 logger = logging.getLogger("rebar.engine")
-
-
-@dataclass
-class EngineSideState:
-    """Engine-side companions of a scheduler Request."""
-
-    parent_id: str
-    index: int
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
-    matcher: GrammarMatcher | None = None  # where the output stands in its grammar, if it has one
-    # Logprobs wait here, with the offset where their token's text starts, until that text is
-    # released: a stream never reports a token whose text it has not shown (held-back stop-string
-    # prefixes, EOS and stop tokens are never shown).
-    pending_logprobs: list[tuple[int, object]] = field(default_factory=list)
-
-    def release_logprobs(self, final: bool) -> tuple:
-        released = self.detokenizer.num_released_chars
-        ready = [entry for start, entry in self.pending_logprobs if start < released]
-        self.pending_logprobs = (
-            [] if final else [(s, e) for s, e in self.pending_logprobs if s >= released]
-        )
-        return tuple(ready)
 
 
 @dataclass(frozen=True)
@@ -82,6 +60,8 @@ class EngineStats:
     step_seconds: dict[str, DurationHistogram] = field(default_factory=dict)
     # Per step with grammar-constrained rows: filling and applying their token masks.
     grammar_mask_seconds: DurationHistogram | None = None
+    # Speculative decoding, by drafter name: draft tokens checked and kept.
+    drafts: dict[str, DraftCounts] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -93,39 +73,17 @@ class EngineCore:
         config: EngineConfig,
         dtype: torch.dtype,
         device: torch.device,
+        draft: DraftModel | None = None,
     ) -> None:
+        """`draft`: the loaded `config.draft_model` (its vocabulary already checked), when set."""
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = min(
             config.max_model_len or model_config.max_position_embeddings,
             model_config.max_position_embeddings,
         )
-        kv_dtype = config.kv_dtype(dtype, device)
-        num_blocks = num_kv_blocks(config, model_config, kv_dtype, device)
-        if num_blocks * config.block_size < self.max_model_len:
-            raise InvalidRequestError(
-                f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
-                f"max_model_len={self.max_model_len}; raise kv_cache_memory or lower max_model_len",
-                "kv_cache_memory",
-            )
-        kv_cache = KVCache(
-            model_config.num_layers,
-            num_blocks,
-            config.block_size,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            kv_dtype,
-            device,
-        )
-        logger.info(
-            "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
-            num_blocks,
-            config.block_size,
-            num_blocks * config.block_size,
-            kv_cache.num_bytes / 2**20,
-            kv_dtype,
-            kv_bytes_per_token(model_config, kv_dtype),
-        )
+        kv_cache = _kv_cache(config, model_config, dtype, device, self.max_model_len, draft)
+        num_blocks = kv_cache.num_blocks
         self.runner = ModelRunner(
             model, model_config, kv_cache, device, fused_decode=config.fused_decode
         )
@@ -139,6 +97,10 @@ class EngineCore:
         self.checker = RequestChecker(tokenizer.vocab_size, self.max_model_len, self.grammars)
         self.num_requests_added = 0
         self.step_seconds = {kind: DurationHistogram.empty() for kind in ("decode", "prefill")}
+        self.step_sampler = StepSampler(self.token_masks)
+        self.speculator: Speculator | None = (
+            build_speculator(config, self.runner, num_blocks, draft) if config.speculative else None
+        )
 
     # ----- admission ---------------------------------------------------------------------------
     def admit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> AdmittedRequest:
@@ -195,6 +157,11 @@ class EngineCore:
                 matcher=(
                     None if params.structured is None else self.grammars.matcher(params.structured)
                 ),
+                speculation=(
+                    SequenceSpeculation()
+                    if self.speculator is not None and params.speculative
+                    else None
+                ),
             )
             request = Request(
                 child_id,
@@ -245,7 +212,7 @@ class EngineCore:
         keep_cached: bool = True,
     ) -> RequestOutput:
         self.scheduler.finish_request(request.request_id, status, keep_cached=keep_cached)
-        state = _state_of(request)
+        state = state_of(request)
         siblings = self._children.get(state.parent_id, [])
         if all(c not in self.scheduler.requests for c in siblings):
             self._children.pop(state.parent_id, None)
@@ -258,7 +225,7 @@ class EngineCore:
     def _output(
         self, request: Request, new_tokens: tuple[int, ...], delta: str, finished: bool = False
     ) -> RequestOutput:
-        state = _state_of(request)
+        state = state_of(request)
         logprobs = state.release_logprobs(final=finished)
         return RequestOutput(
             request_id=state.parent_id,
@@ -283,7 +250,13 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample, and report what every touched request produced."""
         outputs = self._expire_deadlines()
-        plan = self.scheduler.schedule()
+        drafting = self._drafting()
+        lookahead = None
+        if self.speculator is not None and drafting:
+            budget, running = self.config.max_num_batched_tokens, self.scheduler.running
+            base_rows = sum(min(r.num_tokens - r.num_computed_tokens, budget) for r in running)
+            lookahead = self.speculator.lookahead(list(drafting.values()), base_rows, len(running))
+        plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:
             return outputs
         started = time.monotonic()
@@ -291,12 +264,15 @@ class EngineCore:
             request = self.scheduler.requests[item.request_id]
             if request.scheduled_time is None:
                 request.scheduled_time = started
-        logits, failed = self._execute(plan.scheduled)
+        items = list(plan.scheduled)
+        if self.speculator is not None and lookahead:
+            items = self.speculator.attach_drafts(items, drafting)
+        logits, failed = execute_isolated(self.runner, items)
         outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
         self.scheduler.update_after_step(plan)
         sampling = [
-            self.scheduler.requests[item.request_id]
-            for item in plan.scheduled
+            (self.scheduler.requests[item.request_id], item)
+            for item in items
             if item.sample and item.request_id not in failed
         ]
         outputs += self._sample_and_append(sampling, logits)
@@ -304,149 +280,107 @@ class EngineCore:
         self.step_seconds["decode" if decode else "prefill"].observe(time.monotonic() - started)
         return outputs
 
-    def _execute(self, items: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
-        """The step's logits (one row per surviving item with `sample`, in order) and the failed
-        request ids.
+    def _drafting(self) -> dict[str, Drafting]:
+        """The running requests that take part in speculation, by id."""
+        if self.speculator is None:
+            return {}
+        drafting = {}
+        for request in self.scheduler.running:
+            state = state_of(request)
+            if state.speculation is not None:
+                drafting[request.request_id] = Drafting(request, state.speculation, state.matcher)
+        return drafting
 
-        When the batch fails, each item runs alone, in order, so only the requests that fail by
-        themselves fail. Rerunning an item is harmless: the runner writes K/V only at the item's own
-        slots, computed from its tokens and positions, so a rerun rewrites the same values.
-        """
-        try:
-            return self.runner.execute(items), []
-        except Exception:
-            logger.exception(
-                "model step failed for requests %s; running each alone",
-                [i.request_id for i in items],
-            )
-        rows: list[torch.Tensor] = [torch.empty(0, self.runner.config.vocab_size)]
-        failed: list[str] = []
-        unwritten: set[int] = set()  # blocks whose K/V a failed item was to write this step
-        for item in items:
-            # A prefix hit taken this step may read blocks that an earlier item was to fill.
-            depends_on_failed = not unwritten.isdisjoint(item.block_ids)
-            if depends_on_failed:
-                logger.error(
-                    "request %s reads KV blocks that a failed request was to write; failing it too",
-                    item.request_id,
-                )
-            item_logits = None if depends_on_failed else self._execute_alone(item)
-            if item_logits is None:
-                failed.append(item.request_id)
-                unwritten.update(self._blocks_written(item))
-            else:
-                rows.append(item_logits)
-        return torch.cat(rows), failed
-
-    def _execute_alone(self, item: ScheduledRequest) -> torch.Tensor | None:
-        try:
-            return self.runner.execute([item])
-        except Exception:
-            logger.exception("model step failed for request %s alone", item.request_id)
-            return None
-
-    def _blocks_written(self, item: ScheduledRequest) -> tuple[int, ...]:
-        block_size = self.config.block_size
-        first, last = (
-            item.start_position // block_size,
-            (item.start_position + len(item.token_ids) - 1) // block_size,
-        )
-        return item.block_ids[first : last + 1]
-
-    def _fail(self, request: Request) -> RequestOutput:
+    def _fail(
+        self, request: Request, new_tokens: tuple[int, ...] = (), delta: str = ""
+    ) -> RequestOutput:
         """Finish a request the engine could not serve; its K/V may be missing or garbage, so it is
-        not cached."""
+        not cached. `new_tokens` and `delta`: what this step appended before the fault."""
         return self._finish(
-            request, RequestStatus.FINISHED_ERROR, error=ENGINE_FAULT, keep_cached=False
+            request,
+            RequestStatus.FINISHED_ERROR,
+            delta,
+            new_tokens,
+            error=ENGINE_FAULT,
+            keep_cached=False,
         )
 
     def _sample_and_append(
-        self, requests: list[Request], logits: torch.Tensor
+        self, sampling: list[tuple[Request, ScheduledRequest]], logits: torch.Tensor
     ) -> list[RequestOutput]:
-        if not requests:
+        if not sampling:
             return []
-        outputs = []
-        # Token histories are only read by penalties; copying them every step would cost O(length).
-        rows = [
-            SampleRequest(r.params, _state_of(r).generator, r.prompt_token_ids, r.output_token_ids)
-            if r.params.has_penalties
-            else SampleRequest(r.params, _state_of(r).generator, (), ())
-            for r in requests
-        ]
-        constrained = [
-            (i, matcher)
-            for i, r in enumerate(requests)
-            if (matcher := _state_of(r).matcher) is not None
-        ]
-        mask = self.token_masks.fill(constrained) if constrained else None
-        try:
-            sampled = sample_batch(logits, rows, mask)
-        except Exception:  # isolate the row that cannot be sampled
-            logger.exception("batched sampling failed; sampling rows one at a time")
-            sampled = [
-                self._sample_one(logits[i : i + 1], row, mask and mask.for_row(i))
-                for i, row in enumerate(rows)
-            ]
-        for request, token in zip(requests, sampled):
-            if token is None:
-                logger.error(
-                    "request %s: sampling failed (its logits hold NaN or no finite value)",
-                    request.request_id,
+        rows = []
+        for request, item in sampling:
+            state = state_of(request)
+            # Token histories are only read by penalties; copying them every step would cost
+            # O(length).
+            penalised = request.params.has_penalties
+            drawn = None if state.speculation is None else state.speculation.draft_probabilities
+            if drawn is not None and item.draft_token_ids:
+                drawn = drawn[: len(item.draft_token_ids)]
+            else:
+                drawn = None
+            rows.append(
+                SamplingRow(
+                    request.params,
+                    state.generator,
+                    request.prompt_token_ids if penalised else (),
+                    request.output_token_ids if penalised else (),
+                    state.matcher,
+                    item.draft_token_ids,
+                    drawn,
                 )
-                outputs.append(self._fail(request))
-                continue
-            try:
-                outputs.append(self._append_token(request, token))
-            except Exception:
-                logger.exception("request %s failed", request.request_id)
-                outputs.append(self._fail(request))
+            )
+        verdicts = self.step_sampler.sample(rows, logits)
+        outputs = []
+        for (request, item), verdict in zip(sampling, verdicts):
+            outputs += self._apply_verdict(request, verdict)
+            if item.num_lookahead:
+                self.scheduler.commit_drafts(request.request_id, verdict.num_accepted)
+                speculation = state_of(request).speculation
+                if self.speculator is not None and speculation is not None:
+                    self.speculator.record(
+                        speculation, len(item.draft_token_ids), verdict.num_accepted
+                    )
         return outputs
 
-    @staticmethod
-    def _sample_one(
-        logits: torch.Tensor, row: SampleRequest, mask: StepMask | None
-    ) -> SampledToken | None:
-        try:
-            return sample_batch(logits, [row], mask)[0]
-        except Exception:
-            logger.exception("sampling one row failed")
-            return None
+    def _apply_verdict(self, request: Request, verdict: Verdict) -> list[RequestOutput]:
+        """Append the verdict's tokens; a failed verdict fails the request after them."""
+        outputs = []
+        if verdict.tokens:
+            try:
+                outputs.append(self._append_tokens(request, verdict.tokens))
+            except Exception:
+                logger.exception("request %s failed", request.request_id)
+                return [self._fail(request)]
+        if verdict.failed and request.request_id in self.scheduler.requests:
+            logger.error(
+                "request %s: sampling failed (its logits hold NaN or no finite value)",
+                request.request_id,
+            )
+            outputs.append(self._fail(request))
+        return outputs
 
-    def _append_token(self, request: Request, token: SampledToken) -> RequestOutput:
-        state = _state_of(request)
-        token_id = token.token_id
+    def _append_tokens(self, request: Request, tokens: Sequence[SampledToken]) -> RequestOutput:
+        """Append `tokens` in order, each through every stop check; the first that ends the
+        request ends it (the rest are dropped, as a step without drafts would never reach them)."""
+        state = state_of(request)
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
-        request.append_output(token_id)
-        params = request.params
-        new = (token_id,)
-        if state.matcher is not None and not state.matcher.consume(token_id):
-            # The mask allowed only tokens the grammar accepts; this is a fault, not the model.
-            logger.error(
-                "request %s: the grammar refused token %d: %s",
-                request.request_id,
-                token_id,
-                state.matcher.error,
+        new: list[int] = []
+        delta = ""
+        for token in tokens:
+            new.append(token.token_id)
+            status, token_delta = append_token(
+                request, state, token, self.tokenizer.special.eos_token_ids
             )
-            return self._fail(request)
-        if token_id in self.tokenizer.special.eos_token_ids and not params.ignore_eos:
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
-        if token_id in params.stop_token_ids:
-            request.stop_reason = token_id
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, new_tokens=new)
-        if token.logprobs is not None:
-            state.pending_logprobs.append((len(state.detokenizer.text), token.logprobs))
-        delta = state.detokenizer.add(token_id)
-        if state.detokenizer.stopped:
-            request.stop_reason = state.detokenizer.stop_string
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
-        if state.matcher is not None and state.matcher.done:
-            # Nothing may follow a complete output (not even under ignore_eos): every way on
-            # from here finishes, so a sequence is never sampled past its grammar's end.
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, delta, new)
-        if request.num_tokens >= request.max_total_tokens:
-            return self._finish(request, RequestStatus.FINISHED_LENGTH, delta, new)
-        return self._output(request, new, delta)
+            delta += token_delta
+            if status == RequestStatus.FINISHED_ERROR:  # the refused token is not reported
+                return self._fail(request, tuple(new[:-1]), delta)
+            if status is not None:
+                return self._finish(request, status, delta, tuple(new))
+        return self._output(request, tuple(new), delta)
 
     def _expire_deadlines(self) -> list[RequestOutput]:
         now = time.monotonic()
@@ -475,6 +409,11 @@ class EngineCore:
             num_requests_added=self.num_requests_added,
             step_seconds={kind: h.copy() for kind, h in self.step_seconds.items()},
             grammar_mask_seconds=self.token_masks.seconds.copy(),
+            drafts=(
+                {}
+                if self.speculator is None
+                else {self.speculator.drafter.name: replace(self.speculator.counts)}
+            ),
         )
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -483,21 +422,59 @@ class EngineCore:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
         assert set(self._children) == {
-            _state_of(r).parent_id for r in self.scheduler.requests.values()
+            state_of(r).parent_id for r in self.scheduler.requests.values()
         }
 
 
 def _timing(request: Request) -> RequestTiming:
     assert request.finished_time is not None, "timing is reported once the request finished"
+    speculation = state_of(request).speculation
     return RequestTiming(
         request.arrival_time,
         request.scheduled_time,
         request.first_token_time,
         request.finished_time,
+        0 if speculation is None else speculation.num_drafted,
+        0 if speculation is None else speculation.num_accepted,
     )
 
 
-def _state_of(request: Request) -> EngineSideState:
-    state = request.state
-    assert isinstance(state, EngineSideState), f"{request.request_id} was not queued by this core"
-    return state
+def _kv_cache(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    draft: DraftModel | None,
+) -> KVCache:
+    """The engine's KV cache, sized by `config` (a draft model's own cache shares the budget);
+    raises InvalidRequestError when it cannot hold one sequence of `max_model_len` tokens."""
+    kv_dtype = config.kv_dtype(dtype, device)
+    num_blocks = num_kv_blocks(
+        config, model_config, kv_dtype, device, None if draft is None else draft.config
+    )
+    if num_blocks * config.block_size < max_model_len:
+        raise InvalidRequestError(
+            f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
+            f"max_model_len={max_model_len}; raise kv_cache_memory or lower max_model_len",
+            "kv_cache_memory",
+        )
+    kv_cache = KVCache(
+        model_config.num_layers,
+        num_blocks,
+        config.block_size,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        kv_dtype,
+        device,
+    )
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
+        num_blocks,
+        config.block_size,
+        num_blocks * config.block_size,
+        kv_cache.num_bytes / 2**20,
+        kv_dtype,
+        kv_bytes_per_token(model_config, kv_dtype),
+    )
+    return kv_cache

@@ -55,6 +55,9 @@ class EngineConfig:
     attention_backend: str | None  # None: the best one for the device
     fused_decode: bool
     kv_cache_dtype: str  # "auto" or one of DTYPE_NAMES
+    speculative: bool  # draft tokens and check them in one pass (docs/speculative.md)
+    draft_model: str | None  # None: drafts come from n-gram lookup
+    max_draft_tokens: int
 
     def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
         """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
@@ -97,9 +100,17 @@ def kv_cache_budget(engine: EngineConfig, device: torch.device) -> int:
 
 
 def num_kv_blocks(
-    engine: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device
+    engine: EngineConfig,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    draft: ModelConfig | None = None,
 ) -> int:
-    """Blocks that fit the memory budget; at least enough for one full-length sequence."""
+    """Blocks that fit the memory budget (a draft model's KV cache, block for block beside the
+    model's, shares it)."""
     budget = kv_cache_budget(engine, device)
-    bytes_per_block = kv_bytes_per_token(model, dtype) * engine.block_size
+    per_token = kv_bytes_per_token(model, dtype)
+    if draft is not None:
+        per_token += kv_bytes_per_token(draft, dtype)
+    bytes_per_block = per_token * engine.block_size
     return budget // bytes_per_block

@@ -9,6 +9,8 @@ matcher. `TokenMasks` fills the step's bitmasks for the constrained rows; the sa
 
 A matcher follows one sequence: the core feeds it each token appended (`consume`). Preemption
 keeps a request's tokens, so its matcher stays where it was; abort and finish simply drop it.
+Draft tokens (speculative decoding) never move it: `valid_drafts` and the masks of positions after
+drafts consume them for a moment and roll them back, so only tokens the sequence keeps advance it.
 """
 
 from __future__ import annotations
@@ -132,10 +134,32 @@ class GrammarMatcher:
         in error and the sequence cannot go on)."""
         return self._matcher.consume_token(token_id)
 
+    def valid_drafts(self, draft_token_ids: tuple[int, ...]) -> int:
+        """How many leading draft tokens the grammar allows from here, stopping before the output
+        would be complete (nothing may follow that); the matcher is left as it was."""
+        count = self._matcher.validate_tokens(list(draft_token_ids))
+        if count == 0:
+            return 0
+        # validate_tokens does not say where the grammar ends: walk the allowed ones to find out.
+        consumed = 0
+        for token_id in draft_token_ids[:count]:
+            self._matcher.consume_token(token_id)
+            consumed += 1
+            if self._matcher.is_stopped():
+                break
+        stopped = self._matcher.is_stopped()
+        self.rollback(consumed)
+        return consumed - 1 if stopped else consumed
+
     @property
     def done(self) -> bool:
         """The output is complete: the grammar allows nothing more but the end of sequence."""
         return self._matcher.is_stopped()
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` consumed."""
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise RuntimeError(f"the grammar could not roll back {num_tokens} tokens")
 
     @property
     def error(self) -> str:
@@ -158,11 +182,26 @@ class TokenMasks:
 
     def fill(self, matchers: list[tuple[int, GrammarMatcher]]) -> StepMask:
         """What row `matchers[j][0]` of the step's logits may take next, from `matchers[j][1]`."""
+        return self.fill_with_drafts([(row, matcher, ()) for row, matcher in matchers])
+
+    def fill_with_drafts(
+        self, matchers: list[tuple[int, GrammarMatcher, tuple[int, ...]]]
+    ) -> StepMask:
+        """Masks for a sequence's rows `row, row + 1, ...`: what its grammar allows next, then
+        after each of its draft tokens in turn (which it must allow; see `valid_drafts`)."""
         started = time.perf_counter()
-        bitmask = torch.empty((len(matchers), self.words), dtype=torch.int32)
-        for j, (_, matcher) in enumerate(matchers):
-            matcher.fill(bitmask, j)
-        return StepMask([row for row, _ in matchers], bitmask, started, self.seconds)
+        num_rows = sum(1 + len(drafts) for _, _, drafts in matchers)
+        bitmask = torch.empty((num_rows, self.words), dtype=torch.int32)
+        rows: list[int] = []
+        for row, matcher, drafts in matchers:
+            for offset in range(len(drafts) + 1):
+                if offset:
+                    consumed = matcher.consume(drafts[offset - 1])
+                    assert consumed, "drafts are checked with valid_drafts first"
+                matcher.fill(bitmask, len(rows))
+                rows.append(row + offset)
+            matcher.rollback(len(drafts))
+        return StepMask(rows, bitmask, started, self.seconds)
 
 
 @dataclass

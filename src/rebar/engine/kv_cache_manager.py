@@ -64,13 +64,19 @@ class KVCacheManager:
         return hashes
 
     def allocate(
-        self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_prefix: list[int] | None = None,
+        num_lookahead: int = 0,
     ) -> bool:
         """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the
         pool is short.
 
         `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared
-        first.
+        first. `num_lookahead` more slots follow for draft tokens: they get blocks, but only blocks
+        full of the request's own tokens are published in the prefix cache, never one a draft
+        token fills (`trim` gives back what rejected drafts held).
         """
         cached_prefix = cached_prefix or []
         held = self._blocks.get(request.request_id, [])
@@ -80,7 +86,7 @@ class KVCacheManager:
         num_computed = (
             len(cached_prefix) * self.block_size if cached_prefix else request.num_computed_tokens
         )
-        total = blocks_needed(num_computed + num_new_tokens, self.block_size)
+        total = blocks_needed(num_computed + num_new_tokens + num_lookahead, self.block_size)
         num_new_blocks = max(0, total - len(held) - len(cached_prefix))
         # Sharing a free cached block removes it from the free list too.
         if num_new_blocks + self.pool.count_free_among(cached_prefix) > self.pool.num_free_blocks:
@@ -102,6 +108,23 @@ class KVCacheManager:
         for index in range(self._num_registered.get(request.request_id, 0), num_full):
             self.pool.register(blocks[index], hashes[index], self._block_tokens(request, index))
         self._num_registered[request.request_id] = num_full
+
+    def trim(self, request: Request) -> None:
+        """Give back the blocks past the request's computed tokens (the slots of rejected drafts).
+
+        Such blocks were never published (only blocks full of known tokens are), so the prefix
+        cache loses nothing; afterwards the request holds what a step without drafts leaves.
+        """
+        blocks = self._blocks.get(request.request_id)
+        if not blocks:
+            return
+        keep = blocks_needed(request.num_computed_tokens, self.block_size)
+        if keep >= len(blocks):
+            return
+        assert keep >= self._num_registered.get(request.request_id, 0), "trimming a cached block"
+        surplus = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free(reversed(surplus))
 
     def free(self, request: Request, keep_cached: bool = True) -> None:
         """Release every block of the request (tail first, so its prefix stays cached longest).

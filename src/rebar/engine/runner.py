@@ -57,65 +57,88 @@ class ModelRunner:
         return outcome.decoder
 
     def _metadata(
-        self, items: Sequence[ScheduledRequest]
+        self, items: Sequence[ScheduledRequest], as_rows: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Input ids, positions and attention metadata for `items`, each a sequence of its new
+        tokens; with `as_rows`, and always for an item with drafts, every token is a one-token row
+        of its own, seeing its sequence's keys up to itself.
+
+        Rows of one sequence share its block table: the step writes every row's K/V before any row
+        attends, so a row reads the tokens before it from the cache exactly as a later decode step
+        would, and computes what that step would have (the same numbers on the fused path).
+        """
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        tables: list[list[int]] = []
         for item in items:
-            ids.extend(item.token_ids)
-            end = item.start_position + len(item.token_ids)
+            tokens = item.token_ids + item.draft_token_ids
+            ids.extend(tokens)
+            end = item.start_position + len(tokens)
             for position in range(item.start_position, end):
                 positions.append(position)
                 slots.append(
                     item.block_ids[position // self.block_size] * self.block_size
                     + position % self.block_size
                 )
+            if as_rows or item.draft_token_ids:
+                query_lens.extend([1] * len(tokens))
+                context_lens.extend(range(item.start_position + 1, end + 1))
+                tables.extend([list(item.block_ids)] * len(tokens))
+            else:
+                query_lens.append(len(tokens))
+                context_lens.append(end)
+                tables.append(list(item.block_ids))
         meta = AttentionMetadata(
-            query_lens=tuple(len(item.token_ids) for item in items),
-            context_lens=tuple(item.start_position + len(item.token_ids) for item in items),
+            query_lens=tuple(query_lens),
+            context_lens=tuple(context_lens),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            block_tables=pad_block_tables([list(item.block_ids) for item in items], self.device),
+            block_tables=pad_block_tables(tables, self.device),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
 
     @torch.inference_mode()
     def execute(self, items: Sequence[ScheduledRequest]) -> torch.Tensor:
-        """Run one step; returns float32 logits [number of items with `sample`, vocab] on the CPU,
-        in order.
+        """Run one step; returns float32 logits on the CPU, in item order: for each item with
+        `sample`, one row after its last token, preceded by one after each of its tokens before
+        its drafts' end when it has drafts (1 + number of drafts rows: what each position samples).
 
-        With the fused decoder, a step's decode rows (one new token each; at most `max_rows` of
-        them, else everything takes the model) go through it, and the prompt chunks beside them
-        through the model: sequences are independent, so the two passes compute what one would, and
-        a decode row's numbers do not depend on whether a prefill shares its step.
+        Items adding one token (decode, and verification of drafts, whose tokens all become
+        one-token rows) go through the fused decoder when there is one and it takes that many rows;
+        prompt chunks go through the model beside them. Sequences are independent, so the two
+        passes compute what one would, and a decode row's numbers do not depend on whether a
+        prefill shares its step.
         """
-        decode = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
-        if self.fused_decoder is None or not 0 < len(decode) <= self.fused_decoder.max_rows:
-            decode = []
-        fused_rows = set(decode)
-        others = [i for i in range(len(items)) if i not in fused_rows]
-        sampled: dict[int, torch.Tensor] = {}  # item index -> its last token's hidden state
-        for group, fused in ((decode, True), (others, False)):
+        rows = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
+        num_rows = sum(items[i].num_rows for i in rows)
+        if self.fused_decoder is None or not 0 < num_rows <= self.fused_decoder.max_rows:
+            rows = []
+        fused_rows = set(rows)
+        chunks = [i for i in range(len(items)) if i not in fused_rows]
+        sampled: dict[int, torch.Tensor] = {}  # item index -> hidden states of its sampled rows
+        for group, fused in ((rows, True), (chunks, False)):
             if not group:
                 continue
             chosen = [items[i] for i in group]
-            input_ids, positions, meta = self._metadata(chosen)
+            input_ids, positions, meta = self._metadata(chosen, as_rows=fused)
             if fused:
-                assert self.fused_decoder is not None  # only then is `decode` non-empty
+                assert self.fused_decoder is not None  # only then is `rows` non-empty
                 hidden = self.fused_decoder(input_ids, positions, meta)
             else:
                 hidden = self.model(
                     input_ids, positions, meta, self.kv_cache
                 )  # [num_tokens, hidden]
-            ends = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
-            for index, item, end in zip(group, chosen, ends.tolist()):
+            end = 0
+            for index, item in zip(group, chosen):
+                end += item.num_rows
                 if item.sample:
-                    sampled[index] = hidden[end]
+                    sampled[index] = hidden[end - 1 - len(item.draft_token_ids) : end]
         if not sampled:
             return torch.empty(0, self.config.vocab_size)
-        rows = torch.stack([sampled[i] for i in sorted(sampled)])
-        return self._logits(rows)
+        return self._logits(torch.cat([sampled[i] for i in sorted(sampled)]))
 
     @torch.inference_mode()
     def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:

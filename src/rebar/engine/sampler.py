@@ -124,6 +124,43 @@ def sample_batch(
     ]
 
 
+def distributions(
+    logits: torch.Tensor, requests: Sequence[SampleRequest], mask: LogitsMask | None = None
+) -> torch.Tensor:
+    """[rows, vocab] float64: the probability with which `sample_batch` would draw each token for
+    each row (a greedy row: 1 on its argmax). Rows whose logits cannot be sampled get all zeros."""
+    processed, _ = _processed(logits, requests, mask)
+    valid = _has_finite_best(logits) & _has_finite_best(processed)
+    probabilities = torch.zeros(processed.shape, dtype=torch.float64, device=logits.device)
+    greedy = [i for i, r in enumerate(requests) if r.params.greedy and bool(valid[i])]
+    if greedy:
+        best = processed[greedy].argmax(-1)
+        probabilities[greedy, best] = 1.0
+    rows = [i for i, r in enumerate(requests) if not r.params.greedy and bool(valid[i])]
+    if rows:
+        params = [requests[i].params for i in rows]
+        chosen = processed[rows]
+        cut = _Thresholds(
+            chosen,
+            params,
+            _column([_log_min_p(p) for p in params], chosen),
+            _whole_masses(chosen, params),
+            chosen.shape[1],  # the whole vocabulary: every cut exact
+        )
+        scaled = _scaled(chosen, params)
+        weights = scaled.exp().masked_fill_(scaled < cut.values, 0.0).double()
+        probabilities[rows] = weights / weights.sum(-1, keepdim=True)
+    return probabilities
+
+
+def token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, requests: Sequence[SampleRequest]
+) -> list[TokenLogprobs | None]:
+    """Each row's log-probabilities for `token_ids` ([rows]), as `sample_batch` reports them (None
+    for rows that did not ask)."""
+    return _logprobs(logits, token_ids, requests)
+
+
 def _is_plain_greedy(params: SamplingParams) -> bool:
     return params.greedy and params.logit_bias is None and not params.has_penalties
 
@@ -495,6 +532,16 @@ def _invert_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
+def advance_generator(generator: torch.Generator, num_rows: int) -> None:
+    """Move `generator` on by what `num_rows` sampled rows draw from it (one uniform each)."""
+    for _ in range(num_rows):
+        _draw_uniform(generator)
+
+
+def _draw_uniform(generator: torch.Generator) -> torch.Tensor:
+    return torch.rand((), dtype=torch.float64, generator=generator, device=generator.device)
+
+
 def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
     """One uniform [0, 1) float64 per row: seeded rows from their own generator, the rest from the
     global RNG."""
@@ -504,9 +551,7 @@ def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device
         uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
     for row, generator in enumerate(generators):
         if generator is not None:
-            uniforms[row] = torch.rand(
-                (), dtype=torch.float64, generator=generator, device=generator.device
-            ).cpu()
+            uniforms[row] = _draw_uniform(generator).cpu()
     return uniforms.to(device)
 
 

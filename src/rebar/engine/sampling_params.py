@@ -157,7 +157,8 @@ class SamplingParams:
     `logprobs=None` returns no log-probabilities; k in [0, 20] returns the chosen token's plus the k
     most likely alternatives, all taken from the model's raw logits. `structured` constrains the
     output to a JSON schema, any JSON object or a grammar (`rebar.engine.structured`): each token
-    is sampled among those that keep the output valid.
+    is sampled among those that keep the output valid. `speculative=False` keeps the request out of
+    speculative decoding (its tokens are the same either way; only the time they take changes).
 
     After construction every numeric field holds a plain `int` or `float` and every sequence a
     tuple, so the object is safely immutable and hashable.
@@ -180,6 +181,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     logprobs: int | None = None  # None = disabled
     structured: StructuredOutput | None = None
+    speculative: bool = True  # may the engine check drafted tokens for it (when it drafts at all)
 
     def __post_init__(self) -> None:
         # Accept a single string or any sequence for the tuple fields, as the OpenAI API does.
@@ -200,7 +202,7 @@ class SamplingParams:
         if max_tokens is not None:
             max_tokens = _checked_int("max_tokens", max_tokens, 1, None, " (a positive integer)")
         seed = None if self.seed is None else _checked_int("seed", self.seed, 0, _SEED_LIMIT - 1)
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(
                     f"{name} must be a boolean, got {getattr(self, name)!r}", name

@@ -2,7 +2,12 @@
 
 One mechanism covers prefill, chunked prefill, prefix-cache hits, decode and recompute after
 preemption: each request's `num_computed_tokens` catches up with its `num_tokens` under a per-step
-token budget. Running requests go first (oldest first), then waiting ones in arrival order. When
+token budget. A decoding request may also get lookahead slots for draft tokens (speculative
+decoding): granted after every running and admitted request has its share, from the budget and
+free blocks left over, so a guess never preempts or delays anyone; whatever the drafts do not keep
+is given back after the step (`commit_drafts`).
+
+Running requests go first (oldest first), then waiting ones in arrival order. When
 the KV pool runs dry, the newest running request is preempted (its blocks freed, to be recomputed
 later), so the oldest always make progress and nothing starves.
 """
@@ -10,10 +15,11 @@ later), so the oldest always make progress and nothing starves.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rebar.engine.engine_config import EngineConfig
-from rebar.engine.kv_cache_manager import KVCacheManager
+from rebar.engine.kv_cache_manager import KVCacheManager, blocks_needed
 from rebar.engine.request import Request, RequestStatus
 
 
@@ -38,13 +44,25 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ScheduledRequest:
     """Compute `token_ids` at positions `start_position...`; sample a token after the last one if
-    `sample`."""
+    `sample`.
+
+    `num_lookahead` slots after them hold blocks for draft tokens; the engine fills
+    `draft_token_ids` (at most that many) before the model runs, and then every draft token is
+    computed too and sampled after, each as its own one-token row.
+    """
 
     request_id: str
     token_ids: tuple[int, ...]
     start_position: int
     block_ids: tuple[int, ...]
     sample: bool
+    num_lookahead: int = 0
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        """Tokens the model computes for this item: its own and its drafts."""
+        return len(self.token_ids) + len(self.draft_token_ids)
 
 
 @dataclass(frozen=True)
@@ -95,7 +113,10 @@ class Scheduler:
         return len(self.requests)
 
     # ----- one step --------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, lookahead: Mapping[str, int] | None = None) -> SchedulerOutput:
+        """This step's plan. `lookahead` asks, by request id, for draft slots after a decoding
+        request's next token: granted last, from the budget and free blocks every running and
+        admitted request left over (fewer or none when short), so drafts never displace anyone."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
@@ -131,7 +152,32 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+        if lookahead:
+            scheduled = self._with_lookahead(scheduled, lookahead, budget)
         return SchedulerOutput(tuple(scheduled))
+
+    def _with_lookahead(
+        self, scheduled: list[ScheduledRequest], lookahead: Mapping[str, int], budget: int
+    ) -> list[ScheduledRequest]:
+        """`scheduled` with draft slots after the decoding requests that asked for them, as many
+        as the budget left, the free blocks and each request's length limit allow (the drafts and
+        the token sampled after them all fit)."""
+        granted = []
+        for item in scheduled:
+            request = self.requests[item.request_id]
+            asked = lookahead.get(item.request_id, 0)
+            room = request.max_total_tokens - request.num_tokens - 1
+            num_lookahead = min(asked, budget, room)
+            decoding = len(item.token_ids) == 1 and item.start_position + 1 == request.num_tokens
+            if (
+                num_lookahead > 0
+                and decoding
+                and self.kv.allocate(request, 1, num_lookahead=num_lookahead)
+            ):
+                item = self._scheduled(request, 1, num_lookahead)
+                budget -= num_lookahead
+            granted.append(item)
+        return granted
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
         while not self.kv.allocate(request, num_new):
@@ -150,7 +196,9 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(
+        self, request: Request, num_new: int, num_lookahead: int = 0
+    ) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         return ScheduledRequest(
@@ -159,6 +207,7 @@ class Scheduler:
             start_position=start,
             block_ids=tuple(self.kv.block_ids(request.request_id)),
             sample=end == request.num_tokens,
+            num_lookahead=num_lookahead,
         )
 
     def update_after_step(self, output: SchedulerOutput) -> None:
@@ -167,6 +216,17 @@ class Scheduler:
             request = self.requests.get(item.request_id)
             if request is not None:
                 request.num_computed_tokens = item.start_position + len(item.token_ids)
+
+    def commit_drafts(self, request_id: str, num_accepted: int) -> None:
+        """After a step with drafts: the first `num_accepted` drafts were kept (the request's tokens
+        now hold them, their K/V written this step); the blocks only rejected drafts used go back
+        to the pool."""
+        request = self.requests.get(request_id)
+        if request is None:  # finished on one of the tokens this step appended
+            return
+        request.num_computed_tokens += num_accepted
+        assert request.num_computed_tokens < request.num_tokens
+        self.kv.trim(request)
 
     def check_integrity(self) -> None:
         assert set(self.requests) == {r.request_id for r in self.running} | {
@@ -177,5 +237,12 @@ class Scheduler:
             r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting
         )
         assert all(not self.kv.block_ids(r.request_id) for r in self.waiting)
+        # Between steps a running request holds exactly the blocks its computed tokens fill: no
+        # block a rejected draft used outlives its step.
+        for r in self.running:
+            held = len(self.kv.block_ids(r.request_id))
+            assert held == blocks_needed(r.num_computed_tokens, self.kv.block_size), (
+                f"{r.request_id} holds {held} blocks for {r.num_computed_tokens} computed tokens"
+            )
         assert len(self.running) <= self.config.max_num_seqs
         self.kv.check_integrity()

@@ -235,6 +235,37 @@ _ENGINE_SERIES = (
 )
 
 
+class _DraftFamilies:
+    """Speculative decoding's figures per model and drafter: draft tokens checked and kept, and the
+    share kept over the engine's life (rate() of the two counters gives it over any window)."""
+
+    def __init__(self) -> None:
+        labels = ["model", "drafter"]
+        self.drafted = CounterMetricFamily(
+            "rebar_spec_draft_tokens", "Draft tokens checked by the model.", labels=labels
+        )
+        self.accepted = CounterMetricFamily(
+            "rebar_spec_accepted_tokens",
+            "Draft tokens kept (the tokens decoding without drafts would have produced).",
+            labels=labels,
+        )
+        self.rate = GaugeMetricFamily(
+            "rebar_spec_acceptance_ratio",
+            "Draft tokens kept / checked since the engine started (0 before any was checked).",
+            labels=labels,
+        )
+
+    def add(self, model: str, drafter: str, counts: Any) -> None:
+        self.drafted.add_metric([model, drafter], counts.num_drafted)
+        self.accepted.add_metric([model, drafter], counts.num_accepted)
+        ratio = counts.num_accepted / counts.num_drafted if counts.num_drafted else 0.0
+        self.rate.add_metric([model, drafter], ratio)
+
+    def families(self) -> Iterator[Metric]:
+        if self.drafted.samples:
+            yield from (self.drafted, self.accepted, self.rate)
+
+
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
@@ -317,6 +348,7 @@ class StateCollector(Collector):
             "scheduled request computed one token, else prefill.",
             labels=["model", "kind"],
         )
+        drafts = _DraftFamilies()
         masks = HistogramMetricFamily(
             "rebar_engine_grammar_mask_seconds",
             "Per step with grammar-constrained requests (response_format, forced tool calls): "
@@ -340,10 +372,13 @@ class StateCollector(Collector):
             if st.grammar_mask_seconds is not None:
                 mask = st.grammar_mask_seconds
                 masks.add_metric([slot.name], mask.cumulative(), mask.total_s)
+            for drafter, counts in st.drafts.items():
+                drafts.add(slot.name, drafter, counts)
         yield from families.values()
         yield steps
         if masks.samples:
             yield masks
+        yield from drafts.families()
 
     def _models(self) -> Iterator[Metric]:
         registry = self.state.registry

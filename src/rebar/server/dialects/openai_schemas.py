@@ -169,6 +169,7 @@ class _SamplingFields(StrictBody):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None
+    speculative: bool = True  # false: no speculative decoding for this request (same output)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -258,6 +259,7 @@ def sampling_params(
         logit_bias=cast(Mapping[int, float] | None, body.logit_bias),
         logprobs=logprobs,
         structured=structured_output(body.response_format, "response_format"),
+        speculative=body.speculative,
     )
 
 

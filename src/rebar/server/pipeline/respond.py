@@ -141,5 +141,6 @@ async def _sse(render: Renderer, items: AsyncGenerator[StreamItem, None]) -> Asy
 
 
 def timing_header(fields: dict[str, Any]) -> str:
-    """`x-rebar-timing: queue_ms=1.2, prefill_ms=30.5, decode_ms=410.0, cached_prompt_tokens=0`."""
+    """`x-rebar-timing: queue_ms=1.2, prefill_ms=30.5, decode_ms=410.0, cached_prompt_tokens=0,
+    draft_tokens=40, accepted_draft_tokens=31`."""
     return ", ".join(f"{key}={value}" for key, value in fields.items())

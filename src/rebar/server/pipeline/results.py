@@ -186,18 +186,22 @@ PING = Ping()
 
 
 def timing_fields(timing: RequestTiming | None, num_cached: int) -> dict[str, Any]:
-    """The engine's time split of one answer, in milliseconds, and the prompt tokens the prefix
-    cache served."""
+    """The engine's time split of one answer, in milliseconds, the prompt tokens the prefix cache
+    served, and the draft tokens speculative decoding checked and kept."""
     if timing is None:
         return {
             "queue_ms": 0.0,
             "prefill_ms": 0.0,
             "decode_ms": 0.0,
             "cached_prompt_tokens": num_cached,
+            "draft_tokens": 0,
+            "accepted_draft_tokens": 0,
         }
     return {
         "queue_ms": round(timing.queue_s * 1e3, 2),
         "prefill_ms": round(timing.prefill_s * 1e3, 2),
         "decode_ms": round(timing.decode_s * 1e3, 2),
         "cached_prompt_tokens": num_cached,
+        "draft_tokens": timing.num_draft_tokens,
+        "accepted_draft_tokens": timing.num_accepted_tokens,
     }

@@ -1,0 +1,357 @@
+"""`rebar bench spec`: speculative decoding against rebar without it and llama-server's n-gram
+speculation, on the same GGUF and threads, greedy, at most `tokens` new tokens (each answer ends
+where the model ends it, unless `ignore_eos`: past its end a small model loops, which flatters
+every n-gram drafter).
+
+Servers, each started fresh, one after another (`rounds` times over, so the host's drift falls on
+all alike; figures are medians over rounds):
+
+- rebar with its defaults (speculative decoding as configured by default), and with
+  `speculative = false`; the response cache off, so every request is decoded;
+- llama-server `-np 1` without speculation, and with each `--spec-type` given (its n-gram types,
+  their own default settings), for 1 stream; the best n-gram type is the peer.
+
+Each server answers every grounded request (rewrite a function with a variable renamed, extract
+the sentences that mention something, summarise a passage) and a free-form chat question, one
+stream at a time: output tokens per second from the first streamed token to the last. rebar's
+servers also answer `batch` free-form chats at once: aggregate output tokens per second. A
+random-weight model (`big_model`) runs the free-form chats (its drafts rarely hold), and with a
+`draft_model` the same big model is drafted by a second model: tokens must equal rebar's without
+speculation (greedy), and the acceptance is what it is.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from rebar_bench.compare import CompareReport, Row, compared
+from rebar_bench.llamacpp import LlamaServer, PeerUnavailable, find_tool
+from rebar_bench.rebar_server import free_port, rebar_server_process
+from rebar_bench.spec_prompts import CHAT, GROUNDED, SpecRequest
+
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+REBAR = "rebar"
+REBAR_PLAIN = "rebar, no speculation"
+PEER_PLAIN = "llama-server, no speculation"
+
+
+@dataclass(frozen=True)
+class SpecBenchConfig:
+    models: tuple[str, ...] = ("smollm2", "gemma3")
+    threads: int = 2
+    tokens: int = 256
+    ignore_eos: bool = False
+    rounds: int = 2
+    batch: int = 16
+    spec_types: tuple[str, ...] = SPEC_TYPES
+    big_model: str | None = None  # a random-weight GGUF (rebar bench make-model --shape 1b)
+    draft_model: str | None = None  # drafts for big_model (rebar bench make-model --shape 135m)
+    llama_server: str | None = None  # its path; None: found as rebar_bench.llamacpp finds it
+    grounded_target: float = 1.5  # rebar / rebar without speculation, grounded requests
+    peer_target: float = 1.3  # rebar / llama-server's best n-gram type, grounded requests
+    no_loss_target: float = 0.97  # rebar / rebar without speculation, where drafts rarely hold
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One streamed answer: tokens, text, output tokens/s from its first token to its last, and
+    the draft tokens checked and kept (as the server reports them; None when it does not)."""
+
+    tokens: int
+    text: str
+    tokens_per_s: float
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+def stream_chat(
+    url: str, model: str, message: str, tokens: int, nonce: str, ignore_eos: bool = False
+) -> Answer:
+    """A streamed greedy chat completion of at most `tokens` tokens; `nonce` (an HTTP header,
+    never in the prompt) only tells requests apart in the server's log."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    text: list[str] = []
+    first = last = None
+    usage: dict = {}
+    drafted = accepted = None
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json=body, timeout=600, headers={"x-bench": nonce}
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            delta = "".join(
+                (choice.get("delta") or {}).get("content") or "" for choice in chunk["choices"]
+            )
+            if delta:
+                last = time.perf_counter()
+                first = first or last
+                text.append(delta)
+            usage = chunk.get("usage") or usage
+            timing = chunk.get("timing") or {}  # rebar's, in the usage chunk
+            if "draft_tokens" in timing:
+                drafted, accepted = timing["draft_tokens"], timing["accepted_draft_tokens"]
+            if "timings" in chunk:  # llama-server's, in the last chunk; draft_n only if it drafted
+                timings = chunk["timings"]
+                drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+    count = int(usage.get("completion_tokens", 0))
+    rate = (count - 1) / (last - first) if first and last and last > first else 0.0
+    return Answer(count, "".join(text), rate, drafted, accepted)
+
+
+def many_chats(url: str, model: str, count: int, tokens: int, ignore_eos: bool) -> float:
+    """`count` free-form chats at once; aggregate output tokens/s over the whole batch."""
+    started = time.perf_counter()
+
+    def one(i: int) -> Answer:
+        return stream_chat(url, model, CHAT[i % len(CHAT)].message, tokens, f"b{i}", ignore_eos)
+
+    with ThreadPoolExecutor(count) as pool:
+        answers = list(pool.map(one, range(count)))
+    return sum(a.tokens for a in answers) / (time.perf_counter() - started)
+
+
+@dataclass
+class ServerFigures:
+    """What one server configuration did over the rounds, by request kind."""
+
+    answers: dict[str, list[Answer]] = field(default_factory=dict)
+    batch_tokens_per_s: list[float] = field(default_factory=list)
+
+    def rate(self, kind: str) -> float | None:
+        runs = self.answers.get(kind)
+        return statistics.median(a.tokens_per_s for a in runs) if runs else None
+
+    def acceptance(self, kinds: Sequence[str]) -> tuple[int, int] | None:
+        drafted = accepted = 0
+        for kind in kinds:
+            for answer in self.answers.get(kind, []):
+                if answer.drafted is None or answer.accepted is None:
+                    return None
+                drafted, accepted = drafted + answer.drafted, accepted + answer.accepted
+        return drafted, accepted
+
+    def batch_rate(self) -> float | None:
+        return statistics.median(self.batch_tokens_per_s) if self.batch_tokens_per_s else None
+
+
+@contextmanager
+def rebar_at(model: str, threads: int, env: dict[str, str]) -> Iterator[str]:
+    settings = {"REBAR_CACHE__ENABLED": "false", **env}
+    with rebar_server_process(model, threads, env=settings) as (url, _process):
+        yield url
+
+
+@contextmanager
+def llama_server_at(tool: Path, gguf: Path, threads: int, args: Sequence[str]) -> Iterator[str]:
+    with LlamaServer(tool, gguf, threads, free_port(), 1, extra_args=args) as server:
+        yield server.url
+
+
+def answer_all(
+    url: str, model: str, requests: Sequence[SpecRequest], config: SpecBenchConfig, into
+) -> None:
+    stream_chat(url, model, "Say hello.", 8, "warm-up")  # first-request costs out of the figures
+    for index, request in enumerate(requests):
+        answer = stream_chat(
+            url, model, request.message, config.tokens, f"{request.kind}-{index}", config.ignore_eos
+        )
+        into.answers.setdefault(request.kind, []).append(answer)
+
+
+def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict:
+    """Figures of every server configuration on `model`, by configuration name."""
+    from rebar.model.resolve import resolve_model_path
+
+    requests = [*GROUNDED, CHAT[0]]
+    figures: dict[str, ServerFigures] = {}
+    peers: dict[str, list[str]] = {PEER_PLAIN: []}
+    peers |= {f"llama-server {kind}": ["--spec-type", kind] for kind in config.spec_types}
+    gguf = resolve_model_path(model)
+    try:
+        tool = find_tool("llama-server", config.llama_server)
+    except PeerUnavailable as exc:
+        notes.append(f"no llama-server figures: {exc}")
+        peers = {}
+    for _ in range(config.rounds):
+        for name, env in ((REBAR, {}), (REBAR_PLAIN, {"REBAR_ENGINE__SPECULATIVE": "false"})):
+            into = figures.setdefault(name, ServerFigures())
+            with rebar_at(model, config.threads, env) as url:
+                answer_all(url, model, requests, config, into)
+                batch = many_chats(url, model, config.batch, config.tokens, config.ignore_eos)
+                into.batch_tokens_per_s.append(batch)
+        for name, args in peers.items():
+            into = figures.setdefault(name, ServerFigures())
+            with llama_server_at(tool, gguf, config.threads, args) as url:
+                answer_all(url, model, requests, config, into)
+    return figures
+
+
+def model_rows(config: SpecBenchConfig, model: str, figures: dict[str, ServerFigures]) -> list[Row]:
+    ours, plain = figures[REBAR], figures[REBAR_PLAIN]
+    peer_types = [n for n in figures if n.startswith("llama-server ") and n != PEER_PLAIN]
+    rows = []
+    for request in GROUNDED:
+        kind = request.kind
+        rows.append(
+            compared(
+                f"{model} {kind}: tok/s vs no speculation",
+                ours.rate(kind),
+                plain.rate(kind),
+                config.grounded_target,
+                True,
+            )
+        )
+        best = max((figures[name].rate(kind) or 0.0 for name in peer_types), default=None)
+        rows.append(
+            compared(
+                f"{model} {kind}: tok/s vs best llama n-gram",
+                ours.rate(kind),
+                best or None,
+                config.peer_target,
+                True,
+            )
+        )
+    rows.append(
+        compared(
+            f"{model} chat, 1 stream: vs no speculation",
+            ours.rate("chat"),
+            plain.rate("chat"),
+            config.no_loss_target,
+            True,
+        )
+    )
+    rows.append(
+        compared(
+            f"{model} chat, {config.batch} streams: vs no spec",
+            ours.batch_rate(),
+            plain.batch_rate(),
+            config.no_loss_target,
+            True,
+        )
+    )
+    return rows
+
+
+def detail_lines(model: str, figures: dict[str, ServerFigures]) -> list[str]:
+    """Every configuration's tokens/s by request kind, and its acceptance where reported."""
+    kinds = [r.kind for r in GROUNDED] + ["chat"]
+    lines = ["", f"{model}: output tok/s, 1 stream (median of rounds); kept / drafted"]
+    lines.append(f"{'server':<32}" + "".join(f"{k:>11}" for k in kinds) + "   acceptance")
+    for name, figure in figures.items():
+        rates = "".join(
+            f"{figure.rate(k):>11.1f}" if figure.rate(k) else f"{'-':>11}" for k in kinds
+        )
+        counts = figure.acceptance(kinds)
+        share = (
+            f"   {counts[1]}/{counts[0]} ({counts[1] / counts[0]:.0%})"
+            if counts and counts[0]
+            else "   -"
+        )
+        lines.append(f"{name:<32}{rates}{share}")
+    return lines
+
+
+def measure_big_model(
+    config: SpecBenchConfig, notes: list[str]
+) -> tuple[list[Row], list[str], dict[str, ServerFigures]]:
+    """The random-weight model: free-form chat with and without speculation (and a draft model)."""
+    assert config.big_model is not None
+    model = config.big_model
+    runs: dict[str, ServerFigures] = {}
+    configurations = [(REBAR, {}), (REBAR_PLAIN, {"REBAR_ENGINE__SPECULATIVE": "false"})]
+    if config.draft_model:
+        drafting = {"REBAR_ENGINE__DRAFT_MODEL": config.draft_model}
+        configurations.append(("rebar, draft model", drafting))
+    for _ in range(config.rounds):
+        for name, env in configurations:
+            into = runs.setdefault(name, ServerFigures())
+            with rebar_at(model, config.threads, env) as url:
+                answer_all(url, model, CHAT, config, into)
+    label = Path(model).name
+    rows = [
+        compared(
+            f"{label} chat: vs no speculation",
+            runs[REBAR].rate("chat"),
+            runs[REBAR_PLAIN].rate("chat"),
+            config.no_loss_target,
+            True,
+        )
+    ]
+    lines = detail_lines(label, runs)
+    if config.draft_model:
+        drafted = runs["rebar, draft model"]
+        same = [a.text for a in drafted.answers["chat"]] == [
+            a.text for a in runs[REBAR_PLAIN].answers["chat"]
+        ]
+        rows.append(Row(f"{label} drafted: same text as without", None, None, None, "equal", same))
+        rows.append(
+            compared(
+                f"{label} drafted: tok/s vs no speculation",
+                drafted.rate("chat"),
+                runs[REBAR_PLAIN].rate("chat"),
+                config.no_loss_target,
+                True,
+            )
+        )
+        notes.append(f"draft model: {config.draft_model} drafting {model}")
+    return rows, lines, runs
+
+
+@dataclass
+class SpecBenchReport:
+    config: SpecBenchConfig
+    rows: list[Row]
+    notes: list[str]
+    details: list[str]
+    # Every answer of every round: model -> configuration -> figures.
+    figures: dict[str, dict[str, ServerFigures]] = field(default_factory=dict)
+
+    def table(self) -> str:
+        models = ", ".join(self.config.models)
+        head = CompareReport(models, self.config.threads, self.rows, self.notes)
+        return "\n".join([head.table(), *self.details])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def run_spec_bench(config: SpecBenchConfig) -> SpecBenchReport:
+    notes = [
+        f"greedy, at most {config.tokens} tokens"
+        + (" (EOS ignored)" if config.ignore_eos else "")
+        + f", {config.threads} threads, "
+        f"{config.rounds} rounds; peers: llama-server -np 1 --spec-type "
+        + " | ".join(config.spec_types)
+    ]
+    report = SpecBenchReport(config, [], notes, [])
+    for model in config.models:
+        figures = measure_model(config, model, notes)
+        report.rows += model_rows(config, model, figures)
+        report.details += detail_lines(model, figures)
+        report.figures[model] = figures
+    if config.big_model:
+        big_rows, big_lines, big_figures = measure_big_model(config, notes)
+        report.rows += big_rows
+        report.details += big_lines
+        report.figures[config.big_model] = big_figures
+    return report

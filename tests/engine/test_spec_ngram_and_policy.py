@@ -1,0 +1,160 @@
+"""The n-gram drafter's index against a brute-force search, and the draft-length policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rebar.engine.request import Request
+from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.spec.ngram import MAX_NGRAM, MIN_NGRAM, NgramIndex
+from rebar.engine.spec.policy import Acceptance, Candidate, StepCost, choose_draft_lengths
+from rebar.engine.spec.speculator import PROBE_INTERVAL, Drafting, SequenceSpeculation, Speculator
+
+
+def brute_force(tokens: list[int], max_tokens: int) -> tuple[int, ...]:
+    """The longest suffix (MAX_NGRAM down to MIN_NGRAM tokens) found earlier, its latest earlier
+    occurrence, and what followed it, read on past the end as a loop."""
+    length = len(tokens)
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if n > length:
+            continue
+        suffix = tokens[length - n :]
+        for end in range(length - 2, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == suffix:
+                extended = list(tokens)
+                for i in range(max_tokens):
+                    extended.append(extended[end + 1 + i])
+                return tuple(extended[length:])
+    return ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    splits=st.lists(st.integers(1, 60), max_size=6),
+    max_tokens=st.integers(1, 8),
+)
+def test_incremental_index_proposes_what_a_full_search_finds(tokens, splits, max_tokens) -> None:
+    """Grown a few tokens at a time (as a request grows), the index agrees with a search of the
+    whole sequence at every point it is asked."""
+    index = NgramIndex()
+    for stop in sorted({min(s, len(tokens)) for s in splits} | {len(tokens)}):
+        prefix = tokens[:stop]
+        assert index.propose(prefix, max_tokens) == brute_force(prefix, max_tokens)
+
+
+def test_the_longest_and_latest_match_wins() -> None:
+    tokens = [1, 2, 3, 9, 7, 2, 3, 8, 5, 1, 2, 3]
+    # "1 2 3" occurred once (then 9); "2 3" also occurred later (then 8): the longer one wins.
+    assert NgramIndex().propose(tokens, 2) == (9, 7)
+    tokens = [4, 5, 6, 4, 5, 7, 4, 5]
+    assert NgramIndex().propose(tokens, 1) == (7,)  # the latest "4 5" was followed by 7
+
+
+def test_no_proposal_without_a_repeated_suffix() -> None:
+    assert NgramIndex().propose([1, 2, 3, 4], 4) == ()
+    assert NgramIndex().propose([1, 2, 3, 1], 4) == ()  # one token is too weak a cue
+    assert NgramIndex().propose([7], 4) == ()
+
+
+def test_step_cost_is_the_lower_hull_of_its_points() -> None:
+    cost = StepCost([(1, 10.0), (2, 11.0), (4, 13.0), (8, 17.0)])  # on a line: kept
+    assert [cost(r) for r in (1, 2, 3, 4, 8)] == [10.0, 11.0, 12.0, 13.0, 17.0]
+    assert cost(16) == pytest.approx(25.0)  # the last segment's slope
+    noisy = StepCost([(1, 10.0), (3, 14.0), (5, 13.0), (6, 16.0)])
+    # (3, 14) was slowed down (5 rows measured cheaper); (5, 13) lies under the line to (6, 16)
+    assert noisy.rows == [1, 5, 6] and noisy(3) == pytest.approx(11.5)
+    flat = StepCost([(1, 2.0), (2, 1.0)])  # more rows never cost less
+    assert flat(1) == flat(2) == 1.0
+    assert StepCost([(1, 1.0), (2, 2.0)])(10) == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        StepCost([(1, 1.0)])
+
+
+def test_memory_bound_steps_draft_and_compute_bound_ones_do_not() -> None:
+    candidate = [Candidate("a", 0.8, 8)]
+    flat = StepCost([(1, 1.0), (64, 1.0)])  # every row free: draft all that may hold
+    assert choose_draft_lengths(candidate, 1, 1, flat) == {"a": 8}
+    linear = StepCost([(1, 1.0), (2, 2.0)])  # a row costs a step: drafts never pay
+    assert choose_draft_lengths(candidate, 1, 1, linear) == {}
+    # A 1-token step of 10 ms, each more token 2 ms: the k-th slot pays while 0.8^k beats the
+    # tokens per ms so far times 2 ms.
+    cpu = StepCost([(1, 10.0), (2, 12.0)])
+    lengths = choose_draft_lengths(candidate, 1, 1, cpu)
+    k = lengths["a"]
+    tokens = sum(0.8**j for j in range(k + 1))
+    assert 0.8 ** (k + 1) * (10 + 2 * k) <= tokens * 2 < 0.8**k * (10 + 2 * (k - 1)) + 0.8**k * 2
+    # Sixteen sequences sharing the step's fixed cost: each extra row is a larger share of it.
+    many = [Candidate(i, 0.8, 8) for i in range(16)]
+    assert sum(choose_draft_lengths(many, 16, 16, cpu).values()) < 16 * k
+
+
+def test_a_step_that_pays_only_past_a_costly_row_is_still_found() -> None:
+    """The kernels take rows four at a time: the third row costs a lot, the fourth nothing."""
+    blocky = StepCost([(1, 10.0), (2, 10.5), (3, 16.0), (4, 16.5), (5, 22.0)])
+    assert choose_draft_lengths([Candidate("a", 0.99, 8)], 1, 1, blocky) == {"a": 3}
+
+
+def test_a_drafting_cost_and_a_low_rate_hold_drafts_back() -> None:
+    cpu = StepCost([(1, 10.0), (2, 12.0)])
+    assert choose_draft_lengths([Candidate("a", 0.1, 8)], 1, 1, cpu) == {}
+    free = choose_draft_lengths([Candidate("a", 0.8, 8)], 1, 1, cpu)
+    costly = choose_draft_lengths([Candidate("a", 0.8, 8)], 1, 1, cpu, seconds_per_draft=5.0)
+    assert costly.get("a", 0) < free["a"]
+
+
+def test_acceptance_rate_follows_recent_verdicts() -> None:
+    record = Acceptance()
+    assert record.rate(0.5) == 0.5  # nothing seen yet: the prior
+    for _ in range(20):
+        record.update(4, 4)
+    assert record.rate(0.5) > 0.9
+    for _ in range(20):
+        record.update(4, 0)
+    assert record.rate(0.5) < 0.3
+    assert math.isclose(Acceptance(kept=3.0, refused=1.0).rate(0.0), 3.0 / 5.0)
+
+
+class FixedDrafter:
+    """Proposes the same tokens every step."""
+
+    name = "fixed"
+
+    def outlook(self, sequence, max_tokens: int) -> int:
+        sequence.speculation.planned = (1, 2, 3, 4)[:max_tokens]
+        return len(sequence.speculation.planned)
+
+    def draft(self, batch):
+        return [sequence.speculation.planned[: item.num_lookahead] for sequence, item in batch]
+
+
+def decoding(request_id: str = "r") -> Drafting:
+    request = Request(request_id, [5, 6, 7], SamplingParams(max_tokens=100), 103)
+    request.num_computed_tokens = 2  # its last token is the one to compute: it may draft
+    return Drafting(request, SequenceSpeculation(), None)
+
+
+def test_a_sequence_whose_drafts_fail_stops_drafting_then_probes_now_and_then() -> None:
+    memory_bound = StepCost([(1, 10.0), (2, 11.0), (8, 17.0)])
+    speculator = Speculator(FixedDrafter(), memory_bound, max_draft_tokens=4)
+    sequence = decoding()
+    assert speculator.lookahead([sequence], 1, 1).get("r", 0) >= 2  # the prior: worth drafting
+    for _ in range(30):
+        speculator.record(sequence.speculation, 4, 0)
+    probes = [speculator.lookahead([sequence], 1, 1) for _ in range(PROBE_INTERVAL + 1)]
+    assert probes[:PROBE_INTERVAL] == [{}] * PROBE_INTERVAL  # refused too often to pay
+    assert probes[-1] == {"r": 1}  # then one token, to see whether that changed
+    for _ in range(3):
+        speculator.record(sequence.speculation, 1, 1)  # it did
+    assert speculator.lookahead([sequence], 1, 1).get("r", 0) >= 1  # drafting again
+
+    compute_bound = StepCost([(1, 10.0), (2, 20.0)])  # a token costs a step: no probe pays
+    busy = Speculator(FixedDrafter(), compute_bound, max_draft_tokens=4)
+    quiet = decoding()
+    for _ in range(30):
+        busy.record(quiet.speculation, 4, 0)
+    assert all(busy.lookahead([quiet], 1, 1) == {} for _ in range(3 * PROBE_INTERVAL))
