@@ -53,7 +53,10 @@ def traced(served_models, mcp_url):
         "allowed_tools": ["echo", "fail", "hang"],
         "call_timeout_s": STDIO_TIMEOUT_S,
     }
-    settings = server_settings(**{"mcp.allowed_urls": [mcp_url], "mcp.servers": [stdio]})
+    # A connect timeout far past every test's time limit: a connection that waited for it instead
+    # of for the server's handshake would fail the tests.
+    mcp = {"mcp.allowed_urls": [mcp_url], "mcp.servers": [stdio], "mcp.connect_timeout_s": 900}
+    settings = server_settings(**mcp)
     exporter = InMemorySpanExporter()
     served_models.engine = AsyncEngine(served_models.chat.engine)
     app = create_app(settings, served_models, tracing=Tracing(span_exporter=exporter))

@@ -86,7 +86,9 @@ class Connection:
     async def open(self, timeout_s: float) -> None:
         self._keeper = asyncio.create_task(self._keep(), name=f"rebar-mcp-{self.target.label}")
         ready = asyncio.create_task(self._ready.wait())
-        done, _ = await asyncio.wait({ready, self._keeper}, timeout=timeout_s)
+        done, _ = await asyncio.wait(
+            {ready, self._keeper}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         ready.cancel()
         if self._ready.is_set():
             return
