@@ -61,6 +61,9 @@ async def meet(group: str, parties: int = 2) -> str:
             await asyncio.wait_for(event.wait(), MEET_WAIT_S)
         except TimeoutError:
             raise RuntimeError(f"only {_arrived[group]} of {parties} arrived") from None
+        finally:
+            if not event.is_set():  # left alone (cancelled or timed out): no longer waiting
+                _arrived[group] -= 1
         return f"met {group}"
 
 

@@ -146,28 +146,47 @@ def test_a_tool_that_hangs_past_its_timeout_is_cancelled_and_reported(client) ->
     assert_flow_ended(response)
 
 
-def test_calls_of_one_turn_run_at_once(mcp_url, traced) -> None:
-    """Two `meet` calls each wait for the other: they end only if they run at the same time."""
+@pytest.mark.parametrize(
+    ("response_slots", "server_slots", "meet"),
+    [(2, 4, True), (1, 4, False), (2, 1, False)],
+    ids=["concurrent", "one-per-response", "one-per-server"],
+)
+def test_calls_of_one_turn_run_at_once_within_their_bounds(
+    mcp_url, response_slots, server_slots, meet
+) -> None:
+    """Two `meet` calls each wait for the other: both end well only if they run at the same
+    time; a bound of one call per response or per server makes each time out alone."""
     import asyncio
 
-    from rebar.agents.tool_runs import PendingCall
+    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
 
-    loop_state = traced[1].state.rebar.tool_loop
+    from rebar.agents.mcp_servers import McpServers, ServerTarget
+    from rebar.agents.tool_runs import FlowLimits, PendingCall, ToolLoop
+    from rebar.obs.tool_metrics import ToolMetrics
+
+    group = f"pair-{response_slots}-{server_slots}"
 
     async def both():
-        from rebar.agents.mcp_servers import McpServers, ServerTarget
-
-        servers = McpServers([], [mcp_url], 15.0, 4)
+        servers = McpServers([], [mcp_url], 30.0, server_slots)
+        tracer = TracerProvider().get_tracer("test")
+        loop = ToolLoop(
+            servers, FlowLimits(call_timeout_s=2.0), ToolMetrics(CollectorRegistry()), tracer
+        )
         try:
             connection = await servers.connection(ServerTarget("remote", url=mcp_url))
-            arguments = json.dumps({"group": "pair"})
+            arguments = json.dumps({"group": group})
             calls = [PendingCall(k, "remote", connection, "meet", arguments) for k in "ab"]
-            return [r async for _, r in loop_state.run_all(calls, asyncio.Semaphore(2))]
+            slots = asyncio.Semaphore(response_slots)
+            return [r async for _, r in loop.run_all(calls, slots)]
         finally:
             await servers.close()
 
     results = asyncio.run(both())
-    assert [r.output for r in results] == ["met pair", "met pair"]
+    if meet:
+        assert [r.output for r in results] == [f"met {group}"] * 2
+    else:
+        assert [r.outcome for r in results] == ["timeout", "timeout"]
 
 
 def test_a_stream_sends_the_mcp_events_in_order(client, mcp_url) -> None:
