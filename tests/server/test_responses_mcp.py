@@ -260,7 +260,15 @@ def test_cancelling_mid_generation_aborts_the_engine_request(client, mcp_url, tr
     assert_idle(traced[1])
 
 
+def cancelled_calls(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith('rebar_tool_calls_total{outcome="cancelled",server="remote"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_a_client_leaving_a_stream_cancels_its_tool_call(mcp_url, traced) -> None:
+    url = traced[0]
     body = {
         "model": "smollm2",
         "input": "Use the tool.",
@@ -268,11 +276,18 @@ def test_a_client_leaving_a_stream_cancels_its_tool_call(mcp_url, traced) -> Non
         "tool_choice": {"type": "mcp", "server_label": "remote", "name": "hang"},
         "stream": True,
     }
-    with httpx.stream("POST", traced[0] + "/v1/responses", json=body, timeout=120) as reply:
-        for line in reply.iter_lines():
-            if "response.mcp_call.in_progress" in line:
-                break
-    assert wait_until(lambda: mcp_fixture.RUNNING["hang"] == 0), "the call outlived its client"
+    before = cancelled_calls(url)
+    traced[1].state.rebar.ping_interval_s = 0.2  # keep-alives find the client gone soon
+    try:
+        with httpx.stream("POST", url + "/v1/responses", json=body, timeout=120) as reply:
+            for line in reply.iter_lines():
+                if "response.mcp_call.in_progress" in line:
+                    break
+        assert wait_until(lambda: cancelled_calls(url) == before + 1), (
+            "the call outlived its client"
+        )
+    finally:
+        traced[1].state.rebar.ping_interval_s = 10.0
     assert_idle(traced[1])
 
 
@@ -347,3 +362,22 @@ def test_a_flow_is_traced_counted_and_logged(client, traced) -> None:
     metrics = httpx.get(traced[0] + "/metrics", timeout=30).text
     assert f'rebar_tool_calls_total{{outcome="error",server="{STDIO}"}}' in metrics
     assert "rebar_tool_call_duration_seconds_count" in metrics
+
+
+def test_the_loops_time_limit_ends_it_incomplete_and_cancels_its_call(served_models, mcp_url):
+    from rebar.engine.async_engine import AsyncEngine
+    from rebar.server.app import create_app
+
+    limits = {"mcp.allowed_urls": [mcp_url], "mcp.flow_timeout_s": 3}
+    settings = server_settings(**limits)
+    served_models.engine = AsyncEngine(served_models.chat.engine)
+    app = create_app(settings, served_models)
+    with live_server(app) as url:
+        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            response = forced(sdk, remote(mcp_url, "hang"), "hang", input="Wait for it.")
+        assert response.status == "incomplete"
+        assert response.incomplete_details.reason == "flow_time_limit"
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert 'rebar_tool_calls_total{outcome="cancelled",server="remote"} 1.0' in metrics
+        assert 'rebar_tool_flows_total{status="incomplete"} 1.0' in metrics
+        assert_idle(app)

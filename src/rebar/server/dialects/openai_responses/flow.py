@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 
 from rebar.agents.tool_runs import PendingCall, ToolLoop
+from rebar.server import sse
 from rebar.server.dialects.openai_responses.flow_render import FlowRenderer
 from rebar.server.dialects.openai_responses.mcp_tools import Toolbox
 from rebar.server.dialects.openai_responses.render import ending
@@ -30,6 +31,7 @@ from rebar.server.pipeline.results import ChoiceEnd, StreamEnd, Usage
 from rebar.server.state import ServerState
 
 Emit = Callable[[str], None]
+Gone = Callable[[], Awaitable[bool]]
 _END = object()
 
 
@@ -62,9 +64,10 @@ class Flow:
         self.usage = Usage(0, 0, 0)
         self.slots = asyncio.Semaphore(self.loop.limits.max_parallel_calls)
 
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self, gone: Gone | None = None) -> AsyncIterator[str]:
         """The response's events, the loop running as a task meanwhile; closing this early (the
-        client left, a cancel) cancels the loop."""
+        client left, a cancel) cancels the loop, and so does `gone` (checked while no event
+        comes) telling that the client left."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def run() -> None:
@@ -74,11 +77,24 @@ class Flow:
                 queue.put_nowait(_END)
 
         task = asyncio.create_task(run(), name="rebar-tool-loop")
+        getter: asyncio.Future[Any] | None = None
         try:
-            while (text := await queue.get()) is not _END:
+            while True:
+                getter = getter or asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter}, timeout=self.state.ping_interval_s)
+                if not done:  # a long tool call: a keep-alive, unless the client has left
+                    if gone is not None and await gone():
+                        return
+                    yield sse.PING
+                    continue
+                text, getter = getter.result(), None
+                if text is _END:
+                    break
                 yield text
             await task  # its failure, if any, is the consumer's
         finally:
+            if getter is not None:
+                getter.cancel()
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -62,7 +62,7 @@ async def tool_flow(
 async def respond_flow(http: Request, flow: Flow, render: FlowRenderer, stream: bool) -> Response:
     """A foreground response: streamed, or whole once the loop ended."""
     if stream:
-        return sse.response(_streamed(flow, render), {})
+        return sse.response(_streamed(flow, render, http), {})
     await unless_disconnected(http, _drain(flow))
     await render.done()
     assert render.final is not None, "a finished loop rendered its response"
@@ -90,9 +90,9 @@ async def _drain(flow: Flow) -> None:
         pass
 
 
-async def _streamed(flow: Flow, render: FlowRenderer):
+async def _streamed(flow: Flow, render: FlowRenderer, http: Request):
     try:
-        async for text in flow.events():
+        async for text in flow.events(http.is_disconnected):
             yield text
     finally:
         await render.done()
