@@ -54,10 +54,14 @@ FULL_ONLY: dict[str, str] = {
     "server/test_responses.py": "the Responses API through a live server, background runs too",
     "server/test_responses_mcp.py": "MCP tool loops through a live server and two MCP servers",
     "test_example_agent_flow.py": "the Agents SDK example against a live server and its MCP server",
+    "server/test_anthropic.py": "Anthropic's SDK against a live server with API keys on",
+    "server/test_agents_sdk.py": "an OpenAI Agents SDK run against a live server",
     "server/test_deploy_files.py": "Locust against a live server",
     "server/test_models_cli.py": "`rebar models` processes against a live server",
     "bench/test_gate.py": "the real gate on a tiny model: fresh processes and a `rebar serve`",
     "test_openmp_env.py": "fresh Python processes importing torch",
+    "documents/test_summarize_api.py": "document summaries through a live server on SmolLM2",
+    "documents/test_summarize_cli.py": "`rebar summarize` processes on SmolLM2, Ctrl-C included",
 }
 SLOW_FILE_S = 15.0  # a file that costs more is full-only
 FAST_BUDGET_S = 180.0  # the fast tier's recorded total: `make check` within 4 minutes with lint

@@ -19,12 +19,11 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from agents import Agent, HostedMCPTool, ModelSettings, Runner, set_tracing_disabled
 from agents.model_settings import MCPToolChoice
 from agents.models.openai_responses import OpenAIResponsesModel
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
-
-from agents import Agent, HostedMCPTool, ModelSettings, Runner, set_tracing_disabled
 
 LIBRARY = "library"  # the label of the MCP server rebar runs (rebar.toml)
 MAX_TOKENS = 160  # per model turn: room for a short answer from a small model

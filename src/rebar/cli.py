@@ -18,6 +18,7 @@ from rebar.config.flags import (
     settings_from_flags,
 )
 from rebar.contract_cli import add_contract_parser
+from rebar.documents.cli import add_summarize_parser
 from rebar.errors import ConfigError, InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
 from rebar.models_cli import add_models_parser
@@ -298,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_parser(commands)
     add_contract_parser(commands, add_model_args)
     add_models_parser(commands)
+    add_summarize_parser(commands, add_model_args)
     return parser
 
 

@@ -6,7 +6,7 @@ every n-gram drafter).
 Servers, each started fresh, one after another (`rounds` times over, so the host's drift falls on
 all alike; figures are medians over rounds):
 
-- rebar with its defaults (speculative decoding as configured by default), and with
+- rebar with speculative decoding on (its other settings the defaults), and with
   `speculative = false`; the response cache off, so every request is decoded;
 - llama-server `-np 1` without speculation, and with each `--spec-type` given (its n-gram types,
   their own default settings), for 1 stream; the best n-gram type is the peer.
@@ -41,6 +41,8 @@ from rebar_bench.spec_prompts import CHAT, GROUNDED, SpecRequest
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 REBAR = "rebar"
 REBAR_PLAIN = "rebar, no speculation"
+SPECULATING = {"REBAR_ENGINE__SPECULATIVE": "true"}
+NOT_SPECULATING = {"REBAR_ENGINE__SPECULATIVE": "false"}
 PEER_PLAIN = "llama-server, no speculation"
 
 
@@ -193,7 +195,7 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
         notes.append(f"no llama-server figures: {exc}")
         peers = {}
     for _ in range(config.rounds):
-        for name, env in ((REBAR, {}), (REBAR_PLAIN, {"REBAR_ENGINE__SPECULATIVE": "false"})):
+        for name, env in ((REBAR, SPECULATING), (REBAR_PLAIN, NOT_SPECULATING)):
             into = figures.setdefault(name, ServerFigures())
             with rebar_at(model, config.threads, env) as url:
                 answer_all(url, model, requests, config, into)
@@ -278,9 +280,9 @@ def measure_big_model(
     assert config.big_model is not None
     model = config.big_model
     runs: dict[str, ServerFigures] = {}
-    configurations = [(REBAR, {}), (REBAR_PLAIN, {"REBAR_ENGINE__SPECULATIVE": "false"})]
+    configurations = [(REBAR, SPECULATING), (REBAR_PLAIN, NOT_SPECULATING)]
     if config.draft_model:
-        drafting = {"REBAR_ENGINE__DRAFT_MODEL": config.draft_model}
+        drafting = {**SPECULATING, "REBAR_ENGINE__DRAFT_MODEL": config.draft_model}
         configurations.append(("rebar, draft model", drafting))
     for _ in range(config.rounds):
         for name, env in configurations:

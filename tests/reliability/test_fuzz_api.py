@@ -24,6 +24,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 from suite import scaled
 
+from dialect_errors import assert_error_shape
 from live_server import assert_idle, chat_core, server_settings, serving_models
 from suite_tiers import limit
 
@@ -74,6 +75,8 @@ def test_the_fuzzed_schema_has_every_route_the_app_serves() -> None:
     assert {"/", "/metrics", "/admin/profile", "/admin/models", "/v1/chat/completions"} <= paths
     assert {"/admin/models/{name}/load", "/admin/models/{name}/reload"} <= paths
     assert {"/tokenize", "/detokenize", "/v1/embeddings", "/v1/models", "/health"} <= paths
+    assert {"/v1/responses", "/v1/responses/{response_id}/cancel"} <= paths
+    assert {"/v1/messages", "/v1/messages/count_tokens"} <= paths
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +86,18 @@ def fuzz_server(served_models):
         yield url, app
 
 
-def _bounded(body: object, served: dict[str, str]) -> object:
+def _bounded(body: object, served: dict[str, str], path: str) -> object:
     """The case's body with the model pointed at a served one (so validation goes past it) and any
     valid max_tokens / n / profile deadline clamped to a cheap size."""
     if not isinstance(body, dict):
         return body
     body = dict(body)
     if "model" in body and isinstance(body["model"], str):
-        body["model"] = served["embedding" if "input" in body else "chat"]
+        body["model"] = served["embedding" if path == "/v1/embeddings" else "chat"]
     for key, cap in (
         ("max_tokens", MAX_FUZZ_TOKENS),
         ("max_completion_tokens", MAX_FUZZ_TOKENS),
+        ("max_output_tokens", MAX_FUZZ_TOKENS),
         ("n", MAX_FUZZ_N),
     ):
         if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > cap:
@@ -105,15 +109,17 @@ def _bounded(body: object, served: dict[str, str]) -> object:
     generates = "messages" in body or ("prompt" in body and "tokens" not in body)
     if generates and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_FUZZ_TOKENS  # None (chat's default) means "until the context ends"
+    if path == "/v1/responses" and body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = MAX_FUZZ_TOKENS
     return body
 
 
-def assert_clean(response, app, added: int) -> None:
-    """A 4xx in the OpenAI error shape with nothing generated for it, or a success; then idle."""
+def assert_clean(response, app, added: int, path: str = "") -> None:
+    """A 4xx in its dialect's error shape with nothing generated for it, or a success; then
+    idle."""
     assert response.status_code < 500, (response.status_code, response.text[:500])
     if response.status_code >= 400:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert_error_shape(path, response.json())
         assert chat_core(app).num_requests_added == added  # nothing generated
     assert_idle(app)
 
@@ -127,12 +133,12 @@ def test_no_input_gets_a_5xx_or_leaves_anything_behind(fuzz_server, case) -> Non
         case.path_parameters = {"name": f"not-served-{case.path_parameters.get('name', '')}"}
     registry = app.state.rebar.registry
     names = {kind: registry.default_name(kind) for kind in ("chat", "embedding")}
-    case.body = _bounded(case.body, names)
+    case.body = _bounded(case.body, names, case.path)
     added = chat_core(app).num_requests_added
     response = case.call(base_url=url, headers=ADMIN, timeout=120)
     case.validate_response(response, checks=CHECKS)
     if "application/json" in str(response.headers.get("content-type")):
-        assert_clean(response, app, added)
+        assert_clean(response, app, added, case.path)
     else:
         assert response.status_code < 500
         assert_idle(app)
@@ -170,7 +176,7 @@ def test_every_post_route_answers_an_unparseable_body_with_a_clean_4xx(fuzz_serv
         )
         if reads_a_body:
             assert 400 <= response.status_code < 500, (path, body, response.text[:300])
-        assert_clean(response, app, added)
+        assert_clean(response, app, added, path)
 
 
 # ----- large valid values on a short context ------------------------------------------------------

@@ -1,9 +1,10 @@
 """Hand-picked hostile values, combined by hypothesis into otherwise valid requests.
 
-Every field of a valid chat, completions, embeddings and tokenize body is replaced, alone or with
+Every field of a valid chat, completions, embeddings, tokenize, Responses and Anthropic Messages
+body is replaced, alone or with
 others, by values chosen to break parsers and numerics: NaN and infinities, huge and tiny numbers,
 lone surrogates, control tokens, deep nesting, empty and very long strings. Whatever comes
-back must be a 2xx or an OpenAI-style 4xx, and the server must be idle afterwards.
+back must be a 2xx or a 4xx in its dialect's error shape, and the server must be idle afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from suite import scaled
 
+from dialect_errors import assert_error_shape
 from live_server import assert_idle, chat_core, server_settings, serving_models
 from suite_tiers import limit
 
@@ -83,6 +85,23 @@ BASES = {
     "/v1/embeddings": {"model": "minilm", "input": ["Hi"]},
     "/tokenize": {"prompt": "Hi"},
     "/detokenize": {"tokens": [1, 2, 3]},
+    "/v1/responses": {"model": "smollm2", "input": "Hi", "max_output_tokens": 4, "store": False},
+    "/v1/messages": {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+    },
+    "/v1/messages/count_tokens": {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+}
+# The generating routes, and the field each takes for its answer's length.
+LENGTHS = {
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+    "/v1/messages": ("max_tokens",),
 }
 FIELDS = [
     "model",
@@ -114,6 +133,23 @@ FIELDS = [
     "skip_special_tokens",
     "add_generation_prompt",
     "stream_options",
+    "truncate_prompt_tokens",
+    # The Responses API's
+    "instructions",
+    "max_output_tokens",
+    "tools",
+    "tool_choice",
+    "text",
+    "reasoning",
+    "include",
+    "previous_response_id",
+    "store",
+    "background",
+    # Anthropic's
+    "system",
+    "stop_sequences",
+    "thinking",
+    "metadata",
 ]
 
 VALUES = st.one_of(
@@ -169,24 +205,20 @@ def hostile_server(served_models):
 def test_hostile_values_get_a_clean_answer(hostile_server, path: str, changes: dict) -> None:
     url, app = hostile_server
     body = {**BASES[path], **changes}
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(key), int) and not isinstance(body[key], bool):
             body[key] = min(body[key], 8)  # a valid length is kept cheap, not removed
     if isinstance(body.get("n"), int) and not isinstance(body["n"], bool):
         body["n"] = min(body["n"], 2)
-    if (
-        path in ("/v1/chat/completions", "/v1/completions")
-        and body.get("max_tokens") is None
-        and body.get("max_completion_tokens") is None
-    ):
-        body["max_tokens"] = 8  # None means "until the context ends"
+    lengths = LENGTHS.get(path, ())
+    if lengths and all(body.get(key) is None for key in lengths):
+        body[lengths[0]] = 8  # None means "until the context ends"
     added = chat_core(app).num_requests_added
     response = httpx.post(
         url + path, content=_encode(body), headers={"content-type": "application/json"}, timeout=60
     )
     assert response.status_code < 500, (response.status_code, response.text[:300], body)
     if response.status_code >= 400:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert_error_shape(path, response.json())
         assert chat_core(app).num_requests_added == added  # nothing generated for it
     assert_idle(app)

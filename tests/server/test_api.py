@@ -255,6 +255,67 @@ def test_embeddings_match_the_model(server) -> None:
     assert np.allclose(decoded, vectors[0], atol=1e-6)
 
 
+def test_embeddings_take_token_ids_as_the_model_reads_them(server) -> None:
+    url, app = server
+    tokenizer = embedding_model(app).text.tokenizer
+    ids = [tokenizer.encode(t, add_special_tokens=True) for t in ("hello world", "good morning")]
+    texts = post(
+        url, "/v1/embeddings", {"model": "minilm", "input": ["hello world", "good morning"]}
+    )
+    one = post(url, "/v1/embeddings", {"model": "minilm", "input": ids[0]})
+    many = post(url, "/v1/embeddings", {"model": "minilm", "input": ids})
+    by_text = [d["embedding"] for d in texts.json()["data"]]
+    assert one.json()["data"][0]["embedding"] == pytest.approx(by_text[0], abs=1e-6)
+    assert [d["embedding"] for d in many.json()["data"]] == [
+        pytest.approx(v, abs=1e-6) for v in by_text
+    ]
+    assert many.json()["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1])
+
+
+def test_an_embedding_input_past_the_window_is_refused_unless_truncation_is_asked(server) -> None:
+    url, app = server
+    model = embedding_model(app)
+    window = model.max_input_tokens
+    long = "word " * 400
+    error = assert_error(post(url, "/v1/embeddings", {"model": "minilm", "input": long}), 400)
+    assert f"at most {window}" in error["message"] and error["param"] == "input"
+    cut = post(
+        url,
+        "/v1/embeddings",
+        {"model": "minilm", "input": long, "truncate_prompt_tokens": -1},
+    ).json()
+    assert cut["usage"]["prompt_tokens"] == window
+    # The reference: the model's own tokenizer truncating to its window ([SEP] kept).
+    expected = model.embedder.embed([long])[0].tolist()
+    assert cut["data"][0]["embedding"] == pytest.approx(expected, abs=1e-5)
+    shorter = post(
+        url, "/v1/embeddings", {"model": "minilm", "input": long, "truncate_prompt_tokens": 8}
+    ).json()
+    assert shorter["usage"]["prompt_tokens"] == 8
+    ids = model.text.tokenizer.encode(long, add_special_tokens=True)
+    by_ids = post(url, "/v1/embeddings", {"model": "minilm", "input": ids[:7] + ids[-1:]}).json()
+    assert shorter["data"][0]["embedding"] == pytest.approx(
+        by_ids["data"][0]["embedding"], abs=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": [101, 10**6, 102]},
+        {"input": [[101, 102], [-1]]},
+        {"input": [101] * 300},
+        {"input": "x", "truncate_prompt_tokens": 0},
+        {"input": "x", "truncate_prompt_tokens": 100000},
+        {"input": [[]]},
+        {"input": [True, False]},
+    ],
+)
+def test_bad_embedding_inputs_are_400s(server, body: dict) -> None:
+    url, _ = server
+    assert_error(post(url, "/v1/embeddings", {"model": "minilm", **body}), 400)
+
+
 def test_tokenize_and_detokenize(server) -> None:
     url, _ = server
     tokens = post(url, "/tokenize", {"prompt": "<|im_start|>user\nhi"}).json()

@@ -129,3 +129,14 @@ def test_matching_digest_names_the_key_that_matched(checker: ApiKeyChecker) -> N
     assert (
         ApiKeyChecker(frozenset()).matching_digest(f"Bearer {KEYS[1]}") is None
     )  # auth off: no key identity
+
+
+def test_a_bare_key_as_anthropic_sends_it_matches_the_same_digest(checker: ApiKeyChecker) -> None:
+    assert (
+        checker.key_digest(KEYS[2])
+        == hash_key(KEYS[2])
+        == checker.matching_digest(f"Bearer {KEYS[2]}")
+    )
+    for wrong in (None, "", "   ", "sk-wrong", f"Bearer {KEYS[2]}", KEYS[2][:-1]):
+        assert checker.key_digest(wrong) is None
+    assert ApiKeyChecker(frozenset()).key_digest(KEYS[0]) is None  # auth off: no key identity

@@ -61,13 +61,14 @@ def test_a_template_that_reads_tool_calls_gets_them_with_parsed_arguments() -> N
     assert tool == {"role": "tool", "content": "2", "tool_call_id": "c1"}
 
 
-def test_an_earlier_answers_reasoning_is_accepted_and_left_out_of_the_prompt() -> None:
-    turn = messages({"role": "assistant", "content": "Paris.", "reasoning_content": "hm"})
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_earlier_answers_reasoning_is_accepted_and_left_out_of_the_prompt(field: str) -> None:
+    turn = messages({"role": "assistant", "content": "Paris.", field: "hm"})
     assert template_messages(turn, model_text(PLAIN)) == [
         {"role": "assistant", "content": "Paris."}
     ]
-    with pytest.raises(ValidationError, match="assistant messages"):
-        messages({"role": "user", "content": "x", "reasoning_content": "hm"})
+    with pytest.raises(ValidationError, match=f"{field} belongs to assistant messages"):
+        messages({"role": "user", "content": "x", field: "hm"})
 
 
 def test_a_template_that_ignores_tool_calls_sees_them_in_the_content() -> None:

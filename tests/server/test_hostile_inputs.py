@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from live_server import assert_idle, server_settings, serving_models, slowest_health
+from live_server import assert_idle, chat_core, server_settings, serving_models, slowest_health
 from waiting import HANG_S
 
 CHAT = "/v1/chat/completions"
@@ -43,7 +43,9 @@ SURROGATE_CASES = [
     (CHAT, {"model": "smollm2", "messages": ASK, "stop": ["a" + SURROGATE]}, "stop.0"),
     ("/tokenize", {"prompt": "x" + SURROGATE}, "prompt"),
     ("/v1/embeddings", {"model": "minilm", "input": ["fine", SURROGATE]}, "input.1"),
+    ("/v1/responses", {"model": "smollm2", "input": "hi" + SURROGATE}, "input"),
 ]
+MESSAGES = "/v1/messages"
 
 
 @pytest.mark.parametrize(("path", "body", "param"), SURROGATE_CASES)
@@ -63,6 +65,79 @@ def test_lone_surrogates_are_a_400_naming_the_field(
         and "lone surrogate" in error["message"]
         and error["code"] == "invalid_value"
     )
+    assert_idle(app)
+
+
+@pytest.mark.parametrize("path", [MESSAGES, MESSAGES + "/count_tokens"])
+def test_lone_surrogates_in_anthropic_bodies_are_an_anthropic_400(guarded, path: str) -> None:
+    url, app = guarded
+    body = {
+        "model": "smollm2",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}],
+    }
+    if path.endswith("count_tokens"):
+        del body["max_tokens"]
+    response = httpx.post(
+        url + path, content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "lone surrogate" in error["message"] and "messages.0.content.0.text" in error["message"]
+    assert_idle(app)
+
+
+HOSTILE_MESSAGES = [
+    # Control-token text where the template reads it as is: a tool call's id and name.
+    [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "<|im_end|>", "name": "f", "input": {}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "1"}]},
+    ],
+    [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "a", "name": "<|im_start|>", "input": {}}],
+        },
+    ],
+    [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": []}]}],
+    [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": "yes"}]}],
+    [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 7}]}],
+    [{"role": "user", "content": [{"type": "text"}]}],
+    [{"role": "user", "content": [{"text": "no type"}]}],
+    [{"role": "user", "content": [["nested"]]}],
+    [{"role": "user", "content": None}],
+    [{"role": "user", "content": "x", "name": "extra"}],
+    ["not an object"],
+    [{"role": "user", "content": "word " * 3000}],  # past the model's context
+]
+
+
+@pytest.mark.parametrize("messages", HOSTILE_MESSAGES)
+@pytest.mark.parametrize("path", [MESSAGES, MESSAGES + "/count_tokens"])
+def test_hostile_anthropic_messages_are_anthropic_400s(guarded, path: str, messages) -> None:
+    url, app = guarded
+    body: dict = {"model": "smollm2", "messages": messages}
+    if path == MESSAGES:
+        body["max_tokens"] = 4
+    added = chat_core(app).num_requests_added
+    response = post(url, path, body)
+    last = messages[-1]
+    if path != MESSAGES and isinstance(last, dict) and str(last["content"]).startswith("word "):
+        # Counting a long prompt is no error: only generating past the context is.
+        assert response.status_code == 200 and response.json()["input_tokens"] > 2048
+        return
+    assert response.status_code == 400, response.text
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert chat_core(app).num_requests_added == added
     assert_idle(app)
 
 
@@ -212,6 +287,14 @@ def test_a_chunked_body_over_the_limit_is_413(guarded) -> None:
         url + CHAT, content=chunks(), headers={"content-type": "application/json"}, timeout=60
     )
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+    response = httpx.post(
+        url + MESSAGES, content=chunks(), headers={"content-type": "application/json"}, timeout=60
+    )
+    assert response.status_code == 413
+    assert response.json() == {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": response.json()["error"]["message"]},
+    }
 
 
 def raw_request(url: str, data: bytes, wait_s: float = HANG_S) -> tuple[bytes, bool]:

@@ -117,7 +117,10 @@ def test_a_stream_sends_reasoning_content_then_content() -> None:
         for e in render.output_chunks(o)
     ]
     sent = deltas(events)
-    assert sent[:2] == [{"reasoning_content": "Let me"}, {"reasoning_content": " think."}]
+    assert sent[:2] == [
+        {"reasoning_content": "Let me", "reasoning": "Let me"},
+        {"reasoning_content": " think.", "reasoning": " think."},
+    ]
     assert sent[2:4] == [{"content": "Paris"}, {"content": "."}]
     assert sent[-1] == {}  # the final chunk
 
@@ -126,9 +129,15 @@ def test_whole_and_replayed_answers_carry_reasoning_content() -> None:
     choice = Choice(0, "<think>hm</think>\nParis.", [], "stop")
     completion = Completion((choice,), 5, 4)
     message = renderer(thinking=False).json(completion)["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": "hm"}
+    assert message == {
+        "role": "assistant",
+        "content": "Paris.",
+        "reasoning_content": "hm",
+        "reasoning": "hm",
+    }
     assert deltas(list(renderer(False).replay_chunks(choice)))[0] == {
         "reasoning_content": "hm",
+        "reasoning": "hm",
         "content": "Paris.",
     }
 

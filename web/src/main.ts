@@ -1,6 +1,7 @@
 /** Entry point of the chat page: find its elements and start it. */
 
 import { ChatPage, type PageElements } from "./chat_page";
+import { DocumentsPanel } from "./documents_panel";
 
 function byId<T extends HTMLElement>(id: string, type: new () => T): T {
   const node = document.getElementById(id);
@@ -26,3 +27,17 @@ const elements: PageElements = {
 };
 
 new ChatPage(elements).start();
+new DocumentsPanel({
+  file: byId("document-file", HTMLInputElement),
+  dropZone: byId("document-drop", HTMLElement),
+  style: byId("document-style", HTMLSelectElement),
+  summarize: byId("document-summarize", HTMLButtonElement),
+  stop: byId("document-stop", HTMLButtonElement),
+  progress: byId("document-progress", HTMLElement),
+  summary: byId("document-summary", HTMLElement),
+  ask: byId("document-ask", HTMLButtonElement),
+  model: elements.model,
+  apiKey: elements.apiKey,
+  systemPrompt: elements.systemPrompt,
+  prompt: elements.prompt,
+}).start();

@@ -17,6 +17,7 @@ What callers may rely on: an unknown key in any layer and every invalid value ra
 environment: it is defaults plus the given values, which keeps tests hermetic.
 """
 
+from rebar.config.documents_settings import DocumentsSettings
 from rebar.config.engine_settings import EngineSettings
 from rebar.config.loading import check_engine_settings, load_settings, to_toml
 from rebar.config.mcp_settings import McpServerSettings, McpSettings
@@ -41,6 +42,7 @@ from rebar.config.settings import (
 __all__ = [
     "PROCESS_ENV_SWITCHES",
     "CacheSettings",
+    "DocumentsSettings",
     "EngineSettings",
     "LimitsSettings",
     "LoggingSettings",

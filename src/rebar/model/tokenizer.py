@@ -113,6 +113,7 @@ class Tokenizer:
         )
         self._special_pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
         self._text_backend: BackendTokenizer | None = None
+        self._full_backend: BackendTokenizer | None = None  # without the truncation, if set
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; `add_special_tokens` applies the model's post-processor (BERT's
@@ -134,9 +135,17 @@ class Tokenizer:
         return self._special_pattern is not None and self._special_pattern.search(text) is not None
 
     def encode_batch(
-        self, texts: Sequence[str], add_special_tokens: bool = False
+        self, texts: Sequence[str], add_special_tokens: bool = False, truncated: bool = True
     ) -> list[list[int]]:
-        encodings = self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        """Token ids of each text; `truncated` False ignores `set_truncation` (to measure what
+        an input would be whole)."""
+        backend = self._backend
+        if not truncated and backend.truncation is not None:
+            if self._full_backend is None:
+                self._full_backend = BackendTokenizer.from_str(backend.to_str())
+                self._full_backend.no_truncation()
+            backend = self._full_backend
+        encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

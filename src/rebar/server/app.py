@@ -19,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from rebar.agents.mcp_servers import McpServers, ServerTarget
 from rebar.agents.tool_runs import FlowLimits, ToolLoop
 from rebar.config import Settings
+from rebar.documents.cache import MemoryCache
 from rebar.engine.async_engine import AsyncEngine
 from rebar.engine.builder import LoadedModel, load_model
 from rebar.engine.contract import enforce_beside
@@ -29,6 +30,7 @@ from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.conversations import BackgroundRuns, ResponseStore
 from rebar.server.dialects import (
+    anthropic_messages,
     openai_chat,
     openai_completions,
     openai_embeddings,
@@ -45,7 +47,7 @@ from rebar.server.middleware import (
 )
 from rebar.server.pipeline.cache import EmbeddingCache, ResponseCache
 from rebar.server.pipeline.gate import Gate, WaitingRoom
-from rebar.server.routes import admin, ops, tokenize, web
+from rebar.server.routes import admin, documents, ops, tokenize, web
 from rebar.server.routes import models as model_routes
 from rebar.server.state import ServerState
 from rebar.server.telemetry import AccessLogMiddleware, TracingMiddleware
@@ -56,7 +58,13 @@ from rebar.store import RateLimiter, RateLimits, ResilientStore, open_store
 
 logger = logging.getLogger("rebar.server")
 
-DIALECTS = (openai_chat, openai_completions, openai_embeddings, openai_responses)
+DIALECTS = (
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_responses,
+    anthropic_messages,
+)
 
 
 @dataclass
@@ -125,11 +133,11 @@ def create_app(
 
     app = FastAPI(title="rebar", version="0.1.0", lifespan=lifespan)
     app.state.rebar = state
-    shapes = ErrorShapes()
+    shapes = ErrorShapes(((anthropic_messages.PREFIX, anthropic_messages.ERRORS),))
     install_error_handlers(app, shapes)
     for dialect in DIALECTS:
         app.include_router(dialect.router)
-    for routes in (tokenize, ops, admin, model_routes):
+    for routes in (tokenize, ops, admin, model_routes, documents):
         app.include_router(routes.router)
     web.install(app)
     install_middleware(app, settings, state, shapes)
@@ -180,6 +188,8 @@ def build_state(settings: Settings, tracing: Tracing | None = None) -> ServerSta
         )
         state.embedding_cache = EmbeddingCache(store, s.key_prefix, c.embedding_ttl_s)
     state.tool_loop = tool_loop(settings, state.metrics, tracing)
+    if settings.documents.cache_entries:
+        state.summaries = MemoryCache(settings.documents.cache_entries)
     state.metrics.attach(state)
     return state
 
@@ -231,6 +241,8 @@ def install_middleware(
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=server.max_body_bytes,
+        # an uploaded document may be as large as documents.max_bytes, plus its form's framing
+        larger={documents.PATH: settings.documents.max_bytes + documents.FORM_FRAMING_BYTES},
         timeout_s=server.body_timeout_s,
         shapes=shapes,
     )

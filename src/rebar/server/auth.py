@@ -1,4 +1,5 @@
-"""API-key authentication: `Authorization: Bearer <key>` checked against SHA-256 digests.
+"""API-key authentication: `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`)
+checked against SHA-256 digests.
 
 The checker never holds a key in plain text, only digests, and compares a presented key with
 every stored digest in constant time, so neither timing nor an early exit reveals which key (or
@@ -69,10 +70,14 @@ class ApiKeyChecker:
     def matching_digest(self, authorization_header: str | None) -> str | None:
         """The SHA-256 digest of the configured key the header carries, or None (always None when
         auth is off)."""
-        token = bearer_token(authorization_header)
-        if token is None or not self._digests:
+        return self.key_digest(bearer_token(authorization_header))
+
+    def key_digest(self, key: str | None) -> str | None:
+        """The SHA-256 digest of `key` when it is a configured key, else None (as sent in
+        Anthropic's `x-api-key` header, with no scheme)."""
+        if key is None or not key.strip() or not self._digests:
             return None
-        presented = hash_key(token).encode("ascii")
+        presented = hash_key(key.strip()).encode("ascii")
         matched = False
         for digest in self._digests:  # every digest, no early exit
             matched |= hmac.compare_digest(presented, digest)

@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
+from rebar.errors import InvalidRequestError
+
 INVALID_UNICODE = "invalid_unicode"
 
 
@@ -57,3 +59,21 @@ class StrictBody(BaseModel):
                 {"param": param, "code": f"{ord(char):04X}"},
             )
         return data
+
+
+# Parts of a body read by hand (items and blocks whose shape depends on their `type`): each check
+# names where in the body it failed.
+
+
+def only_fields(item: dict[str, Any], allowed: set[str], where: str) -> None:
+    """A 400 naming the first field of `item` (at `where`) that is not `allowed`."""
+    extra = sorted(set(item) - allowed)
+    if extra:
+        raise InvalidRequestError(f"{where} has unsupported fields {extra}", f"{where}.{extra[0]}")
+
+
+def text_field(value: Any, where: str) -> str:
+    """`value` when it is a string; else a 400 naming `where`."""
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{where} must be a string", where)
+    return value

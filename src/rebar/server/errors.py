@@ -5,8 +5,8 @@ the one table from domain errors to HTTP), and the body shape of the dialect the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,6 +14,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rebar.documents.errors import (
+    DocumentNotAllowed,
+    DocumentNotFound,
+    DocumentTooLarge,
+    EmptyDocument,
+    EncryptedDocument,
+    MalformedDocument,
+    NoTextLayer,
+    UnsupportedDocument,
+)
+from rebar.documents.generator import SummaryFailed
+from rebar.documents.summarize import ContextTooSmall
 from rebar.errors import InvalidRequestError, ModelNotFoundError, RebarError
 from rebar.server.body import INVALID_UNICODE
 from rebar.server.pipeline.errors import (
@@ -58,6 +70,16 @@ STATUS: dict[type[Exception], tuple[int, str | None]] = {
     ClientGone: (499, None),
     GenerationTimeout: (504, "timeout"),
     GenerationFailed: (500, "internal_error"),
+    SummaryFailed: (500, "internal_error"),
+    UnsupportedDocument: (415, "unsupported_document"),
+    EncryptedDocument: (422, "encrypted_document"),
+    NoTextLayer: (422, "no_text_layer"),
+    EmptyDocument: (422, "empty_document"),
+    MalformedDocument: (422, "malformed_document"),
+    DocumentTooLarge: (413, "document_too_large"),
+    DocumentNotAllowed: (403, "path_not_allowed"),
+    DocumentNotFound: (404, "document_not_found"),
+    ContextTooSmall: (400, "context_too_small"),
     RebarError: (400, "invalid_request"),  # any other error a user caused (a bad file, setting)
 }
 # Which request parameter an error is about, when its class says it.
@@ -117,6 +139,8 @@ _TYPES = {
     408: "timeout_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -141,18 +165,39 @@ ErrorShape = Callable[[int, str, "str | None", "str | None"], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class ErrorStyle:
+    """How a dialect answers an error: the body's shape, and the status codes it gives in place of
+    rebar's own (Anthropic's clients read 529, not 503, as "overloaded, retry")."""
+
+    shape: ErrorShape
+    statuses: Mapping[int, int] = field(default_factory=dict)
+
+    def status(self, status: int) -> int:
+        return self.statuses.get(status, status)
+
+    def body(self, status: int, message: str, param: str | None, code: str | None) -> dict:
+        """The body of an error whose status is already this dialect's."""
+        return self.shape(status, message, param, code)
+
+
+OPENAI = ErrorStyle(error_body)
+
+
+@dataclass(frozen=True)
 class ErrorShapes:
-    """Which body shape an error takes: the dialect whose path prefix the request's path starts
-    with, else OpenAI's."""
+    """Which error style a request gets: the dialect's whose path prefix the request's path
+    starts with, else OpenAI's."""
 
-    by_prefix: Sequence[tuple[str, ErrorShape]] = ()
+    by_prefix: Sequence[tuple[str, ErrorStyle]] = ()
 
-    def for_path(self, path: str) -> ErrorShape:
-        return next((shape for p, shape in self.by_prefix if path.startswith(p)), error_body)
+    def for_path(self, path: str) -> ErrorStyle:
+        return next((style for p, style in self.by_prefix if path.startswith(p)), OPENAI)
 
     def response(self, path: str, problem: Problem) -> JSONResponse:
-        body = self.for_path(path)(problem.status, problem.message, problem.param, problem.code)
-        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
+        style = self.for_path(path)
+        status = style.status(problem.status)
+        body = style.body(status, problem.message, problem.param, problem.code)
+        return JSONResponse(body, status_code=status, headers=problem.headers)
 
 
 # What pydantic puts in an error's location for the member of a union that failed: a type

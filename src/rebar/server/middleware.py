@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from starlette.routing import BaseRoute, Match
 
@@ -34,8 +34,9 @@ async def send_error(
     code: str | None = None,
 ) -> None:
     """An error answered before any route runs, in the shape of the dialect of `scope`'s path."""
-    shape = shapes.for_path(scope.get("path", ""))
-    body = json.dumps(shape(status, message, None, code)).encode()
+    style = shapes.for_path(scope.get("path", ""))
+    status = style.status(status)
+    body = json.dumps(style.body(status, message, None, code)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -100,16 +101,24 @@ class BodyLimitMiddleware:
     """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, timeout_s: float, shapes: ErrorShapes = ErrorShapes()
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        timeout_s: float,
+        shapes: ErrorShapes = ErrorShapes(),
+        larger: Mapping[str, int] | None = None,
     ) -> None:
+        """`larger` gives paths their own bound (document uploads)."""
         self.app, self.max_bytes, self.timeout_s, self.shapes = app, max_bytes, timeout_s, shapes
+        self.larger = dict(larger or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes = self.larger.get(scope["path"], self.max_bytes)
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._too_large(scope, send)
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            return await self._too_large(scope, send, max_bytes)
         chunks: list[bytes] = []
         received = 0
         loop = asyncio.get_running_loop()
@@ -131,21 +140,21 @@ class BodyLimitMiddleware:
                 return  # the client left before its body arrived: nothing to answer
             chunk = message.get("body", b"")
             received += len(chunk)
-            if received > self.max_bytes:
-                return await self._too_large(scope, send)
+            if received > max_bytes:
+                return await self._too_large(scope, send, max_bytes)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _too_large(self, scope: Scope, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send, max_bytes: int) -> None:
         # Connection: close, since the rest of the body is never read.
         await send_error(
             send,
             scope,
             self.shapes,
             413,
-            f"request body exceeds {self.max_bytes} bytes",
+            f"request body exceeds {max_bytes} bytes",
             [(b"connection", b"close")],
             code="body_too_large",
         )
@@ -210,8 +219,8 @@ OPEN_PATHS = (
 
 
 class ApiKeyMiddleware:
-    """401 with an OpenAI error body unless `Authorization: Bearer <key>` matches; open paths stay
-    open.
+    """401 in the dialect's error shape unless `Authorization: Bearer <key>` or `x-api-key: <key>`
+    matches; open paths stay open.
 
     The matched key, as the request context's `api_key_id`, is the caller's identity for rate
     limits and cache isolation.
@@ -237,9 +246,11 @@ class ApiKeyMiddleware:
         ):
             return await self.app(scope, receive, send)
         digest = self.checker.matching_digest(_header(scope, b"authorization"))
+        if digest is None:  # Anthropic's clients send the key alone, as x-api-key
+            digest = self.checker.key_digest(_header(scope, b"x-api-key"))
         if digest is None:
             return await _refuse_key(
-                send, scope, self.shapes, "API key (Authorization: Bearer <key>)"
+                send, scope, self.shapes, "API key (Authorization: Bearer <key>, or x-api-key)"
             )
         request_context(scope).api_key_id = api_key_id(digest)
         await self.app(scope, receive, send)

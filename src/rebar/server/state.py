@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from rebar.agents.tool_runs import ToolLoop
+from rebar.documents.cache import SummaryCache
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.conversations import BackgroundRuns, ResponseStore
@@ -35,6 +36,7 @@ class ServerState:
     ping_interval_s: float = 10.0
     cancel_wait_s: float = 5.0  # a cancelled background response's wait for its replica
     tool_loop: ToolLoop | None = None  # MCP servers and bounds of the Responses API's tool loops
+    summaries: SummaryCache | None = None  # finished document summaries; None when not kept
 
 
 def server_state(request: Request) -> ServerState:

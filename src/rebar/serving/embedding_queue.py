@@ -22,12 +22,13 @@ from rebar.serving.errors import Overloaded, ShuttingDown
 
 logger = logging.getLogger("rebar.serving")
 
-EmbedBatch = Callable[[list[str]], Sequence[np.ndarray]]  # texts -> one vector per text
+EmbedInput = str | Sequence[int]  # a text, or token ids read as given
+EmbedBatch = Callable[[list[EmbedInput]], Sequence[np.ndarray]]  # one vector per input
 
 
 @dataclass
 class _Job:
-    texts: list[str]
+    texts: list[EmbedInput]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     vectors: list[np.ndarray] = field(default_factory=list)
@@ -59,7 +60,7 @@ class EmbeddingQueue:
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    async def embed(self, texts: list[str]) -> list[np.ndarray]:
+    async def embed(self, texts: list[EmbedInput]) -> list[np.ndarray]:
         if self.num_waiting_inputs + len(texts) > self.max_waiting_inputs:
             self.num_rejected += 1
             raise Overloaded(

@@ -116,6 +116,17 @@ class EmbeddingModel(ModelVersion):
         return self.embedder.dimensions
 
     @property
+    def max_input_tokens(self) -> int:
+        """The longest input the model reads whole, in tokens."""
+        assert self.embedder is not None, "a leased embedding model is open"
+        return self.embedder.max_input_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        assert self.embedder is not None, "a leased embedding model is open"
+        return self.embedder.vocab_size
+
+    @property
     def embeddings(self) -> EmbeddingQueue:
         assert self.queue is not None, "a leased embedding model is open"
         return self.queue

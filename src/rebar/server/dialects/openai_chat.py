@@ -83,7 +83,8 @@ def _tools(body: ChatCompletionRequest) -> Tools | None:
 
 
 class ChatRenderer:
-    """Chat completion bodies and chunks; `reasoning_content` only for a model that thinks."""
+    """Chat completion bodies and chunks; `reasoning_content` and `reasoning` only for a model that
+    thinks."""
 
     def __init__(self, info: ResponseInfo) -> None:
         self.info = info
@@ -185,7 +186,9 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 
 def _reasoning(text: str) -> dict[str, str]:
-    return {"reasoning_content": text}
+    """Reasoning under both names clients read: `reasoning_content` (DeepSeek's) and `reasoning`
+    (vLLM's and Ollama's newer one)."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def _reason(reason: str | None, has_calls: bool) -> str | None:

@@ -1,9 +1,10 @@
-"""OpenAI embeddings: `POST /v1/embeddings`, texts in, vectors out (floats or base64)."""
+"""OpenAI embeddings: `POST /v1/embeddings`, texts or token ids in, vectors out (floats or
+base64)."""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -20,15 +21,27 @@ router = APIRouter()
 @router.post("/v1/embeddings")
 async def embeddings(body: Body, request: Request) -> Response:
     neutral = EmbeddingRequest(
-        body.model,
-        (body.input,) if isinstance(body.input, str) else tuple(body.input),
-        body.dimensions,
+        body.model, _inputs(body.input), body.dimensions, body.truncate_prompt_tokens
     )
 
     def render(result: Embeddings) -> dict[str, Any]:
         return _body(result, body.encoding_format)
 
     return await embed_response(server_state(request), request, neutral, render)
+
+
+def _inputs(
+    given: str | list[str] | list[int] | list[list[int]],
+) -> tuple[str | tuple[int, ...], ...]:
+    """A text, texts, one list of token ids, or several."""
+    if isinstance(given, str):
+        return (given,)
+    if given and all(isinstance(item, int) for item in given):
+        return (tuple(cast(list[int], given)),)
+    return tuple(
+        item if isinstance(item, str) else tuple(item)
+        for item in cast(list[str] | list[list[int]], given)
+    )
 
 
 def _body(result: Embeddings, encoding_format: str) -> dict[str, Any]:

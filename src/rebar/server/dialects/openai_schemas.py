@@ -50,6 +50,7 @@ class ChatMessage(StrictBody):
     # An earlier answer's thinking, as clients send it back: left out of the prompt, as reasoning
     # models' own templates leave earlier thinking out.
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same, as vLLM and Ollama name it
 
     @field_validator("content", mode="after")
     @classmethod
@@ -68,10 +69,9 @@ class ChatMessage(StrictBody):
             raise _invalid(f"tool_calls belong to assistant messages, not {self.role!r} ones")
         if self.role == "tool" and not self.tool_call_id:
             raise _invalid("a tool message needs the tool_call_id of the call it answers")
-        if self.reasoning_content is not None and self.role != "assistant":
-            raise _invalid(
-                f"reasoning_content belongs to assistant messages, not {self.role!r} ones"
-            )
+        for name in ("reasoning_content", "reasoning"):
+            if getattr(self, name) is not None and self.role != "assistant":
+                raise _invalid(f"{name} belongs to assistant messages, not {self.role!r} ones")
         if self.tool_call_id is not None and self.role != "tool":
             raise _invalid(f"tool_call_id belongs to tool messages, not {self.role!r} ones")
         return self
@@ -196,9 +196,14 @@ class CompletionRequest(_SamplingFields):
 
 class EmbeddingRequest(StrictBody):
     model: str
-    input: str | list[str]
+    # A text, texts, token ids or lists of token ids (as OpenAI's spec takes them).
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    user: str | None = None  # an end-user id for the caller's own records; changes nothing
+    # vLLM's extension: cut inputs longer than this many tokens (-1: the model's window) instead
+    # of refusing them; rebar keeps each input's head (and a closing special token).
+    truncate_prompt_tokens: int | None = None
 
 
 class TokenizeRequest(StrictBody):
@@ -218,8 +223,8 @@ class DetokenizeRequest(StrictBody):
 
 def neutral_messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
     """`developer` as `system` (the templates know no developer role), a null content as "";
-    an earlier answer's `reasoning_content` is left out, as reasoning models' own templates
-    leave earlier thinking out."""
+    an earlier answer's `reasoning_content` (or `reasoning`) is left out, as reasoning models' own
+    templates leave earlier thinking out."""
     return tuple(
         Message(
             "system" if m.role == "developer" else m.role,

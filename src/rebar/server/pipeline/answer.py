@@ -75,6 +75,7 @@ class AnswerReader:
             choice.finish_reason,
             self._logprobs(choice.logprobs),
             choice.error,
+            _stop_string(choice.stop_reason),
         )
 
     def _parts(self, text: str) -> tuple[str | None, str, tuple[ToolCall, ...]]:
@@ -124,7 +125,8 @@ class AnswerReader:
         if output.finished:
             stream = self._tool_streams.get(index)
             has_calls = bool(stream and stream.num_calls)
-            events.append(ChoiceEnd(index, output.finish_reason, has_calls, output.error))
+            stop = _stop_string(output.stop_reason)
+            events.append(ChoiceEnd(index, output.finish_reason, has_calls, output.error, stop))
         return events
 
     def _tool_events(self, index: int, text: str, final: bool) -> tuple[str, list[Event]]:
@@ -189,7 +191,14 @@ class AnswerReader:
             events.append(Delta(choice.index, read.content, read.reasoning or "", read.logprobs))
         for i, call in enumerate(read.tool_calls):
             events.append(ToolCallDelta(choice.index, i, call.id, call.name, call.arguments))
-        events.append(ChoiceEnd(choice.index, choice.finish_reason, bool(read.tool_calls)))
+        events.append(
+            ChoiceEnd(
+                choice.index,
+                choice.finish_reason,
+                bool(read.tool_calls),
+                stop_sequence=read.stop_sequence,
+            )
+        )
         return events
 
 
@@ -198,3 +207,8 @@ def _event(index: int, piece: StreamEvent) -> Event:
     if call is None:
         return Delta(index, piece.content)
     return ToolCallDelta(index, call.index, call.id, call.name, call.arguments)
+
+
+def _stop_string(stop_reason: str | int | None) -> str | None:
+    """The stop string that ended a choice (a stop token's id is not one)."""
+    return stop_reason if isinstance(stop_reason, str) else None

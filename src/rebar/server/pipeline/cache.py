@@ -196,10 +196,16 @@ class EmbeddingCache:
     ttl_s: float
     stats: CacheStats = field(default_factory=CacheStats)
 
-    def key(self, model: str, text: str) -> str:
-        return f"{self.prefix}:cache:emb:{model}:{hashlib.sha256(text.encode()).hexdigest()}"
+    def key(self, model: str, text: str | tuple[int, ...]) -> str:
+        """A text's key is its SHA-256; token ids' that of their decimal list, under `ids:`."""
+        if isinstance(text, str):
+            return f"{self.prefix}:cache:emb:{model}:{hashlib.sha256(text.encode()).hexdigest()}"
+        spelled = ",".join(map(str, text)).encode()
+        return f"{self.prefix}:cache:emb:{model}:ids:{hashlib.sha256(spelled).hexdigest()}"
 
-    async def get_many(self, model: str, texts: list[str]) -> list[np.ndarray | None]:
+    async def get_many(
+        self, model: str, texts: list[str | tuple[int, ...]]
+    ) -> list[np.ndarray | None]:
         found = []
         for text in texts:
             raw = await self.store.get(self.key(model, text))
@@ -209,7 +215,9 @@ class EmbeddingCache:
         self.stats.misses += len(texts) - hits
         return found
 
-    async def put_many(self, model: str, texts: list[str], vectors: list[np.ndarray]) -> None:
+    async def put_many(
+        self, model: str, texts: list[str | tuple[int, ...]], vectors: list[np.ndarray]
+    ) -> None:
         for text, vector in zip(texts, vectors):
             await self.store.set(
                 self.key(model, text), vector.astype(np.float32).tobytes(), int(self.ttl_s * 1000)

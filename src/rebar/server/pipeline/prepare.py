@@ -27,7 +27,7 @@ from rebar.server.pipeline.call import Call, Next, Outcome
 from rebar.server.pipeline.reasoning import thinking_start
 from rebar.server.pipeline.request import GenerationRequest, Message, PastToolCall
 from rebar.server.pipeline.results import Completion
-from rebar.server.pipeline.tools import plan_tools, with_system_prompt
+from rebar.server.pipeline.tools import ToolPlan, plan_tools, with_system_prompt
 
 INLINE_CHARS = 8192  # below this, tokenizing costs less than the hop to a worker thread
 T = TypeVar("T")
@@ -86,9 +86,7 @@ async def prepare(engine: EngineFront, text: ModelText, request: GenerationReque
         if echo is None:
             echo = text.tokenizer.decode(list(admitted.prompt_token_ids))
         return Prepared(admitted, AnswerReader(text.tokenizer, with_logprobs), echo)
-    messages = template_messages(request.messages, text)
-    plan = plan_tools(request.tools, text)
-    template_tools = None
+    ids, plan = await conversation_prompt(text, request)
     if plan is not None:
         if plan.forced is not None:
             if params.structured is not None:
@@ -101,16 +99,26 @@ async def prepare(engine: EngineFront, text: ModelText, request: GenerationReque
         if plan.reader is not None and plan.reader.format == "mistral":
             # Its calls start with a special token, which the answer's text must keep.
             params = dataclasses.replace(params, skip_special_tokens=False)
-        if plan.system_prompt is not None:
-            messages = with_system_prompt(messages, plan.system_prompt)
-        template_tools = plan.template_tools
-    ids = await chat_prompt(text, messages, tools=template_tools)
     admitted = await admit(engine, ids, params)
     thinking = thinking_start(text, ids)
     reader = AnswerReader(
         text.tokenizer, with_logprobs, thinking, plan.reader if plan is not None else None
     )
     return Prepared(admitted, reader)
+
+
+async def conversation_prompt(
+    text: ModelText, request: GenerationRequest
+) -> tuple[list[int], ToolPlan | None]:
+    """The prompt's token ids for a request's conversation (its tools in the template's `tools`
+    or a system prompt), and what its tools do (None: no tools)."""
+    assert request.messages is not None, "a conversation"
+    messages = template_messages(request.messages, text)
+    plan = plan_tools(request.tools, text)
+    if plan is not None and plan.system_prompt is not None:
+        messages = with_system_prompt(messages, plan.system_prompt)
+    template_tools = plan.template_tools if plan is not None else None
+    return await chat_prompt(text, messages, tools=template_tools), plan
 
 
 async def admit(

@@ -109,8 +109,10 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class EmbeddingRequest:
-    """Texts (or token-id lists) to embed."""
+    """Texts or token-id lists to embed. An input longer than the model's window is refused
+    unless `truncate` is set: then it is cut to `truncate` tokens (-1: to the window)."""
 
     model: str | None
-    inputs: tuple[str, ...]
+    inputs: tuple[str | tuple[int, ...], ...]
     dimensions: int | None = None
+    truncate: int | None = None

@@ -44,6 +44,7 @@ class ResponseInfo:
     include_usage: bool
     thinking: bool  # the model writes reasoning apart from its content
     echo_text: str = ""
+    num_prompt_tokens: int = 0
 
 
 class Renderer(Protocol):
@@ -120,6 +121,7 @@ async def produce(
         request.include_usage,
         call.prepared.reader.thinking is not None,
         call.prepared.echo_text,
+        len(call.prepared.admitted.prompt_token_ids),
     )
     return outcome, info
 

@@ -53,6 +53,7 @@ class Completion:
                     "index": c.index,
                     "text": c.text,
                     "finish_reason": c.finish_reason,
+                    "stop": c.stop_reason if isinstance(c.stop_reason, str) else None,
                     "logprobs": [
                         [e.token_id, e.logprob, [list(t) for t in e.top]] for e in c.logprobs
                     ],
@@ -70,6 +71,7 @@ class Completion:
                 c["text"],
                 [],
                 c["finish_reason"],
+                c.get("stop"),
                 logprobs=tuple(
                     TokenLogprobs(t, lp, tuple((a, b) for a, b in top))
                     for t, lp, top in c["logprobs"]
@@ -122,6 +124,7 @@ class AnswerChoice:
     finish_reason: str | None
     logprobs: tuple[TokenLogprob, ...] | None  # None unless the request asked for them
     error: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass(frozen=True)
@@ -157,12 +160,14 @@ class ToolCallDelta:
 
 @dataclass(frozen=True)
 class ChoiceEnd:
-    """A choice finished; `error` says why when it ended by timeout or failure."""
+    """A choice finished; `error` says why when it ended by timeout or failure, `stop_sequence`
+    which stop string ended it, if one did."""
 
     index: int
     finish_reason: str | None
     has_tool_calls: bool = False
     error: str | None = None
+    stop_sequence: str | None = None
 
 
 Event = Delta | ToolCallDelta | ChoiceEnd

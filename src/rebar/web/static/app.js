@@ -967,6 +967,195 @@ function abortableSleep(ms, signal) {
   });
 }
 
+// src/document_summary.ts
+function emptySummary() {
+  return { numChunks: 0, progress: "", requestsDone: 0, sections: [], done: false, cached: false, error: null };
+}
+function cite(pages) {
+  if (pages.length === 0) {
+    return "no source found";
+  }
+  return (pages.length === 1 ? "p. " : "pp. ") + pages.join(", ");
+}
+function numbers(value) {
+  return Array.isArray(value) ? value.filter((n) => typeof n === "number") : [];
+}
+function currentSection(state) {
+  let section = state.sections[state.sections.length - 1];
+  if (section === void 0) {
+    section = { title: null, pages: [], statements: [] };
+    state.sections.push(section);
+  }
+  return section;
+}
+function applyEvent2(state, event) {
+  const data = JSON.parse(event.data);
+  switch (event.event) {
+    case "planned":
+      state.numChunks = Number(data["num_chunks"] ?? 0);
+      state.cached = data["cached"] === true;
+      state.progress = state.cached ? "from the cache" : `${state.numChunks} chunk(s)`;
+      break;
+    case "progress": {
+      state.requestsDone += 1;
+      const level = data["stage"] === "combine" ? ` (level ${String(data["level"])})` : "";
+      state.progress = `${String(data["stage"])}${level} ${String(data["done"])}/${String(data["total"])} (${cite(numbers(data["pages"]))})`;
+      break;
+    }
+    case "section":
+      state.sections.push({ title: String(data["title"]), pages: numbers(data["pages"]), statements: [] });
+      break;
+    case "statement":
+      currentSection(state).statements.push({ text: String(data["text"]), pages: numbers(data["pages"]) });
+      break;
+    case "summary":
+      state.done = true;
+      state.cached = data["cached"] === true;
+      break;
+    case "error": {
+      const error = data["error"];
+      state.error = typeof error?.message === "string" ? error.message : "the summary failed";
+      break;
+    }
+  }
+  return state;
+}
+function summaryText(state) {
+  const lines = [];
+  for (const section of state.sections) {
+    if (section.title !== null) {
+      lines.push(`${section.title} (${cite(section.pages)}):`);
+    }
+    for (const statement of section.statements) {
+      lines.push(`- ${statement.text} [${cite(statement.pages)}]`);
+    }
+  }
+  return lines.join("\n");
+}
+async function readSummary(body, state, onChange) {
+  const parser = new SSEParser();
+  const reader = body.getReader();
+  for (; ; ) {
+    const { done, value } = await reader.read();
+    const messages = done ? parser.end() : parser.push(value);
+    for (const message of messages) {
+      if (message.kind === "event") {
+        onChange(applyEvent2(state, message));
+      }
+    }
+    if (done) {
+      return state;
+    }
+  }
+}
+
+// src/documents_panel.ts
+var SUMMARIZE_ENDPOINT = "/v1/documents/summarize";
+var DocumentsPanel = class {
+  constructor(el) {
+    this.el = el;
+  }
+  el;
+  controller = null;
+  state = emptySummary();
+  fileName = "";
+  start() {
+    const el = this.el;
+    el.summarize.addEventListener("click", () => void this.summarize());
+    el.stop.addEventListener("click", () => this.controller?.abort());
+    el.ask.addEventListener("click", () => this.askInChat());
+    el.dropZone.addEventListener("dragover", (event) => event.preventDefault());
+    el.dropZone.addEventListener("drop", (event) => {
+      event.preventDefault();
+      if (event.dataTransfer !== null && event.dataTransfer.files.length > 0) {
+        el.file.files = event.dataTransfer.files;
+        void this.summarize();
+      }
+    });
+    el.ask.disabled = true;
+    el.stop.disabled = true;
+  }
+  async summarize() {
+    const file = this.el.file.files?.[0];
+    if (file === void 0 || this.controller !== null) {
+      return;
+    }
+    this.fileName = file.name;
+    this.state = emptySummary();
+    this.setBusy(true);
+    const controller = new AbortController();
+    this.controller = controller;
+    const form = new FormData();
+    form.append("file", file, file.name);
+    form.append("style", this.el.style.value);
+    if (this.el.model.value !== "") {
+      form.append("model", this.el.model.value);
+    }
+    const requestId = newRequestId();
+    try {
+      const response = await fetch(SUMMARIZE_ENDPOINT, {
+        method: "POST",
+        headers: requestHeaders(this.el.apiKey.value, requestId),
+        body: form,
+        signal: controller.signal
+      });
+      if (!response.ok || response.body === null) {
+        throw new RequestError(await errorMessage(response), requestId, response.status);
+      }
+      await readSummary(response.body, this.state, (state) => this.show(state));
+    } catch (error) {
+      this.state.error = controller.signal.aborted ? "stopped" : error instanceof Error ? error.message : String(error);
+    } finally {
+      this.controller = null;
+      this.setBusy(false);
+      this.show(this.state);
+    }
+  }
+  setBusy(busy) {
+    this.el.summarize.disabled = busy;
+    this.el.stop.disabled = !busy;
+    this.el.ask.disabled = busy || !this.state.done;
+  }
+  show(state) {
+    const name = this.fileName;
+    const status = state.error !== null ? `error: ${state.error}` : state.done ? "done" : state.progress;
+    this.el.progress.textContent = `${name}: ${status}`;
+    this.el.summary.replaceChildren(...state.sections.map((section) => sectionElement(section)));
+    this.el.ask.disabled = !state.done;
+  }
+  /** The summary as the chat's system prompt, and the prompt box ready for a question. */
+  askInChat() {
+    const intro = `You answer questions about the document "${this.fileName}". Its summary, with page references:`;
+    this.el.systemPrompt.value = `${intro}
+${summaryText(this.state)}`;
+    this.el.systemPrompt.dispatchEvent(new Event("change", { bubbles: true }));
+    this.el.prompt.focus();
+  }
+};
+function sectionElement(section) {
+  const block = document.createElement("section");
+  block.className = "document-section";
+  if (section.title !== null) {
+    const heading = document.createElement("h3");
+    heading.textContent = `${section.title} (${cite(section.pages)})`;
+    block.append(heading);
+  }
+  const list = document.createElement("ul");
+  for (const statement of section.statements) {
+    const item = document.createElement("li");
+    item.className = "statement";
+    const text = document.createElement("span");
+    text.textContent = statement.text;
+    const pages = document.createElement("span");
+    pages.className = "pages";
+    pages.textContent = ` [${cite(statement.pages)}]`;
+    item.append(text, pages);
+    list.append(item);
+  }
+  block.append(list);
+  return block;
+}
+
 // src/main.ts
 function byId(id, type) {
   const node = document.getElementById(id);
@@ -990,3 +1179,17 @@ var elements = {
   stop: byId("stop", HTMLButtonElement)
 };
 new ChatPage(elements).start();
+new DocumentsPanel({
+  file: byId("document-file", HTMLInputElement),
+  dropZone: byId("document-drop", HTMLElement),
+  style: byId("document-style", HTMLSelectElement),
+  summarize: byId("document-summarize", HTMLButtonElement),
+  stop: byId("document-stop", HTMLButtonElement),
+  progress: byId("document-progress", HTMLElement),
+  summary: byId("document-summary", HTMLElement),
+  ask: byId("document-ask", HTMLButtonElement),
+  model: elements.model,
+  apiKey: elements.apiKey,
+  systemPrompt: elements.systemPrompt,
+  prompt: elements.prompt
+}).start();

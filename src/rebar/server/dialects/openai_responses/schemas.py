@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from rebar.errors import InvalidRequestError
-from rebar.server.body import StrictBody
+from rebar.server.body import StrictBody, only_fields, text_field
 from rebar.server.pipeline.request import FunctionTool, Message, PastToolCall, Role
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -133,7 +133,7 @@ def function_tools(tools: list[dict[str, Any]]) -> tuple[FunctionTool, ...]:
                 f"{where}: tools of type {kind!r} are not supported (function and mcp tools are)",
                 where,
             )
-        _only(tool, {"type", "name", "description", "parameters", "strict"}, where)
+        only_fields(tool, {"type", "name", "description", "parameters", "strict"}, where)
         name, parameters = tool.get("name"), tool.get("parameters")
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"{where}.name must be a non-empty string", f"{where}.name")
@@ -161,11 +161,13 @@ def conversation(items: str | list[dict[str, Any]], param: str = "input") -> lis
         elif kind == "function_call_output":
             messages.append(_call_output(item, where))
         elif kind == "reasoning":
-            _only(item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where)
+            only_fields(
+                item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where
+            )
         elif kind == "mcp_call":
             _add_mcp_call(messages, item, where)
         elif kind == "mcp_list_tools":  # what a server offered then: not part of the prompt
-            _only(item, {"type", "id", "server_label", "tools", "error"}, where)
+            only_fields(item, {"type", "id", "server_label", "tools", "error"}, where)
         else:
             raise InvalidRequestError(
                 f"{where}: input items of type {kind!r} are not supported (messages, "
@@ -185,7 +187,7 @@ _ROLES: dict[str, Role] = {
 
 
 def _message(item: dict[str, Any], where: str) -> Message:
-    _only(item, {"type", "role", "content", "id", "status", "phase"}, where)
+    only_fields(item, {"type", "role", "content", "id", "status", "phase"}, where)
     role = _ROLES.get(str(item.get("role")))
     if role is None:
         raise InvalidRequestError(
@@ -205,11 +207,11 @@ def _message(item: dict[str, Any], where: str) -> Message:
 def _part(part: Any, where: str) -> str:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in ("input_text", "output_text"):
-        _only(part, {"type", "text", "annotations", "logprobs"}, where)
-        return _text(part.get("text"), f"{where}.text")
+        only_fields(part, {"type", "text", "annotations", "logprobs"}, where)
+        return text_field(part.get("text"), f"{where}.text")
     if kind == "refusal":
-        _only(part, {"type", "refusal"}, where)
-        return _text(part.get("refusal"), f"{where}.refusal")
+        only_fields(part, {"type", "refusal"}, where)
+        return text_field(part.get("refusal"), f"{where}.refusal")
     if kind in ("input_image", "input_file", "input_audio"):
         raise InvalidRequestError(f"{where} ({kind!r}): this model takes text only", where)
     raise InvalidRequestError(
@@ -219,11 +221,11 @@ def _part(part: Any, where: str) -> str:
 
 def _add_call(messages: list[Message], item: dict[str, Any], where: str) -> None:
     """An earlier call: joined to the assistant turn it follows, else a turn of its own."""
-    _only(item, {"type", "id", "call_id", "name", "arguments", "status", "namespace"}, where)
+    only_fields(item, {"type", "id", "call_id", "name", "arguments", "status", "namespace"}, where)
     call = PastToolCall(
-        _text(item.get("call_id"), f"{where}.call_id"),
-        _text(item.get("name"), f"{where}.name"),
-        _text(item.get("arguments"), f"{where}.arguments"),
+        text_field(item.get("call_id"), f"{where}.call_id"),
+        text_field(item.get("name"), f"{where}.name"),
+        text_field(item.get("arguments"), f"{where}.arguments"),
     )
     last = messages[-1] if messages else None
     if last is not None and last.role == "assistant":
@@ -236,8 +238,8 @@ def _add_call(messages: list[Message], item: dict[str, Any], where: str) -> None
 def _add_mcp_call(messages: list[Message], item: dict[str, Any], where: str) -> None:
     """An earlier MCP call rebar ran: the call, then its output (or error) as the tool's turn."""
     fields = {"type", "id", "server_label", "name", "arguments", "output", "error", "status"}
-    _only(item, fields | {"approval_request_id"}, where)
-    call_id = _text(item.get("id"), f"{where}.id")
+    only_fields(item, fields | {"approval_request_id"}, where)
+    call_id = text_field(item.get("id"), f"{where}.id")
     _add_call(
         messages,
         {
@@ -250,31 +252,21 @@ def _add_mcp_call(messages: list[Message], item: dict[str, Any], where: str) -> 
     )
     error = item.get("error")
     text = f"error: {error}" if error else (item.get("output") or "")
-    messages.append(Message("tool", _text(text, f"{where}.output"), where, tool_call_id=call_id))
+    messages.append(
+        Message("tool", text_field(text, f"{where}.output"), where, tool_call_id=call_id)
+    )
 
 
 def _call_output(item: dict[str, Any], where: str) -> Message:
-    _only(item, {"type", "id", "call_id", "output", "status"}, where)
+    only_fields(item, {"type", "id", "call_id", "output", "status"}, where)
     output = item.get("output")
     if isinstance(output, list):
         text = "\n".join(_part(p, f"{where}.output.{j}") for j, p in enumerate(output))
     else:
-        text = _text(output, f"{where}.output")
-    call_id = _text(item.get("call_id"), f"{where}.call_id")
+        text = text_field(output, f"{where}.output")
+    call_id = text_field(item.get("call_id"), f"{where}.call_id")
     return Message("tool", text, where, tool_call_id=call_id)
 
 
-def _only(item: dict[str, Any], allowed: set[str], where: str) -> None:
-    extra = sorted(set(item) - allowed)
-    if extra:
-        raise InvalidRequestError(f"{where} has unsupported fields {extra}", f"{where}.{extra[0]}")
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{where} must be a string", where)
-    return value
-
-
 def _text_or_none(value: Any, where: str) -> str | None:
-    return None if value is None else _text(value, f"{where}.description")
+    return None if value is None else text_field(value, f"{where}.description")
