@@ -52,6 +52,8 @@ FULL_ONLY: dict[str, str] = {
     "server/test_langchain.py": "LangChain against a live server and the chat route",
     "server/test_request_path.py": "traces a request of every route through a live server",
     "server/test_responses.py": "the Responses API through a live server, background runs too",
+    "server/test_responses_mcp.py": "MCP tool loops through a live server and two MCP servers",
+    "test_example_agent_flow.py": "the Agents SDK example against a live server and its MCP server",
     "server/test_anthropic.py": "Anthropic's SDK against a live server with API keys on",
     "server/test_agents_sdk.py": "an OpenAI Agents SDK run against a live server",
     "server/test_deploy_files.py": "Locust against a live server",

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from markers import requires_smollm2
 from rebar.config import (
     PROCESS_ENV_SWITCHES,
+    McpServerSettings,
     ServedModelSettings,
     Settings,
     load_settings,
@@ -148,6 +149,7 @@ def test_example_toml_shows_every_key_with_a_comment() -> None:
         for key in field.annotation.model_fields
     }
     expected |= {f"models.serve.{key}" for key in ServedModelSettings.model_fields}
+    expected |= {f"mcp.servers.{key}" for key in McpServerSettings.model_fields}
     assert seen == expected
 
 

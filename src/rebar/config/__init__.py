@@ -20,6 +20,7 @@ environment: it is defaults plus the given values, which keeps tests hermetic.
 from rebar.config.documents_settings import DocumentsSettings
 from rebar.config.engine_settings import EngineSettings
 from rebar.config.loading import check_engine_settings, load_settings, to_toml
+from rebar.config.mcp_settings import McpServerSettings, McpSettings
 from rebar.config.settings import (
     PROCESS_ENV_SWITCHES,
     CacheSettings,
@@ -45,6 +46,8 @@ __all__ = [
     "EngineSettings",
     "LimitsSettings",
     "LoggingSettings",
+    "McpServerSettings",
+    "McpSettings",
     "ModelsSettings",
     "RateLimitSettings",
     "RaySettings",

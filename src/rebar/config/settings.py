@@ -25,6 +25,7 @@ from pydantic_settings import (
 from rebar.config.base import Section, Unsettable
 from rebar.config.documents_settings import DocumentsSettings
 from rebar.config.engine_settings import EngineSettings
+from rebar.config.mcp_settings import McpSettings
 from rebar.dtypes import DtypeName
 from rebar.errors import ConfigError
 
@@ -305,6 +306,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     documents: DocumentsSettings = Field(default_factory=DocumentsSettings)
 

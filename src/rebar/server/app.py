@@ -16,6 +16,8 @@ import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from rebar.agents.mcp_servers import McpServers, ServerTarget
+from rebar.agents.tool_runs import FlowLimits, ToolLoop
 from rebar.config import Settings
 from rebar.documents.cache import MemoryCache
 from rebar.engine.async_engine import AsyncEngine
@@ -23,6 +25,7 @@ from rebar.engine.builder import LoadedModel, load_model
 from rebar.engine.contract import enforce_beside
 from rebar.errors import RebarError
 from rebar.obs.metrics import ServerMetrics
+from rebar.obs.tool_metrics import ToolMetrics
 from rebar.obs.tracing import Tracing
 from rebar.server.auth import ApiKeyChecker
 from rebar.server.conversations import BackgroundRuns, ResponseStore
@@ -121,6 +124,8 @@ def create_app(
         yield
         loading.cancel()
         await state.background.close()
+        if state.tool_loop is not None:
+            await state.tool_loop.servers.close()
         await state.reloads.close()
         await state.registry.close()
         await state.store.close()
@@ -182,10 +187,37 @@ def build_state(settings: Settings, tracing: Tracing | None = None) -> ServerSta
             store, s.key_prefix, c.ttl_s, c.stale_s, c.lock_timeout_s, c.max_entry_bytes
         )
         state.embedding_cache = EmbeddingCache(store, s.key_prefix, c.embedding_ttl_s)
+    state.tool_loop = tool_loop(settings, state.metrics, tracing)
     if settings.documents.cache_entries:
         state.summaries = MemoryCache(settings.documents.cache_entries)
     state.metrics.attach(state)
     return state
+
+
+def tool_loop(settings: Settings, metrics: ServerMetrics, tracing: Tracing) -> ToolLoop:
+    """The Responses API's MCP servers and tool-loop bounds, from `[mcp]`."""
+    m = settings.mcp
+    targets = [
+        ServerTarget(
+            s.label,
+            s.url,
+            s.command,
+            s.args,
+            dict(s.env),
+            None if s.allowed_tools is None else frozenset(s.allowed_tools),
+            s.call_timeout_s,
+        )
+        for s in m.servers
+    ]
+    servers = McpServers(targets, m.allowed_urls, m.connect_timeout_s, m.max_calls_per_server)
+    limits = FlowLimits(
+        m.max_tool_calls,
+        m.call_timeout_s,
+        m.max_parallel_calls,
+        m.flow_timeout_s,
+        m.max_output_chars,
+    )
+    return ToolLoop(servers, limits, ToolMetrics(metrics.registry), tracing.tracer)
 
 
 def _rate_limiter(settings: Settings, store: ResilientStore) -> RateLimiter | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from rebar.agents.tool_runs import ToolLoop
 from rebar.documents.cache import SummaryCache
 from rebar.obs.metrics import ServerMetrics
 from rebar.obs.tracing import Tracing
@@ -34,6 +35,7 @@ class ServerState:
     log_prompts: bool = False  # prompt and completion text in the access log
     ping_interval_s: float = 10.0
     cancel_wait_s: float = 5.0  # a cancelled background response's wait for its replica
+    tool_loop: ToolLoop | None = None  # MCP servers and bounds of the Responses API's tool loops
     summaries: SummaryCache | None = None  # finished document summaries; None when not kept
 
 

@@ -14,9 +14,17 @@ from fastapi.responses import JSONResponse, Response
 from rebar.errors import InvalidRequestError
 from rebar.server.context import request_context
 from rebar.server.conversations import ResponseStore
+from rebar.server.dialects.openai_responses.flow_http import (
+    Stored,
+    respond_flow,
+    run_detached,
+    tool_flow,
+)
+from rebar.server.dialects.openai_responses.mcp_tools import has_mcp
 from rebar.server.dialects.openai_responses.render import ResponsesRenderer, new_id
 from rebar.server.dialects.openai_responses.schemas import (
     LOGPROBS,
+    McpChoice,
     ResponsesRequest,
     TextFormat,
     conversation,
@@ -64,18 +72,31 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     def renderer(info):
         return ResponsesRenderer(info, response_id, shell, finished)
 
+    if body.background:
+        _check_background(body)
+    flow = None
+    if has_mcp(body.tools):
+        flow = await tool_flow(state, request, body, neutral, response_id, shell, finished)
     if not body.background:
+        if flow is not None:
+            return await respond_flow(request, *flow, body.stream)
         return await respond(state, request, neutral, renderer)
+    queued = {"response": _queued(response_id, shell), "input": inputs, "history": history}
+    await state.responses.put(tenant, queued)
+    work = (
+        run_detached(state, *flow, Stored(tenant, queued))
+        if flow is not None
+        else _run_detached(state, request, neutral, renderer, tenant, queued)
+    )
+    state.background.start(response_id, work)
+    return JSONResponse(queued["response"])
+
+
+def _check_background(body: ResponsesRequest) -> None:
     if not body.store:
         raise InvalidRequestError("background responses are stored: give store true", "store")
     if body.stream:
         raise InvalidRequestError("background responses cannot be streamed", "stream")
-    queued = {"response": _queued(response_id, shell), "input": inputs, "history": history}
-    await state.responses.put(tenant, queued)
-    state.background.start(
-        response_id, _run_detached(state, request, neutral, renderer, tenant, queued)
-    )
-    return JSONResponse(queued["response"])
 
 
 async def _run_detached(
@@ -211,6 +232,13 @@ def _tools(body: ResponsesRequest) -> Tools | None:
     parallel = body.parallel_tool_calls is not False
     if isinstance(choice, str) or choice is None:
         return Tools(functions, choice or "auto", None, parallel)
+    if isinstance(choice, McpChoice):
+        if not any(t.get("server_label") == choice.server_label for t in body.tools):
+            raise InvalidRequestError(
+                f"tool_choice names server_label {choice.server_label!r}, not among the tools",
+                "tool_choice",
+            )
+        return Tools(functions, "auto", choice.name, parallel)
     return Tools(functions, "auto", choice.name, parallel)
 
 
@@ -247,6 +275,7 @@ def _shell(body: ResponsesRequest) -> dict[str, Any]:
         "tools": body.tools or [],
         "tool_choice": _choice(body),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "max_tool_calls": body.max_tool_calls,
         "text": {
             "format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
         },

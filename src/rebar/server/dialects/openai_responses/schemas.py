@@ -60,6 +60,14 @@ class FunctionChoice(StrictBody):
     name: str
 
 
+class McpChoice(StrictBody):
+    """A call of one MCP server's tool (`name`)."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str
+
+
 class StreamOptions(StrictBody):
     include_obfuscation: bool | None = None  # accepted: rebar pads nothing
 
@@ -74,8 +82,9 @@ class ResponsesRequest(StrictBody):
     temperature: float = 1.0
     top_p: float = 1.0
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | McpChoice | None = None
     parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1)  # MCP calls rebar runs for this response
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     include: list[str] | None = None
@@ -111,14 +120,18 @@ class ResponsesRequest(StrictBody):
 
 
 def function_tools(tools: list[dict[str, Any]]) -> tuple[FunctionTool, ...]:
-    """The request's tools: function tools in the Responses API's flat shape."""
+    """The request's function tools, in the Responses API's flat shape (its `mcp` tools are read
+    by `mcp_tools`)."""
     found = []
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         kind = tool.get("type")
+        if kind == "mcp":
+            continue
         if kind != "function":
             raise InvalidRequestError(
-                f"{where}: tools of type {kind!r} are not supported (function tools are)", where
+                f"{where}: tools of type {kind!r} are not supported (function and mcp tools are)",
+                where,
             )
         only_fields(tool, {"type", "name", "description", "parameters", "strict"}, where)
         name, parameters = tool.get("name"), tool.get("parameters")
@@ -151,10 +164,15 @@ def conversation(items: str | list[dict[str, Any]], param: str = "input") -> lis
             only_fields(
                 item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where
             )
+        elif kind == "mcp_call":
+            _add_mcp_call(messages, item, where)
+        elif kind == "mcp_list_tools":  # what a server offered then: not part of the prompt
+            only_fields(item, {"type", "id", "server_label", "tools", "error"}, where)
         else:
             raise InvalidRequestError(
                 f"{where}: input items of type {kind!r} are not supported (messages, "
-                "function_call, function_call_output and reasoning items are)",
+                "function_call, function_call_output, mcp_call, mcp_list_tools and reasoning "
+                "items are)",
                 where,
             )
     return messages
@@ -215,6 +233,28 @@ def _add_call(messages: list[Message], item: dict[str, Any], where: str) -> None
         messages[-1] = Message("assistant", last.content, last.param, tool_calls=calls)
     else:
         messages.append(Message("assistant", "", where, tool_calls=(call,)))
+
+
+def _add_mcp_call(messages: list[Message], item: dict[str, Any], where: str) -> None:
+    """An earlier MCP call rebar ran: the call, then its output (or error) as the tool's turn."""
+    fields = {"type", "id", "server_label", "name", "arguments", "output", "error", "status"}
+    only_fields(item, fields | {"approval_request_id"}, where)
+    call_id = text_field(item.get("id"), f"{where}.id")
+    _add_call(
+        messages,
+        {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": item.get("name"),
+            "arguments": item.get("arguments"),
+        },
+        where,
+    )
+    error = item.get("error")
+    text = f"error: {error}" if error else (item.get("output") or "")
+    messages.append(
+        Message("tool", text_field(text, f"{where}.output"), where, tool_call_id=call_id)
+    )
 
 
 def _call_output(item: dict[str, Any], where: str) -> Message:
