@@ -123,4 +123,14 @@ def test_loading_a_draft_of_another_family_fails_before_its_weights_load() -> No
     from rebar import LLM
 
     with pytest.raises(ConfigError, match="its vocabulary has 262144 tokens, the model's 49152"):
-        LLM("smollm2", engine_config=engine_config(draft_model="gemma3"))
+        LLM("smollm2", engine_config=engine_config(draft_model="gemma3", speculative=True))
+
+
+@requires(need_smollm2)
+def test_a_draft_model_without_speculation_is_refused_not_ignored() -> None:
+    from rebar import LLM
+
+    with pytest.raises(
+        ConfigError, match="draft_model smollm2 is set but speculative decoding is off"
+    ):
+        LLM("smollm2", engine_config=engine_config(draft_model="smollm2", speculative=False))

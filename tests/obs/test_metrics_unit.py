@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rebar.engine.spec.speculator import DraftCounts
 from rebar.obs.metrics import ServerMetrics
 from rebar.server.middleware import route_template
 from rebar.timing import FINE_BUCKETS, STEP_BUCKETS, DurationHistogram, RequestTiming
@@ -115,6 +116,7 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
         num_requests_added=5,
         step_seconds={"decode": decode_steps, "prefill": DurationHistogram.empty()},
         grammar_mask_seconds=masks,
+        drafts={"ngram": DraftCounts(num_drafted=10, num_accepted=7, num_steps=4)},
     )
     engine = SimpleNamespace(stats=lambda: stats)
     chat = SimpleNamespace(
@@ -155,6 +157,10 @@ def test_state_collector_reads_engine_caches_store_and_models() -> None:
     M = (("model", "tiny"),)  # engine series carry the model's name
     assert s[("rebar_requests_running", M)] == 3 and s[("rebar_requests_waiting", M)] == 6
     assert s[("rebar_engine_requests_added_total", M)] == 5
+    D = (("drafter", "ngram"), *M)
+    assert s[("rebar_spec_draft_tokens_total", D)] == 10
+    assert s[("rebar_spec_accepted_tokens_total", D)] == 7
+    assert s[("rebar_spec_acceptance_ratio", D)] == pytest.approx(0.7)
     assert s[("rebar_kv_cache_usage_ratio", M)] == 0.25
     assert (
         s[("rebar_prefix_cache_queries_total", M)] == 10

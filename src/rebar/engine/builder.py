@@ -165,8 +165,13 @@ def _draft_checkpoint(checkpoint: Checkpoint, engine_config: EngineConfig) -> Ch
     """The configured draft model's checkpoint (metadata only), its vocabulary checked against the
     model's; None when no draft model drafts."""
     name = engine_config.draft_model
-    if name is None or not engine_config.speculative or not checkpoint.config.is_decoder:
+    if name is None or not checkpoint.config.is_decoder:
         return None
+    if not engine_config.speculative:
+        raise ConfigError(
+            f"draft_model {name} is set but speculative decoding is off: set "
+            "engine.speculative = true (--speculative) to draft with it, or unset draft_model"
+        )
     draft = open_checkpoint(name)
     if not draft.config.is_decoder:
         raise ConfigError(f"draft_model {name} is an embedding model; it cannot draft tokens")
