@@ -71,8 +71,8 @@ class EngineSettings(Section):
     draft_model: Annotated[str | None, Unsettable] = Field(
         None,
         description="A model with the same vocabulary that drafts tokens for speculative decoding "
-        "(a path or a bundled name, loaded like the model; needs speculative = true); unset: drafts "
-        "come from n-gram lookup.",
+        "(a path or a bundled name, loaded like the model; needs speculative = true); unset: "
+        "drafts come from n-gram lookup.",
     )
     max_draft_tokens: int = Field(
         16,
