@@ -138,3 +138,23 @@ def test_a_killed_window_process_takes_its_server_with_it(display: str, tmp_path
     process.kill()  # no chance to clean up: the server's parent-death signal stops it
     process.wait(30)
     assert wait_until(lambda: gone(server_pid), 60) and port_closed(port)
+
+
+def test_a_server_that_cannot_start_closes_the_window_with_its_reason(
+    display: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[server]\nmax_body_bytes = 1\n")  # below its bound: the server refuses it
+    run = subprocess.run(
+        [sys.executable, "-m", "rebar.cli", "desktop", "--config", str(config)],
+        env={**os.environ, "DISPLAY": display},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "max_body_bytes" in run.stderr  # the server's own message, above
+    assert run.stderr.rstrip().endswith(
+        "error: the window's server exited with code 2 before it answered (its log is above)"
+    )
+    assert "Traceback" not in run.stderr
