@@ -55,6 +55,22 @@ def gone(pid: int) -> bool:
         return True
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (from /proc: its children, theirs, ...)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while listed
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 def port_closed(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) != 0
@@ -105,11 +121,13 @@ def test_a_document_opened_in_the_window_is_summarised(display: str, tmp_path: P
         assert len(window.getcolors(1 << 24) or []) > 20
 
 
-def start_desktop(display: str, tmp_path: Path) -> tuple[subprocess.Popen[str], int, int]:
-    """`rebar desktop` until its chat page has loaded: (process, server port, server pid)."""
+def start_desktop(
+    display: str, tmp_path: Path, *args: str, until: str = "model ready"
+) -> tuple[subprocess.Popen[str], int, int]:
+    """`rebar desktop ARGS` until it prints `until`: (process, server port, server pid)."""
     log = (tmp_path / "desktop.log").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "rebar.cli", "desktop"],
+        [sys.executable, "-m", "rebar.cli", "desktop", *args],
         env={**os.environ, "DISPLAY": display},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -119,7 +137,7 @@ def start_desktop(display: str, tmp_path: Path) -> tuple[subprocess.Popen[str], 
     def text() -> str:
         return (tmp_path / "desktop.log").read_text()
 
-    assert wait_until(lambda: "chat page loaded" in text() or process.poll() is not None, 120)
+    assert wait_until(lambda: until in text() or process.poll() is not None, 120)
     started = STARTED.search(text())
     assert process.poll() is None and started, text()
     return process, int(started.group(1)), int(started.group(2))
@@ -128,9 +146,11 @@ def start_desktop(display: str, tmp_path: Path) -> tuple[subprocess.Popen[str], 
 def test_sigterm_closes_the_window_and_stops_its_server(display: str, tmp_path: Path) -> None:
     process, port, server_pid = start_desktop(display, tmp_path)
     assert not port_closed(port)
+    helpers = descendants(process.pid)  # the server, WebKit's web content and network processes
+    assert server_pid in helpers and len(helpers) >= 3, helpers
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0
-    assert wait_until(lambda: gone(server_pid), HANG_S) and port_closed(port)
+    assert wait_until(lambda: all(gone(pid) for pid in helpers), HANG_S) and port_closed(port)
 
 
 def test_a_killed_window_process_takes_its_server_with_it(display: str, tmp_path: Path) -> None:
@@ -158,3 +178,28 @@ def test_a_server_that_cannot_start_closes_the_window_with_its_reason(
         "error: the window's server exited with code 2 before it answered (its log is above)"
     )
     assert "Traceback" not in run.stderr
+
+
+def test_a_model_that_fails_to_load_is_reported_and_the_window_stays(
+    display: str, tmp_path: Path
+) -> None:
+    process, port, server_pid = start_desktop(
+        display, tmp_path, "--model", str(tmp_path / "absent.gguf"), until="failed to load"
+    )
+    log = (tmp_path / "desktop.log").read_text()
+    assert "rebar desktop: the model failed to load: model " in log and "absent.gguf" in log
+    assert process.poll() is None  # the page shows the failed model; the user closes the window
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
+    assert wait_until(lambda: gone(server_pid), HANG_S) and port_closed(port)
+
+
+def test_a_server_that_dies_closes_its_window(display: str, tmp_path: Path) -> None:
+    process, port, server_pid = start_desktop(display, tmp_path)
+    os.kill(server_pid, signal.SIGKILL)
+    assert process.wait(60) == 2 and port_closed(port)
+    log = (tmp_path / "desktop.log").read_text()
+    assert log.rstrip().endswith(
+        "error: the window's server exited with code -9 while the window was open "
+        "(its log is above)"
+    )

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -96,25 +97,51 @@ class EmbeddedServer:
 
     def wait_until_answering(self, timeout_s: float) -> None:
         """Return once the server answers /health; DesktopError if it exits or times out first."""
-        process = self._running()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise DesktopError(
-                    f"the window's server exited with code {process.returncode} before it "
-                    "answered (its log is above)"
-                )
-            if self._answers():
-                return
+        while self._get("/health")[0] != 200:
+            self._check_alive("before it answered")
+            if time.monotonic() > deadline:
+                raise DesktopError(f"the window's server did not answer within {timeout_s:g}s")
             time.sleep(_POLL_S)
-        raise DesktopError(f"the window's server did not answer within {timeout_s:g}s")
 
-    def _answers(self) -> bool:
+    def wait_until_ready(self, closed: threading.Event) -> str | None:
+        """Poll /ready until its model is loaded (None) or failed to load (the server's reason);
+        None at once when `closed` is set. DesktopError if the server exits meanwhile."""
+        while not closed.is_set():
+            self._check_alive("while its model loaded")
+            status, body = self._get("/ready")
+            if status == 200:
+                return None
+            if body.get("status") == "failed":
+                return str(body.get("error"))
+            time.sleep(_POLL_S)
+        return None
+
+    def wait_for_exit(self, closed: threading.Event) -> None:
+        """Block until the server exits (DesktopError) or `closed` is set (return)."""
+        while not closed.wait(_POLL_S * 4):
+            self._check_alive("while the window was open")
+
+    def _check_alive(self, when: str) -> None:
+        process = self._running()
+        if process.poll() is not None:
+            raise DesktopError(
+                f"the window's server exited with code {process.returncode} {when} "
+                "(its log is above)"
+            )
+
+    def _get(self, path: str) -> tuple[int, dict]:
+        """(status, JSON body) of GET `path` on the server; (0, {}) when it does not answer."""
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=1.0) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+            with urllib.request.urlopen(f"{self.base_url}{path}", timeout=2.0) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            try:
+                return error.code, json.loads(error.read() or b"{}")
+            except ValueError:
+                return error.code, {}
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0, {}
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL past the grace period; the exit code (None if never started)."""

@@ -73,6 +73,7 @@ def run_window(
         _close_on_signals(window)
         webview.start(_serve_page, (window, server, run, driver), gui=GUI, private_mode=True)
     finally:
+        run.closed.set()  # before the server stops: its exit is then no error of the worker's
         code = server.stop()
         say(f"window closed; server stopped (exit code {code})")
     if run.error is not None:
@@ -91,16 +92,23 @@ def _note_load(window: Any, server: EmbeddedServer, run: _Run) -> None:
 
 
 def _serve_page(window: Any, server: EmbeddedServer, run: _Run, driver: Driver | None) -> None:
-    """pywebview's worker thread: wait for the server, load the page, hand it to `driver`."""
+    """pywebview's worker thread: wait for the server, load the page, wait for the model, hand
+    the window to `driver`, then watch the server until the window closes."""
     try:
         server.wait_until_answering(SERVER_START_TIMEOUT_S)
         say(f"server answering after {run.elapsed()}")
         window.load_url(server.page_url)
+        failure = server.wait_until_ready(run.closed)
+        if failure is not None:  # the page lists the model as failed; the terminal says why
+            say(f"the model failed to load: {failure}")
+        elif not run.closed.is_set():
+            say(f"model ready after {run.elapsed()}")
         if driver is not None:
             if not run.page_loaded.wait(SERVER_START_TIMEOUT_S):
                 raise DesktopError("the chat page did not load in the window")
             driver(window, server)
             window.destroy()
+        server.wait_for_exit(run.closed)  # a server that dies takes its window with it
     except BaseException as exc:  # reported by run_window once the window is gone
         if not run.closed.is_set():  # else the window closed first and stopped the server itself
             run.error = exc
