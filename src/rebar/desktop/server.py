@@ -22,6 +22,7 @@ from rebar.desktop.errors import DesktopError
 
 HOST = "127.0.0.1"  # never another interface: the window is the only client meant to reach it
 _POLL_S = 0.05
+_READY_POLL_MAX_S = 2.0
 _STOP_GRACE_S = 10.0  # the server drains open requests on SIGTERM; the window is already gone
 _PR_SET_PDEATHSIG = 1
 
@@ -107,6 +108,7 @@ class EmbeddedServer:
     def wait_until_ready(self, closed: threading.Event) -> str | None:
         """Poll /ready until its model is loaded (None) or failed to load (the server's reason);
         None at once when `closed` is set. DesktopError if the server exits meanwhile."""
+        delay = _POLL_S
         while not closed.is_set():
             self._check_alive("while its model loaded")
             status, body = self._get("/ready")
@@ -114,7 +116,9 @@ class EmbeddedServer:
                 return None
             if body.get("status") == "failed":
                 return str(body.get("error"))
-            time.sleep(_POLL_S)
+            # each 503 is a line in the server's access log: ask less often as the load goes on
+            closed.wait(delay)
+            delay = min(delay * 1.5, _READY_POLL_MAX_S)
         return None
 
     def wait_for_exit(self, closed: threading.Event) -> None:
