@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from rebar.desktop.errors import DesktopError
@@ -34,10 +35,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it exits (even killed)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _dying_with(parent: int) -> Callable[[], None]:
+    """What the child runs before exec: SIGTERM when `parent` exits, however (even killed)."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 class EmbeddedServer:
@@ -93,7 +100,7 @@ class EmbeddedServer:
             self.command(),
             env=env,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_dying_with(os.getpid()) if sys.platform == "linux" else None,
         )
 
     def wait_until_answering(self, timeout_s: float) -> None:
