@@ -1,7 +1,8 @@
 """`rebar desktop` for real under Xvfb: pywebview over WebKitGTK, the window's own `rebar serve`
 on SmolLM2. A PDF goes in through the page's file input and its summary appears (screenshot kept
-under build/test-artifacts/); only the window's key is accepted; closing the window, SIGTERM, or
-the window process being killed leaves no server process and no open port behind."""
+under build/test-artifacts/), then it is dropped on the page; only the window's key is accepted;
+closing the window, SIGTERM, or the window process being killed leaves no server process and no
+open port behind."""
 
 from __future__ import annotations
 
@@ -108,6 +109,10 @@ def test_a_document_opened_in_the_window_is_summarised(display: str, tmp_path: P
         if ref.startswith("[p"):
             for number in ref.strip("[]").split(" ", 1)[1].split(", "):
                 assert content_words(text) & content_words(PAGES[int(number) - 1]), (text, ref)
+
+    # dropped on the panel, the same document is summarised again (from the server's cache)
+    assert seen["drop_taken"] and seen["dropped_progress"] == "queen.pdf: done"
+    assert seen["dropped_statements"] == seen["statements"]
 
     # the window closed (the driver returned): its server is gone and its port closed
     assert wait_until(lambda: gone(seen["server_pid"]), HANG_S)

@@ -1,7 +1,7 @@
 """Runs `rebar desktop`'s window (rebar.desktop.window.run_window, as the command does) and drives
 its page from inside: the page's own key works and other callers are refused, a PDF goes in through
-the Documents view's file input, the summary appears, a screenshot is taken, then the window
-closes. Writes what it saw as JSON.
+the Documents view's file input, the summary appears, a screenshot is taken, the same PDF is
+dropped on the panel (the server's summary cache answers), then the window closes. Writes what it saw as JSON.
 
     python window_driver.py CONFIG DOCUMENT SCREENSHOT RESULT_JSON   (DISPLAY set)
 """
@@ -36,6 +36,16 @@ OPEN_DOCUMENT = """(() => {
   document.getElementById("document-style").value = "key_points";
   document.getElementById("document-summarize").click();
   return input.files.length;
+})()"""
+# Drops the same document on the Documents panel, as a file dragged from a file manager arrives;
+# true when the page took it (its drop handler cancels the browser's default).
+DROP_DOCUMENT = """(() => {
+  const bytes = Uint8Array.from(atob(%s), (c) => c.charCodeAt(0));
+  const files = new DataTransfer();
+  files.items.add(new File([bytes], %s, { type: "application/pdf" }));
+  document.getElementById("document-progress").textContent = "";
+  const drop = new DragEvent("drop", { dataTransfer: files, bubbles: true, cancelable: true });
+  return !document.getElementById("document-drop").dispatchEvent(drop);
 })()"""
 STATEMENTS = """[...document.querySelectorAll("#document-summary .statement")].map(
   (item) => [item.querySelector("span").textContent, item.querySelector(".pages").textContent])"""
@@ -96,6 +106,12 @@ def drive(window: Any, server: EmbeddedServer, document: Path, screenshot: Path)
     )
     seen["statements"] = window.evaluate_js(STATEMENTS)
     subprocess.run([sys.executable, "-c", TAKE_SCREENSHOT, str(screenshot)], check=True)
+    seen["drop_taken"] = window.evaluate_js(DROP_DOCUMENT % (payload, json.dumps(document.name)))
+    wait_for(window, done, GENERATION_TIMEOUT_S)
+    seen["dropped_progress"] = window.evaluate_js(
+        "document.getElementById('document-progress').textContent"
+    )
+    seen["dropped_statements"] = window.evaluate_js(STATEMENTS)
     return seen
 
 
