@@ -21,8 +21,10 @@ from rebar.weights.int_formats import INT4_MAX
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
 # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
 ACT_ORDER = True
-# columns updated together before their error is passed to the rest (same result, fewer ops)
-BLOCK = 128
+# columns updated one by one before their errors pass to the rest in one product (the same result
+# up to float rounding): each column rewrites the block's later columns, so a small block moves
+# less memory; 32 ran 1.5-2.5x faster than 128 on SmolLM2's shapes
+BLOCK = 32
 
 
 def _inverse_cholesky(moments: torch.Tensor) -> torch.Tensor:
