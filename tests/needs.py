@@ -72,6 +72,20 @@ def need_binary(name: str, install: str) -> str:
     return path
 
 
+def need_desktop_window() -> None:
+    """What `rebar desktop` and its tests need: pywebview, PyGObject with GTK 3 and WebKitGTK 4.1's
+    introspection data, and Xvfb to give them a display."""
+    need_binary("Xvfb", "make desktop")
+    need_package("webview", "make desktop")
+    need_package("gi", "make desktop")
+    gi = importlib.import_module("gi")
+    for namespace, version in (("Gtk", "3.0"), ("WebKit2", "4.1")):
+        try:
+            gi.require_version(namespace, version)
+        except ValueError:
+            missing(f"{namespace} {version} introspection data (make desktop)")
+
+
 def need_cpu_features(flags: set[str], what: str) -> None:
     """A hardware skip unless the CPU itself reports every one of `flags` (/proc/cpuinfo names)."""
     from rebar.kernels.cpu_quant.build import cpu_flags

@@ -62,6 +62,7 @@ FULL_ONLY: dict[str, str] = {
     "test_openmp_env.py": "fresh Python processes importing torch",
     "documents/test_summarize_api.py": "document summaries through a live server on SmolLM2",
     "documents/test_summarize_cli.py": "`rebar summarize` processes on SmolLM2, Ctrl-C included",
+    "desktop/test_desktop_window.py": "`rebar desktop` windows under Xvfb, their servers on SmolLM2",
 }
 SLOW_FILE_S = 15.0  # a file that costs more is full-only
 FAST_BUDGET_S = 180.0  # the fast tier's recorded total: `make check` within 4 minutes with lint

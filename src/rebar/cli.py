@@ -1,4 +1,5 @@
-"""The `rebar` command: generate, chat, serve, inspect, quantize, eval, bench, profile, config."""
+"""The `rebar` command: generate, chat, serve, inspect, quantize, eval, bench, profile, config,
+summarize, desktop."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rebar.config.flags import (
     settings_from_flags,
 )
 from rebar.contract_cli import add_contract_parser
+from rebar.desktop.cli import add_desktop_parser
 from rebar.documents.cli import add_summarize_parser
 from rebar.errors import ConfigError, InvalidRequestError, RebarError
 from rebar.eval.cli import add_eval_parser
@@ -300,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_contract_parser(commands, add_model_args)
     add_models_parser(commands)
     add_summarize_parser(commands, add_model_args)
+    add_desktop_parser(commands)
     return parser
 
 

@@ -443,11 +443,12 @@ def _add_spec_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
         help="speculative decoding against rebar without it and llama-server's n-gram types",
         description=(
             "Starts rebar (defaults, and speculative = false) and llama-server (no speculation, "
-            "and each --spec-types type) one after another on the same GGUF and threads; each "
-            "answers grounded requests (a function rewritten, sentences extracted, a passage "
-            "summarised) and a free-form chat, greedy, one stream; rebar also --batch chats at "
-            "once. --big-model (a random-weight GGUF) runs free-form chats with and without "
-            "speculation, and with --draft-model drafting it (docs/speculative.md)."
+            "and each --spec-types type) at once on the same GGUF and threads, and sends each "
+            "request to every one in turn (the order rotated each round): grounded requests (a "
+            "function rewritten, sentences extracted, a passage summarised) and a free-form "
+            "chat, greedy, one stream; rebar also --batch chats at once. --big-model (a "
+            "random-weight GGUF) runs free-form chats with and without speculation, and with "
+            "--draft-model drafting it (docs/speculative.md)."
         ),
     )
     spec.add_argument("--models", default="smollm2,gemma3", help="comma-separated; '' for none")

@@ -104,6 +104,7 @@ def _run(
             seed=seed + index,
             ignore_eos=True,
             structured=spec,
+            speculative=False,  # one token a step: the mask is priced against a plain step
         )
         core.add_request(request_id, tokenizer.encode(PROMPT.format(index=index)), params)
     tokens = 0

@@ -102,11 +102,18 @@ def run_offline(
     output_len: int,
     concurrency: int,
     seed: int = 0,
+    speculative: bool = False,
 ) -> OfflineResult:
+    """Random prompts through `core`, greedy, EOS ignored. Without `speculative` every decode step
+    computes one token per stream: the figure of the step itself, what llama-bench's tg measures
+    (a model looping over a random prompt would flatter n-gram drafts; `rebar bench spec` measures
+    speculation on real requests)."""
     tokenizer = core.tokenizer
     specials = {i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)}
     prompts = random_prompts(num_prompts, input_len, tokenizer.vocab_size, specials, seed)
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=output_len, temperature=0, ignore_eos=True, speculative=speculative
+    )
     timings: dict[str, _Timing] = {}
     pending = list(enumerate(prompts))
     peak_usage = 0.0

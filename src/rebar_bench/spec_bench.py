@@ -3,8 +3,10 @@ speculation, on the same GGUF and threads, greedy, at most `tokens` new tokens (
 where the model ends it, unless `ignore_eos`: past its end a small model loops, which flatters
 every n-gram drafter).
 
-Servers, each started fresh, one after another (`rounds` times over, so the host's drift falls on
-all alike; figures are medians over rounds):
+Every server configuration of a model runs at once, idle but for the one request in flight, and
+each request goes to every configuration in turn before the next request (the order rotated each
+round), so the host's drift falls on all of them alike, request by request; figures are medians
+over the rounds:
 
 - rebar with speculative decoding on (its other settings the defaults), and with
   `speculative = false`; the response cache off, so every request is decoded;
@@ -27,7 +29,7 @@ import statistics
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -177,16 +179,42 @@ def served_name(url: str) -> str:
     return str(listing.json()["data"][0]["id"])
 
 
-def answer_all(
-    url: str, model: str, requests: Sequence[SpecRequest], config: SpecBenchConfig, into
-) -> None:
+def warm_up(url: str) -> str:
+    """The name `url` serves its model under, after a first short request (first-request costs
+    stay out of the figures)."""
     model = served_name(url)
-    stream_chat(url, model, "Say hello.", 8, "warm-up")  # first-request costs out of the figures
+    stream_chat(url, model, "Say hello.", 8, "warm-up")
+    return model
+
+
+def rotated(names: Sequence[str], by: int) -> list[str]:
+    """`names` starting at position `by` (mod its length): each round leads with another server."""
+    by %= max(len(names), 1)
+    return [*names[by:], *names[:by]]
+
+
+def interleave(
+    servers: dict[str, str],
+    requests: Sequence[SpecRequest],
+    config: SpecBenchConfig,
+    figures: dict[str, ServerFigures],
+    round_index: int,
+) -> None:
+    """One round: each request answered by every server (name -> url) in turn, one at a time."""
+    served = {name: served_name(url) for name, url in servers.items()}
     for index, request in enumerate(requests):
-        answer = stream_chat(
-            url, model, request.message, config.tokens, f"{request.kind}-{index}", config.ignore_eos
-        )
-        into.answers.setdefault(request.kind, []).append(answer)
+        for name in rotated(list(servers), round_index + index):
+            answer = stream_chat(
+                servers[name],
+                served[name],
+                request.message,
+                config.tokens,
+                f"{request.kind}-{index}",
+                config.ignore_eos,
+            )
+            figures.setdefault(name, ServerFigures()).answers.setdefault(request.kind, []).append(
+                answer
+            )
 
 
 def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict:
@@ -203,17 +231,21 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
     except PeerUnavailable as exc:
         notes.append(f"no llama-server figures: {exc}")
         peers = {}
-    for _ in range(config.rounds):
-        for name, env in ((REBAR, SPECULATING), (REBAR_PLAIN, NOT_SPECULATING)):
-            into = figures.setdefault(name, ServerFigures())
-            with rebar_at(model, config.threads, env) as url:
-                answer_all(url, model, requests, config, into)
-                batch = many_chats(url, model, config.batch, config.tokens, config.ignore_eos)
-                into.batch_tokens_per_s.append(batch)
+    with ExitStack() as stack:
+        servers = {
+            REBAR: stack.enter_context(rebar_at(model, config.threads, SPECULATING)),
+            REBAR_PLAIN: stack.enter_context(rebar_at(model, config.threads, NOT_SPECULATING)),
+        }
         for name, args in peers.items():
-            into = figures.setdefault(name, ServerFigures())
-            with llama_server_at(tool, gguf, config.threads, args) as url:
-                answer_all(url, model, requests, config, into)
+            servers[name] = stack.enter_context(llama_server_at(tool, gguf, config.threads, args))
+        served = {name: warm_up(url) for name, url in servers.items()}
+        for round_index in range(config.rounds):
+            interleave(servers, requests, config, figures, round_index)
+            for name in rotated([REBAR, REBAR_PLAIN], round_index):
+                batch = many_chats(
+                    servers[name], served[name], config.batch, config.tokens, config.ignore_eos
+                )
+                figures[name].batch_tokens_per_s.append(batch)
     return figures
 
 
@@ -293,11 +325,15 @@ def measure_big_model(
     if config.draft_model:
         drafting = {**SPECULATING, "REBAR_ENGINE__DRAFT_MODEL": config.draft_model}
         configurations.append(("rebar, draft model", drafting))
-    for _ in range(config.rounds):
-        for name, env in configurations:
-            into = runs.setdefault(name, ServerFigures())
-            with rebar_at(model, config.threads, env) as url:
-                answer_all(url, model, CHAT, config, into)
+    with ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(rebar_at(model, config.threads, env))
+            for name, env in configurations
+        }
+        for url in servers.values():
+            warm_up(url)
+        for round_index in range(config.rounds):
+            interleave(servers, CHAT, config, runs, round_index)
     label = Path(model).name
     rows = [
         compared(

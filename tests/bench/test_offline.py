@@ -23,3 +23,19 @@ def test_percentiles() -> None:
     stats = summarize([float(i) for i in range(1, 101)])
     assert stats["p50"] == 51 and stats["p90"] == 91 and stats["p99"] == 100
     assert summarize([])["p50"] == 0.0
+
+
+def test_decode_steps_compute_one_token_each_unless_speculation_is_asked_for(tmp_path) -> None:
+    core = make_core(tmp_path, num_blocks=128)
+    assert core.speculator is not None  # on by default
+    asked: list[bool] = []
+    add_request = core.add_request
+
+    def recording(request_id, prompt, params):
+        asked.append(params.speculative)
+        return add_request(request_id, prompt, params)
+
+    core.add_request = recording  # type: ignore[method-assign]
+    run_offline(core, num_prompts=2, input_len=10, output_len=4, concurrency=2)
+    run_offline(core, num_prompts=2, input_len=10, output_len=4, concurrency=2, speculative=True)
+    assert asked == [False, False, True, True]

@@ -12,7 +12,13 @@ from rebar.engine.request import Request
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.spec.ngram import MAX_NGRAM, MIN_NGRAM, NgramIndex
 from rebar.engine.spec.policy import Acceptance, Candidate, StepCost, choose_draft_lengths
-from rebar.engine.spec.speculator import PROBE_INTERVAL, Drafting, SequenceSpeculation, Speculator
+from rebar.engine.spec.speculator import (
+    MAX_PROBE_INTERVAL,
+    PROBE_INTERVAL,
+    Drafting,
+    SequenceSpeculation,
+    Speculator,
+)
 
 
 def brute_force(tokens: list[int], max_tokens: int) -> tuple[int, ...]:
@@ -152,6 +158,35 @@ def test_a_sequence_whose_drafts_fail_stops_drafting_then_probes_now_and_then() 
         speculator.record(sequence.speculation, 1, 1)  # it did
     assert speculator.lookahead([sequence], 1, 1).get("r", 0) >= 1  # drafting again
 
+
+def probe_waits(speculator: Speculator, sequence: Drafting, probes: int, kept: bool) -> list[int]:
+    """Steps offered nothing before each of `probes` probes, each probe's verdict `kept`."""
+    waits = []
+    for _ in range(probes):
+        wait = 0
+        while speculator.lookahead([sequence], 1, 1) == {}:
+            wait += 1
+            assert wait <= MAX_PROBE_INTERVAL, "never probed"
+        waits.append(wait)
+        speculator.record(sequence.speculation, 1, 1 if kept else 0)
+    return waits
+
+
+def test_refused_probes_come_ever_more_rarely_and_a_kept_one_brings_them_back() -> None:
+    memory_bound = StepCost([(1, 10.0), (2, 11.0), (8, 17.0)])
+    speculator = Speculator(FixedDrafter(), memory_bound, max_draft_tokens=4)
+    sequence = decoding()
+    for _ in range(30):
+        speculator.record(sequence.speculation, 4, 0)
+    refused = probe_waits(speculator, sequence, 6, kept=False)
+    assert refused == [PROBE_INTERVAL * 2**i for i in range(5)] + [MAX_PROBE_INTERVAL]
+    probe_waits(speculator, sequence, 1, kept=True)  # the text turned predictable
+    for _ in range(30):  # and then not again
+        speculator.record(sequence.speculation, 4, 0)
+    assert probe_waits(speculator, sequence, 1, kept=False) == [PROBE_INTERVAL]
+
+
+def test_a_compute_bound_step_never_probes() -> None:
     compute_bound = StepCost([(1, 10.0), (2, 20.0)])  # a token costs a step: no probe pays
     busy = Speculator(FixedDrafter(), compute_bound, max_draft_tokens=4)
     quiet = decoding()

@@ -185,7 +185,7 @@ def test_preemption_and_prefix_cache_hits_give_the_same_tokens(tmp_path, eager_d
 
 
 def test_structured_outputs_follow_the_grammar_and_equal_decoding_without_drafts(
-    tmp_path,
+    tmp_path, eager_drafts
 ) -> None:
     schema = {
         "type": "object",

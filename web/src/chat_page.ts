@@ -13,6 +13,7 @@ import {
   type StreamDeps,
   type StreamObserver,
 } from "./chat_stream";
+import { takeHandedKey } from "./handed_key";
 import { RequestError } from "./http";
 import { listModels, pickModel } from "./models";
 import { newRequestId } from "./request_id";
@@ -66,7 +67,8 @@ export class ChatPage {
 
   start(): void {
     this.showSettings(this.storage.loadSettings());
-    this.el.apiKey.value = this.storage.loadApiKey();
+    // A key handed over in the address (`rebar desktop`'s window) is used, never stored.
+    this.el.apiKey.value = takeHandedKey(window.location, window.history) ?? this.storage.loadApiKey();
     this.conversation.show(this.turns);
     this.listen();
     void this.loadModels();

@@ -61,9 +61,9 @@ class EngineSettings(Section):
         description="How K/V are stored: auto (float16 for a float32 model on the CPU, as "
         "llama.cpp's default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
     )
-    # Off until `rebar bench spec` shows it costs no workload more than 3% (docs/speculative.md).
+    # On: `rebar bench spec` measured no workload more than 3% slower with it (docs/speculative.md).
     speculative: bool = Field(
-        False,
+        True,
         description="Speculative decoding: draft tokens (from n-grams of the prompt and output, or "
         "from draft_model) and check them all in one pass of the model; the output is unchanged, "
         "and it comes faster where drafts hold (docs/speculative.md).",

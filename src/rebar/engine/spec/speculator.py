@@ -30,6 +30,10 @@ OVERALL_DECAY = 0.995
 # any other: where a step is bound by memory the probe costs little, and it lets a sequence whose
 # text turned predictable (an answer's preamble over, a copy begun) be noticed again.
 PROBE_INTERVAL = 16
+# Each refused probe doubles the sequence's wait before the next, up to this many steps; a kept
+# draft brings it back to PROBE_INTERVAL. A text that never repeats (or a draft model that never
+# agrees) then costs a probe's catch-up once in a long while, not every PROBE_INTERVAL steps.
+MAX_PROBE_INTERVAL = 256
 
 
 @dataclass
@@ -45,6 +49,8 @@ class SequenceSpeculation:
     num_drafted: int = 0  # over the sequence's life
     num_accepted: int = 0
     steps_unchecked: int = 0  # steps it could have drafted since its drafts were last checked
+    probe_interval: int = PROBE_INTERVAL  # steps unchecked before it is probed
+    probing: bool = False  # this step's drafts are a probe
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,11 @@ class Speculator:
                 continue
             speculation.steps_unchecked += 1
             rate = speculation.acceptance.rate(self.overall_rate)
-            if speculation.steps_unchecked > PROBE_INTERVAL and rate < INITIAL_RATE:
-                candidates.append(Candidate(request.request_id, INITIAL_RATE, 1))  # a probe
+            speculation.probing = (
+                speculation.steps_unchecked > speculation.probe_interval and rate < INITIAL_RATE
+            )
+            if speculation.probing:
+                candidates.append(Candidate(request.request_id, INITIAL_RATE, 1))
             else:
                 candidates.append(Candidate(request.request_id, rate, most))
         if not candidates:
@@ -169,6 +178,11 @@ class Speculator:
         if num_drafted == 0:
             return
         speculation.steps_unchecked = 0
+        if num_accepted:
+            speculation.probe_interval = PROBE_INTERVAL
+        elif speculation.probing:
+            speculation.probe_interval = min(2 * speculation.probe_interval, MAX_PROBE_INTERVAL)
+        speculation.probing = False
         speculation.acceptance.update(num_drafted, num_accepted)
         self.overall.update(num_drafted, num_accepted)
         speculation.num_drafted += num_drafted

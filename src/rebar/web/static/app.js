@@ -434,6 +434,20 @@ function messageOf(error) {
   return error instanceof Error ? error.message : String(error);
 }
 
+// src/handed_key.ts
+function keyFromFragment(hash) {
+  const params = new URLSearchParams(hash.startsWith("#") ? hash.slice(1) : hash);
+  const key = params.get("key")?.trim() ?? "";
+  return key === "" || /\s/.test(key) ? null : key;
+}
+function takeHandedKey(location, history) {
+  const key = keyFromFragment(location.hash);
+  if (key !== null) {
+    history.replaceState(history.state, "", location.pathname + location.search);
+  }
+  return key;
+}
+
 // src/models.ts
 async function listModels(endpoint, apiKey, requestId) {
   let response;
@@ -729,7 +743,7 @@ var ChatPage = class {
   savedModel = "";
   start() {
     this.showSettings(this.storage.loadSettings());
-    this.el.apiKey.value = this.storage.loadApiKey();
+    this.el.apiKey.value = takeHandedKey(window.location, window.history) ?? this.storage.loadApiKey();
     this.conversation.show(this.turns);
     this.listen();
     void this.loadModels();
