@@ -24,7 +24,7 @@ FULL_ONLY: dict[str, str] = {
     "reliability/": "the soak, the fuzzers and the fault injections: minutes of load",
     "ray/": "a local Ray cluster",
     "web/": "Chromium driving the chat page",
-    "quant/test_quality_smollm2.py": "AWQ and perplexity on the real model (about 10 minutes)",
+    "quant/test_quality_smollm2.py": "AWQ and perplexity on the real model (about 4 minutes)",
     "quant/test_awq.py": "AWQ scale searches",
     "quant/test_quant_cli.py": "quantizes and evaluates the real model through the command line",
     "quant/test_gguf_quantized.py": "every GGUF weight kind through the kernels on real shapes",
@@ -70,7 +70,7 @@ FAST_BUDGET_S = 180.0  # the fast tier's recorded total: `make check` within 4 m
 DEFAULT_LIMIT_S = 120  # pyproject's [tool.pytest.ini_options] timeout
 # Named larger limits, each a few times the slowest test it covers (tests/durations.json's run).
 LIMITS_S: dict[str, int] = {
-    "model_quality": 2400,  # quantizing the real model (AWQ search, ~10 min) and its perplexity
+    "model_quality": 900,  # quantizing the real model (AWQ search, ~3 min) and its perplexity
     "processes": 300,  # starts `rebar` processes (serve, chat, quantize) and waits for their models
     "reference_model": 300,  # a real model through transformers' own float path
     "cluster": 600,  # a local Ray cluster, its replicas and their models

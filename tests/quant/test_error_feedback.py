@@ -111,3 +111,22 @@ def test_a_channel_that_never_fires_is_rounded_without_nans() -> None:
     rounded = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 32)
     assert torch.isfinite(rounded).all()
     assert torch.equal(nearest(rounded, grid.scales, grid.offsets, 32), rounded)
+
+
+def test_a_batch_is_rounded_as_each_of_its_weights_alone() -> None:
+    """Leading dimensions batch independent roundings (each its own moments, so its own column
+    order); rows are independent, so stacking two weights' rows rounds each as alone."""
+    inputs = [correlated_inputs(channels=160).float() for _ in range(2)]
+    moments = torch.stack([x.T @ x / x.shape[0] for x in inputs])
+    weights = torch.randn(2, 24, 160, generator=GENERATOR) * 0.05
+    grids = [search_grid(w, m, 32) for w, m in zip(weights, moments)]
+    scales = torch.stack([g.scales for g in grids])
+    offsets = torch.stack([g.offsets for g in grids])
+    batched = round_with_error_feedback(weights, moments, scales, offsets, 32)
+    for i in range(2):
+        alone = round_with_error_feedback(weights[i], moments[i], scales[i], offsets[i], 32)
+        assert torch.equal(batched[i], alone)
+    top = round_with_error_feedback(
+        weights[0, :10], moments[0], scales[0, :10], offsets[0, :10], 32
+    )
+    assert torch.equal(top, batched[0, :10])

@@ -23,7 +23,6 @@ layers before it already quantized (the input it will really see):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -205,17 +204,19 @@ class ScaleSearch:
 
 Rounding = Callable[
     [torch.Tensor, torch.Tensor, int], torch.Tensor
-]  # (weight, moments, group size) -> on a grid
+]  # (weights [..., out, in], moments [..., in, in], group size) -> on their grids
 
 
 def round_to_nearest(weight: torch.Tensor, _moments: torch.Tensor, group_size: int) -> torch.Tensor:
-    return fake_quantize_int4(weight, group_size)
+    return fake_quantize_int4(weight.reshape(-1, weight.shape[-1]), group_size).reshape(
+        weight.shape
+    )
 
 
 def round_fed_back(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> torch.Tensor:
     """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when
     the weights will be rounded that way: it favours other scales than round-to-nearest does)."""
-    groups = weight.float().reshape(weight.shape[0], -1, group_size)
+    groups = weight.float().reshape(*weight.shape[:-1], -1, group_size)
     return round_with_error_feedback(weight, moments, *int4_scales_offsets(groups), group_size)
 
 
@@ -229,22 +230,21 @@ def search_scales(
     num_alphas: int = NUM_ALPHAS,
 ) -> ScaleSearch:
     """The s = mean_abs^alpha, alpha in {0, 1/num_alphas, ...}, whose `rounding` of W*s, read back
-    as Q(W s) / s, leaves the least output error; `unscaled_error` is the error at alpha = 0."""
-    best: ScaleSearch | None = None
-    unscaled_error = math.inf
-    for step in range(num_alphas):
-        alpha = step / num_alphas
+    as Q(W s) / s, leaves the least output error; `unscaled_error` is the error at alpha = 0.
+
+    Every alpha's candidate is rounded in one batch (one pass of error feedback's column loop for
+    all of them); the first of equally good alphas wins."""
+    alphas = [step / num_alphas for step in range(num_alphas)]
+    candidates = []
+    for alpha in alphas:
         scales = mean_abs.pow(alpha).clamp(min=1e-4)
-        scales = scales / (scales.max() * scales.min()).sqrt()
-        full = expand(scales)
-        quantized = rounding(weight * full, moments / torch.outer(full, full), group_size) / full
-        error = output_error(quantized - weight, moments)
-        if alpha == 0:
-            unscaled_error = error
-        if best is None or error < best.error:
-            best = ScaleSearch(alpha, scales, unscaled_error, error)
-    assert best is not None
-    return ScaleSearch(best.alpha, best.scales, unscaled_error, best.error)
+        candidates.append(scales / (scales.max() * scales.min()).sqrt())
+    full = torch.stack([expand(scales) for scales in candidates]).unsqueeze(1)  # [alphas, 1, in]
+    scaled_moments = moments / (full.transpose(1, 2) * full)
+    quantized = rounding(weight * full, scaled_moments, group_size) / full
+    errors = [output_error(q - weight, moments) for q in quantized]
+    best = min(range(num_alphas), key=lambda i: (errors[i], i))
+    return ScaleSearch(alphas[best], candidates[best], errors[0], errors[best])
 
 
 def diagonal_blocks(moments: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -375,7 +375,7 @@ def _search_layer(
     """
     head_dim = model.config.head_dim
     searches: dict[str, ScaleSearch] = {}
-    scaled_moments: dict[str, torch.Tensor] = {}
+    scaled_moments: list[tuple[ScaleGroup, torch.Tensor]] = []
     for group in groups:
         first = group.linears[0]
         expand = lambda s, r=group.kv_repeat: _expand_kv(s, r, head_dim)  # noqa: E731
@@ -393,17 +393,24 @@ def _search_layer(
         full = expand(search.scales)
         _fold(model, group, search.scales, full)
         searches[first] = search
-        for path in group.linears:  # the layer now reads x / s
-            scaled_moments[path] = moments / torch.outer(full, full)
+        scaled_moments.append((group, moments / torch.outer(full, full)))  # it now reads x / s
     grids = {}
-    for path, moments in scaled_moments.items():
-        weight = linear_weight(model, path)
-        grid = search_grid(weight, moments, group_size)
-        grids[f"{path}.weight"] = grid
+    for group, moments in scaled_moments:
+        # The group's linears share their input: searched and rounded as one stacked weight (both
+        # work row by row, so stacking changes nothing but the number of passes).
+        weights = [linear_weight(model, path) for path in group.linears]
+        stacked = torch.cat(weights)
+        grid = search_grid(stacked, moments, group_size)
         if error_feedback:
-            weight.copy_(
-                round_with_error_feedback(weight, moments, grid.scales, grid.offsets, group_size)
+            stacked = round_with_error_feedback(
+                stacked, moments, grid.scales, grid.offsets, group_size
             )
+        rows = [weight.shape[0] for weight in weights]
+        parts = zip(grid.scales.split(rows), grid.offsets.split(rows), stacked.split(rows))
+        for path, weight, (scales, offsets, rounded) in zip(group.linears, weights, parts):
+            grids[f"{path}.weight"] = Grid(scales.contiguous(), offsets.contiguous())
+            if error_feedback:
+                weight.copy_(rounded)
     return AwqResult(grids, searches)
 
 
