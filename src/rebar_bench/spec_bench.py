@@ -194,19 +194,20 @@ def rotated(names: Sequence[str], by: int) -> list[str]:
 
 
 def interleave(
-    servers: dict[str, str],
+    servers: dict[str, tuple[str, str]],
     requests: Sequence[SpecRequest],
     config: SpecBenchConfig,
     figures: dict[str, ServerFigures],
     round_index: int,
 ) -> None:
-    """One round: each request answered by every server (name -> url) in turn, one at a time."""
-    served = {name: served_name(url) for name, url in servers.items()}
+    """One round: each request answered by every server (name -> its url and the name it serves
+    its model under) in turn, one at a time."""
     for index, request in enumerate(requests):
         for name in rotated(list(servers), round_index + index):
+            url, model = servers[name]
             answer = stream_chat(
-                servers[name],
-                served[name],
+                url,
+                model,
                 request.message,
                 config.tokens,
                 f"{request.kind}-{index}",
@@ -238,13 +239,11 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
         }
         for name, args in peers.items():
             servers[name] = stack.enter_context(llama_server_at(tool, gguf, config.threads, args))
-        served = {name: warm_up(url) for name, url in servers.items()}
+        served = {name: (url, warm_up(url)) for name, url in servers.items()}
         for round_index in range(config.rounds):
-            interleave(servers, requests, config, figures, round_index)
+            interleave(served, requests, config, figures, round_index)
             for name in rotated([REBAR, REBAR_PLAIN], round_index):
-                batch = many_chats(
-                    servers[name], served[name], config.batch, config.tokens, config.ignore_eos
-                )
+                batch = many_chats(*served[name], config.batch, config.tokens, config.ignore_eos)
                 figures[name].batch_tokens_per_s.append(batch)
     return figures
 
@@ -330,10 +329,9 @@ def measure_big_model(
             name: stack.enter_context(rebar_at(model, config.threads, env))
             for name, env in configurations
         }
-        for url in servers.values():
-            warm_up(url)
+        served = {name: (url, warm_up(url)) for name, url in servers.items()}
         for round_index in range(config.rounds):
-            interleave(servers, CHAT, config, runs, round_index)
+            interleave(served, CHAT, config, runs, round_index)
     label = Path(model).name
     rows = [
         compared(

@@ -1,0 +1,42 @@
+"""`rebar bench spec`'s schedule: every request goes to every server in turn, the order rotated by
+round and by request, so no configuration always runs first (when the host is freshest)."""
+
+from __future__ import annotations
+
+from rebar_bench import spec_bench
+from rebar_bench.spec_bench import Answer, ServerFigures, SpecBenchConfig, interleave, rotated
+from rebar_bench.spec_prompts import SpecRequest
+
+
+def test_rotated_leads_with_each_name_in_turn() -> None:
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert rotated(["a", "b", "c"], 5) == ["c", "a", "b"]
+    assert rotated([], 3) == []
+
+
+def test_each_request_goes_to_every_server_in_a_rotating_order(monkeypatch) -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    def answering(url, model, message, tokens, nonce, ignore_eos=False):
+        calls.append((url, model, message))
+        return Answer(tokens, "text", 10.0)
+
+    monkeypatch.setattr(spec_bench, "stream_chat", answering)
+    servers = {"on": ("http://a", "m-a"), "off": ("http://b", "m-b")}
+    requests = [SpecRequest("chat", "first"), SpecRequest("rename", "second")]
+    figures: dict[str, ServerFigures] = {}
+    for round_index in range(2):
+        interleave(servers, requests, SpecBenchConfig(tokens=7), figures, round_index)
+    assert calls == [
+        ("http://a", "m-a", "first"),
+        ("http://b", "m-b", "first"),  # round 0
+        ("http://b", "m-b", "second"),
+        ("http://a", "m-a", "second"),
+        ("http://b", "m-b", "first"),
+        ("http://a", "m-a", "first"),  # round 1
+        ("http://a", "m-a", "second"),
+        ("http://b", "m-b", "second"),
+    ]
+    assert {name: len(f.answers["chat"]) for name, f in figures.items()} == {"on": 2, "off": 2}
+    assert figures["on"].rate("rename") == 10.0
