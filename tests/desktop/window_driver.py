@@ -12,7 +12,6 @@ import base64
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,9 @@ from typing import Any
 
 from rebar.desktop.server import EmbeddedServer
 from rebar.desktop.window import WindowOptions, run_window
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the suite's own waits
+from waiting import wait_until
 
 GENERATION_TIMEOUT_S = 240.0
 
@@ -60,13 +62,10 @@ Gdk.pixbuf_get_from_window(root, 0, 0, root.get_width(), root.get_height()).save
 
 
 def wait_for(window: Any, script: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = window.evaluate_js(script)
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {script!r}")
+    """The page's value of `script` once it is truthy (the timeout only bounds a hang)."""
+    if not wait_until(lambda: window.evaluate_js(script), timeout_s, poll_s=0.2):
+        raise AssertionError(f"timed out waiting for {script!r}")
+    return window.evaluate_js(script)
 
 
 def status_of(url: str, key: str | None) -> int:
@@ -89,10 +88,9 @@ def drive(window: Any, server: EmbeddedServer, document: Path, screenshot: Path)
     seen["status_with_wrong_key"] = status_of(models, "not-the-window-key")
     seen["status_with_key"] = status_of(models, server.key)
     seen["model"] = wait_for(window, "document.getElementById('model').value", 120)
-    deadline = time.monotonic() + 120  # the page lists the model before it has loaded
-    while status_of(f"{server.base_url}/ready", None) != 200:
-        assert time.monotonic() < deadline, "the window's server never became ready"
-        time.sleep(0.2)
+    # The page lists the model before it has loaded.
+    ready = wait_until(lambda: status_of(f"{server.base_url}/ready", None) == 200, 120, 0.2)
+    assert ready, "the window's server never became ready"
     payload = json.dumps(base64.b64encode(document.read_bytes()).decode())
     seen["files_in_input"] = window.evaluate_js(
         OPEN_DOCUMENT % (payload, json.dumps(document.name))
