@@ -40,6 +40,7 @@ from typing import Protocol
 import torch
 
 from rebar.engine.sampling_params import SamplingParams
+from rebar.kernels.best_logits import best_logits
 
 
 @dataclass
@@ -111,7 +112,7 @@ def sample_batch(
         raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
     if mask is None and all(_is_plain_greedy(r.params) for r in requests):
         # Fast path: nothing to add, scale or draw.
-        token_ids, valid = logits.argmax(-1), _has_finite_best(logits)
+        token_ids, valid = best_logits(logits)
     else:
         token_ids, valid = _sample_rows(logits, requests, mask)
     # Checked on every row: argmax of a NaN row would otherwise return a plausible id.
@@ -134,7 +135,7 @@ def distributions(
     probabilities = torch.zeros(processed.shape, dtype=torch.float64, device=logits.device)
     greedy = [i for i, r in enumerate(requests) if r.params.greedy and bool(valid[i])]
     if greedy:
-        best = processed[greedy].argmax(-1)
+        best = best_logits(processed[greedy])[0]
         probabilities[greedy, best] = 1.0
     rows = [i for i, r in enumerate(requests) if not r.params.greedy and bool(valid[i])]
     if rows:
@@ -183,7 +184,7 @@ def _sample_rows(
     token_ids = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
     greedy = [i for i, r in enumerate(requests) if r.params.greedy]
     if greedy:
-        token_ids[greedy] = processed[greedy].argmax(-1)
+        token_ids[greedy] = best_logits(processed[greedy])[0]
     sampled = [
         i for i, (r, ok) in enumerate(zip(requests, valid.tolist())) if ok and not r.params.greedy
     ]

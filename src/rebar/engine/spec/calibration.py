@@ -15,6 +15,7 @@ import time
 from rebar.engine.runner import ModelRunner
 from rebar.engine.scheduler import ScheduledRequest
 from rebar.engine.spec.policy import StepCost
+from rebar.kernels.best_logits import best_logits
 
 logger = logging.getLogger("rebar.engine")
 
@@ -42,7 +43,7 @@ def measure_step_cost(runner: ModelRunner, num_blocks: int, max_rows: int) -> St
             "calibration", (token,), context, blocks, True, rows - 1, (token,) * (rows - 1)
         )
         started = time.perf_counter()
-        runner.execute([item]).argmax(-1)
+        best_logits(runner.execute([item]))
         return time.perf_counter() - started
 
     began = time.perf_counter()

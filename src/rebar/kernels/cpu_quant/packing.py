@@ -37,7 +37,7 @@ class PackedQuant:
     """A weight `[out_features, in_features]` in the kernels' tiled layout.
 
     `codes`: `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then `code_bits - 4`
-    vectors of high bits; every code is unsigned). `scales` (and `offsets`) `[tiles, groups, 8]`,
+    vectors of high bits; 8-bit codes a byte each; every code is unsigned). `scales` (and `offsets`) `[tiles, groups, 8]`,
     with `group_size` columns per group (a super-block's 256 for the super kinds, whose `scales` /
     `offsets` are float16 d / dmin). `sub_scales`: SUPER_AFFINE's 6-bit scale and min pairs packed
     `[tiles, groups, 96]`, SUPER_SYM's int8 `[tiles, groups, 16, 8]`.
@@ -117,7 +117,8 @@ def _tile_sub_scales(values: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Unsigned codes uint8 `[out, in]` (`in` a multiple of 32, values < 2^bits, bits 4, 5, 6 or 8)
-    -> `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits.
+    -> `[tiles, blocks, bits, 32]`: four chunks of nibbles, then `bits - 4` vectors of high bits;
+    8-bit codes are the 8 code vectors themselves (a byte per code, nothing to unpack).
 
     Byte `4 * row + j` of code vector k is the code of column `4k + j` of that row; chunk c holds
     code vectors c (low nibble) and 4 + c (high nibble); the e = bits - 4 high bits of code vector k
@@ -133,6 +134,8 @@ def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     # [tiles, row, block, k, j] -> [tiles, block, k, row, j] -> code vectors [tiles, blocks, 8, 32]
     vectors = padded.reshape(num_tiles, TILE_ROWS, -1, CODE_VECTORS, 4).permute(0, 2, 3, 1, 4)
     vectors = vectors.reshape(num_tiles, -1, CODE_VECTORS, TILE_ROWS * 4)
+    if bits == 8:
+        return vectors.contiguous()
     low = vectors & 0x0F
     parts = [low[:, :, :4] | (low[:, :, 4:] << 4)]
     extra = bits - 4
@@ -153,7 +156,9 @@ def untile_codes(codes: torch.Tensor, bits: int, out_features: int) -> torch.Ten
     chunks = codes[:, :, :4]
     vectors = torch.cat([chunks & 0x0F, chunks >> 4], dim=2)  # [tiles, blocks, 8, 32]
     extra = bits - 4
-    if extra:
+    if bits == 8:
+        vectors = codes.clone()
+    elif extra:
         per_vector = CODE_VECTORS // extra
         for k in range(CODE_VECTORS):
             plane = codes[:, :, 4 + k // per_vector]

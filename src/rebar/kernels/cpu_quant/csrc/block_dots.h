@@ -12,7 +12,8 @@
 
 namespace rebar_cpu_quant {
 
-// Bytes of one tile and block of codes: four chunks of low nibbles, then bits - 4 vectors of high bits.
+// Bytes of one tile and block of codes: four chunks of low nibbles, then bits - 4 vectors of high bits
+// (8-bit codes: the eight code vectors as they are).
 template <int kBits>
 constexpr int64_t kCodeBlockBytes = 32 * kBits;
 
@@ -21,10 +22,16 @@ constexpr int64_t kCodeBlockBytes = 32 * kBits;
 //
 // Chunk c's low nibbles are columns 4c + j, its high nibbles columns 16 + 4c + j. For wider codes,
 // the e = bits - 4 extra bits of code vector k sit in high-bit vector k / (8 / e), at bit
-// e * (k % (8 / e)) of the byte: one vector of 8 single bits (5-bit codes), two of 4 bit pairs (6),
-// or four of 2 nibbles (8).
+// e * (k % (8 / e)) of the byte: one vector of 8 single bits (5-bit codes) or two of 4 bit pairs (6).
+// 8-bit codes are stored as the code vectors themselves: splitting them into
+// nibbles would save nothing and cost the unpacking on every row of a compute-bound step.
 template <int kBits>
 inline void load_codes(const uint8_t* block, __m256i w[8]) {
+  if constexpr (kBits == 8) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) w[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * k));
+    return;
+  }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
@@ -32,7 +39,7 @@ inline void load_codes(const uint8_t* block, __m256i w[8]) {
     w[c] = _mm256_and_si256(raw, low4);
     w[4 + c] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
   }
-  if constexpr (kBits > 4) {
+  if constexpr (kBits > 4 && kBits < 8) {
     constexpr int kExtra = kBits - 4, kPerVector = 8 / kExtra;
     const __m256i mask = _mm256_set1_epi8(static_cast<char>(((1 << kExtra) - 1) << 4));
     __m256i high[kExtra];

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -90,6 +91,43 @@ int64_t mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
     for (int64_t b = 0; b < count; ++b) out[b] = ((word >> b) & 1u) ? out[b] : minus_inf;
   }
   return allowed;
+}
+
+int64_t best_logit(const float* logits, int64_t n, bool* finite) {
+  // Each lane keeps its first largest value and where it was (a strict comparison keeps the
+  // first); of the lanes holding the overall best, the lowest index is the row's first.
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  __m256 best = _mm256_set1_ps(minus_inf), unordered = _mm256_setzero_ps();
+  __m256i where = _mm256_setzero_si256(), index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(logits + i);
+    const __m256 greater = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  // false for NaN
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    best = _mm256_blendv_ps(best, v, greater);
+    where = _mm256_blendv_epi8(where, index, _mm256_castps_si256(greater));
+    index = _mm256_add_epi32(index, eight);
+  }
+  alignas(32) float lane_best[8];
+  alignas(32) int32_t lane_where[8];
+  _mm256_store_ps(lane_best, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane_where), where);
+  bool nan = _mm256_movemask_ps(unordered) != 0;
+  float top = minus_inf;
+  int64_t at = 0;
+  for (int lane = 0; lane < 8; ++lane) {
+    if (lane_best[lane] > top || (lane_best[lane] == top && lane_where[lane] < at && top > minus_inf)) {
+      top = lane_best[lane];
+      at = lane_where[lane];
+    }
+  }
+  for (; i < n; ++i) {  // the tail, after every vector: later indices win only when larger
+    if (logits[i] != logits[i]) nan = true;
+    if (logits[i] > top) top = logits[i], at = i;
+  }
+  *finite = !nan && std::isfinite(top);
+  return at;
 }
 
 }  // namespace rebar_cpu_quant

@@ -26,7 +26,8 @@
 // one sequential stream:
 //   codes          [num_tiles, num_blocks, bits, 32] uint8: in chunk c < 4, byte 4 * row + j = low 4
 //                  bits of the code of column 4c + j (low nibble) | of column 16 + 4c + j (high
-//                  nibble); then bits - 4 vectors of the codes' high bits (load_codes, block_dots.h)
+//                  nibble); then bits - 4 vectors of the codes' high bits (load_codes, block_dots.h);
+//                  8-bit codes: byte 4 * row + j of vector k = the code of column 4k + j
 //   scales/offs    [num_tiles, num_groups, 8]     float32 or float16 (as raw uint16 bits)
 //   sub-scales     kSuperAffine [num_tiles, num_groups, 96] uint8; kSuperSym [num_tiles, num_groups, 16, 8] int8
 // Rows past the real output size are zero-filled and never stored.
