@@ -105,6 +105,62 @@ def test_a_step_that_pays_only_past_a_costly_row_is_still_found() -> None:
     assert choose_draft_lengths([Candidate("a", 0.99, 8)], 1, 1, blocky) == {"a": 3}
 
 
+def every_prefix_search(candidates, base_rows, base_tokens, cost, seconds_per_draft):
+    """The policy's definition, without its early end: slots best-first until their gain falls
+    under MIN_GAIN, and the prefix with the most expected tokens per second."""
+    slots = []
+    for c in candidates:
+        slots += [(c.rate ** (j + 1), c.key) for j in range(c.max_tokens) if c.rate > 0]
+    slots.sort(key=lambda slot: -slot[0])  # stable: ties keep the candidates' order
+    best_rate, best_count, tokens = base_tokens / cost(base_rows), 0, float(base_tokens)
+    for count, (gain, _) in enumerate(slots, start=1):
+        if gain < 0.01:
+            break
+        tokens += gain
+        rate = tokens / (cost(base_rows + count) + count * seconds_per_draft)
+        if rate > best_rate:
+            best_rate, best_count = rate, count
+    chosen: dict = {}
+    for _, key in slots[:best_count]:
+        chosen[key] = chosen.get(key, 0) + 1
+    return chosen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rates=st.lists(st.floats(0.05, 0.99), min_size=1, max_size=8),
+    lengths=st.lists(st.integers(0, 8), min_size=8, max_size=8),
+    costs=st.lists(st.floats(0.0, 20.0), min_size=2, max_size=8),
+    base=st.integers(1, 16),
+    per_draft=st.sampled_from([0.0, 0.5, 3.0]),
+)
+def test_the_early_end_finds_what_every_prefix_would(rates, lengths, costs, base, per_draft):
+    # Distinct rates: equal gains may be taken in either order, with equal results.
+    rates = [r + i * 1e-6 for i, r in enumerate(rates)]
+    candidates = [Candidate(i, r, lengths[i]) for i, r in enumerate(rates)]
+    points, seconds = [], 1.0
+    for i, step in enumerate(costs):  # any measured shape; StepCost keeps its lower hull
+        seconds += step
+        points.append((1 + 3 * i, seconds))
+    cost = StepCost(points)
+    expected = every_prefix_search(candidates, base, base, cost, per_draft)
+    assert choose_draft_lengths(candidates, base, base, cost, per_draft) == expected
+
+
+def test_a_compute_bound_batch_prices_one_slot_only() -> None:
+    calls = []
+
+    class Counted(StepCost):
+        def __call__(self, rows: int) -> float:
+            calls.append(rows)
+            return super().__call__(rows)
+
+    linear = Counted([(1, 1.0), (2, 2.0)])
+    many = [Candidate(i, 0.9, 8) for i in range(16)]
+    assert choose_draft_lengths(many, 16, 16, linear) == {}
+    assert len(calls) <= 3  # the base step, and the first slot's two ends
+
+
 def test_a_drafting_cost_and_a_low_rate_hold_drafts_back() -> None:
     cpu = StepCost([(1, 10.0), (2, 12.0)])
     assert choose_draft_lengths([Candidate("a", 0.1, 8)], 1, 1, cpu) == {}

@@ -114,9 +114,10 @@ def choose_draft_lengths(
     samples `base_tokens` without drafts; making each draft token costs `seconds_per_draft` more.
 
     Slots are taken best-first (the highest expected gain a^j among every candidate's next slot),
-    and of every such prefix the one with the most expected tokens per second wins: a measured
-    curve is not convex (the kernels take rows four at a time), so a slot that does not pay alone
-    may still lead to ones that do. A prefix that gains less than MIN_GAIN more ends the search.
+    and of every such prefix the one with the most expected tokens per second wins. The search
+    ends at a slot that gains less than MIN_GAIN, or whose gain per second it adds is below the best
+    rate so far: `cost` is convex (a lower hull) and gains only shrink, so no later slot could
+    raise the rate again. A batch bound by arithmetic stops at its first slot.
     """
     # Max-heap of (gain of the candidate's next slot, order, candidate).
     heap = [(-c.rate, i, c) for i, c in enumerate(candidates) if c.max_tokens > 0 and c.rate > 0]
@@ -128,7 +129,7 @@ def choose_draft_lengths(
     while heap:
         negative_gain, order, candidate = heapq.heappop(heap)
         gain = -negative_gain
-        if gain < MIN_GAIN:
+        if gain < MIN_GAIN or gain < best_rate * (cost(rows + 1) - cost(rows) + seconds_per_draft):
             break
         rows, tokens, drafting = rows + 1, tokens + gain, drafting + seconds_per_draft
         taken.append(candidate.key)
