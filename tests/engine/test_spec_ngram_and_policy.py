@@ -249,3 +249,25 @@ def test_a_compute_bound_step_never_probes() -> None:
     for _ in range(30):
         busy.record(quiet.speculation, 4, 0)
     assert all(busy.lookahead([quiet], 1, 1) == {} for _ in range(3 * PROBE_INTERVAL))
+
+
+def test_a_compute_bound_batch_does_not_ask_the_drafter() -> None:
+    class Counting(FixedDrafter):
+        asked = 0
+
+        def outlook(self, sequence, max_tokens):
+            Counting.asked += 1
+            return super().outlook(sequence, max_tokens)
+
+    sequences = [decoding(str(i)) for i in range(16)]
+    for sequence in sequences:
+        sequence.speculation.planned = (9,)  # last step's plan: cleared either way
+    busy = Speculator(Counting(), StepCost([(1, 10.0), (2, 20.0)]), max_draft_tokens=4)
+    assert busy.lookahead(sequences, 16, 16) == {}
+    assert Counting.asked == 0
+    assert all(s.speculation.planned == () for s in sequences)
+    # Sixteen rows of a memory-bound step: a draft may pay, so the drafter is asked.
+    quiet = Speculator(Counting(), StepCost([(1, 10.0), (2, 10.1), (64, 20.0)]), max_draft_tokens=4)
+    assert quiet.lookahead(sequences, 16, 16)
+    assert Counting.asked == 16
+

@@ -103,6 +103,15 @@ class Candidate:
     max_tokens: int
 
 
+def a_slot_may_pay(
+    base_rows: int, base_tokens: int, cost: StepCost, seconds_per_draft: float = 0.0
+) -> bool:
+    """Whether even a draft token sure to hold (gain 1) would raise the step's tokens per second;
+    when not, no draft can (see `choose_draft_lengths`), and the drafters need not be asked."""
+    rows, tokens = max(base_rows, 1), max(base_tokens, 1)
+    return 1.0 > tokens / cost(rows) * (cost(rows + 1) - cost(rows) + seconds_per_draft)
+
+
 def choose_draft_lengths(
     candidates: Sequence[Candidate],
     base_rows: int,

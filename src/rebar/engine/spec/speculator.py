@@ -19,7 +19,13 @@ import torch
 from rebar.engine.grammar import GrammarMatcher
 from rebar.engine.request import Request
 from rebar.engine.scheduler import ScheduledRequest
-from rebar.engine.spec.policy import Acceptance, Candidate, StepCost, choose_draft_lengths
+from rebar.engine.spec.policy import (
+    Acceptance,
+    Candidate,
+    StepCost,
+    a_slot_may_pay,
+    choose_draft_lengths,
+)
 
 # What the drafter-wide rate starts from, before any verdict (a weak guess, soon outweighed).
 INITIAL_RATE = 0.5
@@ -111,11 +117,14 @@ class Speculator:
     ) -> dict[str, int]:
         """Draft slots to ask the scheduler for, by request id, for a step that computes
         `base_rows` tokens and samples `base_tokens` without drafts."""
+        for sequence in sequences:
+            sequence.speculation.planned = ()
+            sequence.speculation.draft_probabilities = None
+        if not a_slot_may_pay(base_rows, base_tokens, self.cost, self.seconds_per_draft):
+            return {}  # a batch bound by arithmetic: not worth a lookup
         candidates = []
         for sequence in sequences:
             speculation, request = sequence.speculation, sequence.request
-            speculation.planned = ()
-            speculation.draft_probabilities = None
             if not self._may_draft(request):
                 continue
             room = min(self.max_draft_tokens, request.max_total_tokens - request.num_tokens - 1)
