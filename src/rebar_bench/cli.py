@@ -170,6 +170,7 @@ def cmd_bench_spec(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         rounds=args.rounds,
         batch=args.batch,
+        batch_pairs=args.batch_pairs,
         spec_types=tuple(args.spec_types.split(",")),
         big_model=args.big_model,
         draft_model=args.draft_model,
@@ -459,6 +460,12 @@ def _add_spec_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     )
     spec.add_argument("--rounds", type=positive_int, default=2, help="every server, this often")
     spec.add_argument("--batch", type=positive_int, default=16, help="streams at once (rebar)")
+    spec.add_argument(
+        "--batch-pairs",
+        type=positive_int,
+        default=2,
+        help="pairs of --batch runs (with and without speculation) a round",
+    )
     spec.add_argument(
         "--spec-types",
         default="ngram-simple,ngram-map-k,ngram-mod",

@@ -16,7 +16,10 @@ over the rounds:
 Each server answers every grounded request (rewrite a function with a variable renamed, extract
 the sentences that mention something, summarise a passage) and a free-form chat question, one
 stream at a time: output tokens per second from the first streamed token to the last. rebar's
-servers also answer `batch` free-form chats at once: aggregate output tokens per second. A
+servers also answer `batch` free-form chats at once: aggregate output tokens per second, in
+`batch_pairs` back-to-back pairs a round (one batch with speculation, one without, the order
+alternating); that row's ratio is the median of the pairs' own ratios, as a batch takes several
+seconds and the host's speed drifts within them. A
 random-weight model (`big_model`) runs the free-form chats (its drafts rarely hold), and with a
 `draft_model` the same big model is drafted by a second model: tokens must equal rebar's without
 speculation (greedy), and the acceptance is what it is.
@@ -56,6 +59,7 @@ class SpecBenchConfig:
     ignore_eos: bool = False
     rounds: int = 2
     batch: int = 16
+    batch_pairs: int = 2  # batches of `batch` chats with and without speculation, per round
     spec_types: tuple[str, ...] = SPEC_TYPES
     big_model: str | None = None  # a random-weight GGUF (rebar bench make-model --shape 1b)
     draft_model: str | None = None  # drafts for big_model (rebar bench make-model --shape 135m)
@@ -139,7 +143,7 @@ class ServerFigures:
     """What one server configuration did over the rounds, by request kind."""
 
     answers: dict[str, list[Answer]] = field(default_factory=dict)
-    batch_tokens_per_s: list[float] = field(default_factory=list)
+    batch_tokens_per_s: list[float] = field(default_factory=list)  # in order, paired by index
 
     def rate(self, kind: str) -> float | None:
         runs = self.answers.get(kind)
@@ -153,9 +157,6 @@ class ServerFigures:
                     return None
                 drafted, accepted = drafted + answer.drafted, accepted + answer.accepted
         return drafted, accepted
-
-    def batch_rate(self) -> float | None:
-        return statistics.median(self.batch_tokens_per_s) if self.batch_tokens_per_s else None
 
 
 @contextmanager
@@ -242,10 +243,28 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
         served = {name: (url, warm_up(url)) for name, url in servers.items()}
         for round_index in range(config.rounds):
             interleave(served, requests, config, figures, round_index)
-            for name in rotated([REBAR, REBAR_PLAIN], round_index):
-                batch = many_chats(*served[name], config.batch, config.tokens, config.ignore_eos)
-                figures[name].batch_tokens_per_s.append(batch)
+            for pair in range(config.batch_pairs):
+                for name in rotated([REBAR, REBAR_PLAIN], round_index + pair):
+                    batch = many_chats(*served[name], config.batch, config.tokens, config.ignore_eos)
+                    figures[name].batch_tokens_per_s.append(batch)
     return figures
+
+
+def paired(figure: str, ours: list[float], theirs: list[float], target: float) -> Row:
+    """A row of two series measured in pairs: medians side by side, and the median of the pairs'
+    ratios (each pair close in time, so the host's drift cancels within it) against `target`."""
+    ratios = [a / b for a, b in zip(ours, theirs) if b > 0]
+    if not ratios:
+        return compared(figure, None, None, target, True)
+    ratio = statistics.median(ratios)
+    return Row(
+        figure,
+        statistics.median(ours),
+        statistics.median(theirs),
+        ratio,
+        f">= {target:g}x",
+        ratio >= target,
+    )
 
 
 def model_rows(config: SpecBenchConfig, model: str, figures: dict[str, ServerFigures]) -> list[Row]:
@@ -283,12 +302,11 @@ def model_rows(config: SpecBenchConfig, model: str, figures: dict[str, ServerFig
         )
     )
     rows.append(
-        compared(
+        paired(
             f"{model} chat, {config.batch} streams: vs no spec",
-            ours.batch_rate(),
-            plain.batch_rate(),
+            ours.batch_tokens_per_s,
+            plain.batch_tokens_per_s,
             config.no_loss_target,
-            True,
         )
     )
     return rows

@@ -4,7 +4,14 @@ round and by request, so no configuration always runs first (when the host is fr
 from __future__ import annotations
 
 from rebar_bench import spec_bench
-from rebar_bench.spec_bench import Answer, ServerFigures, SpecBenchConfig, interleave, rotated
+from rebar_bench.spec_bench import (
+    Answer,
+    ServerFigures,
+    SpecBenchConfig,
+    interleave,
+    paired,
+    rotated,
+)
 from rebar_bench.spec_prompts import SpecRequest
 
 
@@ -40,3 +47,18 @@ def test_each_request_goes_to_every_server_in_a_rotating_order(monkeypatch) -> N
     ]
     assert {name: len(f.answers["chat"]) for name, f in figures.items()} == {"on": 2, "off": 2}
     assert figures["on"].rate("rename") == 10.0
+
+
+def test_batches_are_judged_by_the_ratios_of_their_pairs() -> None:
+    # The host slowed down mid-run (the third pair straddles the change): the medians apart say
+    # 0.55x, the pairs' ratios 0.52 to 1.03 with a median of 0.99.
+    ours = [300.0, 290.0, 150.0, 155.0, 149.0]
+    plain = [305.0, 284.0, 290.0, 151.0, 150.0]
+    row = paired("16 streams", ours, plain, 0.97)
+    assert row.rebar == 155.0 and row.peer == 284.0
+    assert row.ratio == sorted(a / b for a, b in zip(ours, plain))[2]
+    assert row.passed
+    slower = paired("16 streams", [0.95 * x for x in plain], plain, 0.97)
+    assert slower.ratio is not None and abs(slower.ratio - 0.95) < 1e-12 and not slower.passed
+    assert paired("16 streams", [], [], 0.97).passed is None
+
