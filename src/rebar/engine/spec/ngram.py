@@ -7,7 +7,11 @@ n-grams last ended, filled in bulk for the prompt and one token at a time after,
 a few dictionary reads whatever the length.
 
 The longest suffix that occurred before wins (a longer match is a better predictor); among its
-occurrences the most recent (nearest text is the likeliest to be copied next).
+occurrences the most recent (nearest text is the likeliest to be copied next). How far the match
+really reaches back decides how much a proposal is trusted: a copy in progress (the last
+COPY_MATCH tokens or more seen before, in order) holds nineteen times in twenty on the bench's
+grounded answers, a short cue about half as often, so each keeps its own record (the cue
+"copy" or "ngram", see `Speculator`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
 # a comma) almost anything follows.
 MIN_NGRAM = 2
 MAX_NGRAM = 4
+# A match reaching back this many tokens is a copy in progress (cue "copy"); a shorter one, "ngram".
+COPY_MATCH = 8
 
 
 class NgramIndex:
@@ -38,6 +44,7 @@ class NgramIndex:
         self.sizes = tuple(range(max_n, min_n - 1, -1))  # longest first
         self._last_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
         self._num_indexed = 0  # n-grams ending before this position are in the index
+        self.matched = 0  # how far the last proposal's match reached back (capped at COPY_MATCH)
 
     def propose(self, tokens: Sequence[int], max_tokens: int) -> tuple[int, ...]:
         """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest
@@ -45,6 +52,7 @@ class NgramIndex:
         length = len(tokens)
         # The suffix itself ends at length - 1: only earlier occurrences may be found.
         self._index_until(tokens, length - 1)
+        self.matched = 0
         if max_tokens <= 0:
             return ()
         for n in self.sizes:
@@ -52,6 +60,7 @@ class NgramIndex:
                 continue
             end = self._last_end[n].get(tuple(tokens[length - n :]))
             if end is not None:
+                self.matched = _reach(tokens, end, n)
                 return _continuation(tokens, end, max_tokens)
         return ()
 
@@ -69,6 +78,16 @@ class NgramIndex:
             columns = [tokens[first - n + 1 + k : stop - n + 1 + k] for k in range(n)]
             table.update(zip(zip(*columns), range(first, stop)))
         self._num_indexed = stop
+
+
+def _reach(tokens: Sequence[int], end: int, n: int) -> int:
+    """How many tokens ending at `end` equal the sequence's last ones (n of them already known to),
+    counted up to COPY_MATCH."""
+    last = len(tokens) - 1
+    reach = n
+    while reach < COPY_MATCH and end - reach >= 0 and tokens[end - reach] == tokens[last - reach]:
+        reach += 1
+    return reach
 
 
 def _continuation(tokens: Sequence[int], end: int, max_tokens: int) -> tuple[int, ...]:
@@ -92,6 +111,7 @@ class NgramDrafter:
         if not isinstance(index, NgramIndex):
             index = speculation.drafter_state = NgramIndex()
         speculation.planned = index.propose(sequence.request.token_ids, max_tokens)
+        speculation.cue = "copy" if index.matched >= COPY_MATCH else "ngram"
         return len(speculation.planned)
 
     def draft(self, batch: Sequence[tuple[Drafting, ScheduledRequest]]) -> list[tuple[int, ...]]:

@@ -44,11 +44,15 @@ MAX_PROBE_INTERVAL = 256
 
 @dataclass
 class SequenceSpeculation:
-    """One sequence's speculation: its record, and what its drafter keeps for it."""
+    """One sequence's speculation: its records, and what its drafter keeps for it."""
 
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    # Kept and refused draft tokens by cue: what the drafter said a proposal rests on (the n-gram
+    # drafter tells a copy in progress from a short match; others give none, ""), as the two hold
+    # at very different rates.
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
     drafter_state: object = None  # the drafter's own (an n-gram index, a draft model's progress)
     planned: tuple[int, ...] = ()  # tokens proposed when the step was planned (drafters that can)
+    cue: str = ""  # what this step's proposal rests on, set by the drafter with `planned`
     # This step's drafts' distributions [drafts, vocab], when they were sampled (a draft model
     # drafting for a sampled request); None: proposed with certainty.
     draft_probabilities: torch.Tensor | None = None
@@ -109,7 +113,7 @@ class Speculator:
         self.cost = cost
         self.max_draft_tokens = max_draft_tokens
         self.seconds_per_draft = seconds_per_draft
-        self.overall = Acceptance(decay=OVERALL_DECAY)
+        self.overall: dict[str, Acceptance] = {}  # every sequence's verdicts, by cue
         self.counts = DraftCounts()
 
     def lookahead(
@@ -119,6 +123,7 @@ class Speculator:
         `base_rows` tokens and samples `base_tokens` without drafts."""
         for sequence in sequences:
             sequence.speculation.planned = ()
+            sequence.speculation.cue = ""
             sequence.speculation.draft_probabilities = None
         if not a_slot_may_pay(base_rows, base_tokens, self.cost, self.seconds_per_draft):
             return {}  # a batch bound by arithmetic: not worth a lookup
@@ -134,7 +139,7 @@ class Speculator:
             if most <= 0:
                 continue
             speculation.steps_unchecked += 1
-            rate = speculation.acceptance.rate(self.overall_rate)
+            rate = self._record(speculation).rate(self.overall_rate(speculation.cue))
             speculation.probing = (
                 speculation.steps_unchecked > speculation.probe_interval and rate < INITIAL_RATE
             )
@@ -161,9 +166,14 @@ class Speculator:
         speculation.planned = speculation.planned[: matcher.valid_drafts(speculation.planned)]
         return min(most, len(speculation.planned))
 
-    @property
-    def overall_rate(self) -> float:
-        return self.overall.rate(INITIAL_RATE)
+    def overall_rate(self, cue: str = "") -> float:
+        """The rate of every sequence's drafts on `cue`: a new sequence's prior."""
+        overall = self.overall.get(cue)
+        return overall.rate(INITIAL_RATE) if overall else INITIAL_RATE
+
+    @staticmethod
+    def _record(speculation: SequenceSpeculation) -> Acceptance:
+        return speculation.acceptance.setdefault(speculation.cue, Acceptance())
 
     def attach_drafts(
         self, items: Sequence[ScheduledRequest], sequences: Mapping[str, Drafting]
@@ -192,8 +202,9 @@ class Speculator:
         elif speculation.probing:
             speculation.probe_interval = min(2 * speculation.probe_interval, MAX_PROBE_INTERVAL)
         speculation.probing = False
-        speculation.acceptance.update(num_drafted, num_accepted)
-        self.overall.update(num_drafted, num_accepted)
+        self._record(speculation).update(num_drafted, num_accepted)
+        overall = self.overall.setdefault(speculation.cue, Acceptance(decay=OVERALL_DECAY))
+        overall.update(num_drafted, num_accepted)
         speculation.num_drafted += num_drafted
         speculation.num_accepted += num_accepted
         self.counts.num_drafted += num_drafted
