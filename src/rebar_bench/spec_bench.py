@@ -245,8 +245,10 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
             interleave(served, requests, config, figures, round_index)
             for pair in range(config.batch_pairs):
                 for name in rotated([REBAR, REBAR_PLAIN], round_index + pair):
-                    batch = many_chats(*served[name], config.batch, config.tokens, config.ignore_eos)
-                    figures[name].batch_tokens_per_s.append(batch)
+                    url, served_as = served[name]
+                    figures[name].batch_tokens_per_s.append(
+                        many_chats(url, served_as, config.batch, config.tokens, config.ignore_eos)
+                    )
     return figures
 
 

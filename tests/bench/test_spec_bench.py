@@ -61,4 +61,3 @@ def test_batches_are_judged_by_the_ratios_of_their_pairs() -> None:
     slower = paired("16 streams", [0.95 * x for x in plain], plain, 0.97)
     assert slower.ratio is not None and abs(slower.ratio - 0.95) < 1e-12 and not slower.passed
     assert paired("16 streams", [], [], 0.97).passed is None
-

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rebar.engine.request import Request
 from rebar.engine.sampling_params import SamplingParams
-from rebar.engine.spec.ngram import MAX_NGRAM, MIN_NGRAM, NgramIndex
+from rebar.engine.spec.ngram import COPY_MATCH, MAX_NGRAM, MIN_NGRAM, NgramDrafter, NgramIndex
 from rebar.engine.spec.policy import Acceptance, Candidate, StepCost, choose_draft_lengths
 from rebar.engine.spec.speculator import (
     MAX_PROBE_INTERVAL,
@@ -51,6 +51,81 @@ def test_incremental_index_proposes_what_a_full_search_finds(tokens, splits, max
     for stop in sorted({min(s, len(tokens)) for s in splits} | {len(tokens)}):
         prefix = tokens[:stop]
         assert index.propose(prefix, max_tokens) == brute_force(prefix, max_tokens)
+
+
+def brute_force_reach(tokens: list[int]) -> int:
+    """How far back (up to COPY_MATCH) the match `brute_force` proposes from agrees with the end."""
+    length = len(tokens)
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        for end in range(length - 2, n - 2, -1):
+            if n <= length and tokens[end - n + 1 : end + 1] == tokens[length - n :]:
+                reach = 0
+                while (
+                    reach < COPY_MATCH
+                    and end - reach >= 0
+                    and tokens[end - reach] == tokens[-1 - reach]
+                ):
+                    reach += 1
+                return reach
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=40))
+def test_the_reach_of_a_match_is_how_far_back_it_agrees(tokens) -> None:
+    index = NgramIndex()
+    proposal = index.propose(tokens, 3)
+    assert index.matched == (brute_force_reach(tokens) if proposal else 0)
+
+
+def test_a_copy_in_progress_and_a_short_cue_are_told_apart() -> None:
+    text = list(range(100, 120))
+    copying = Drafting(
+        Request("c", [*text, 1, *text[:10]], SamplingParams(), 200), SequenceSpeculation(), None
+    )
+    cue = Drafting(
+        Request("s", [5, 6, 9, 1, 2, 7, 5, 6], SamplingParams(), 200), SequenceSpeculation(), None
+    )
+    drafter = NgramDrafter()
+    assert drafter.outlook(copying, 4) == 4 and copying.speculation.cue == "copy"
+    assert drafter.outlook(cue, 4) == 4 and cue.speculation.cue == "ngram"
+
+
+def test_each_cue_keeps_its_own_record() -> None:
+    """Short matches that fail do not hold back a copy: the sequence drafts long on its copies."""
+
+    class Cued(FixedDrafter):
+        cue = "ngram"
+
+        def outlook(self, sequence, max_tokens):
+            found = super().outlook(sequence, max_tokens)
+            sequence.speculation.cue = self.cue
+            return found
+
+    memory_bound = StepCost([(1, 10.0), (2, 11.0), (8, 17.0)])
+    drafter = Cued()
+    speculator = Speculator(drafter, memory_bound, max_draft_tokens=4)
+    sequence = decoding()
+    for _ in range(30):  # short cues: always refused
+        assert speculator.lookahead([sequence], 1, 1) in (
+            {},
+            {"r": 1},
+            {"r": 2},
+            {"r": 3},
+            {"r": 4},
+        )
+        speculator.record(sequence.speculation, 4, 0)
+    assert speculator.lookahead([sequence], 1, 1) == {}
+    drafter.cue = "copy"
+    # A copy starts from the prior, not from the short cues' failures, and earns longer drafts.
+    lengths = []
+    for _ in range(5):
+        lengths.append(speculator.lookahead([sequence], 1, 1).get("r", 0))
+        speculator.record(sequence.speculation, lengths[-1], lengths[-1])
+    assert lengths[0] >= 1 and lengths[-1] == 4
+    assert speculator.overall_rate("copy") > 0.5 > speculator.overall_rate("ngram")
+    drafter.cue = "ngram"
+    assert speculator.lookahead([sequence], 1, 1) == {}  # still refused on short cues
 
 
 def test_the_longest_and_latest_match_wins() -> None:
@@ -270,4 +345,3 @@ def test_a_compute_bound_batch_does_not_ask_the_drafter() -> None:
     quiet = Speculator(Counting(), StepCost([(1, 10.0), (2, 10.1), (64, 20.0)]), max_draft_tokens=4)
     assert quiet.lookahead(sequences, 16, 16)
     assert Counting.asked == 16
-

@@ -109,7 +109,7 @@ def a_slot_may_pay(
     """Whether even a draft token sure to hold (gain 1) would raise the step's tokens per second;
     when not, no draft can (see `choose_draft_lengths`), and the drafters need not be asked."""
     rows, tokens = max(base_rows, 1), max(base_tokens, 1)
-    return 1.0 > tokens / cost(rows) * (cost(rows + 1) - cost(rows) + seconds_per_draft)
+    return tokens / cost(rows) * (cost(rows + 1) - cost(rows) + seconds_per_draft) < 1.0
 
 
 def choose_draft_lengths(

@@ -37,10 +37,11 @@ class PackedQuant:
     """A weight `[out_features, in_features]` in the kernels' tiled layout.
 
     `codes`: `[tiles, blocks, code_bits, 32]` uint8 (four chunks of nibbles, then `code_bits - 4`
-    vectors of high bits; 8-bit codes a byte each; every code is unsigned). `scales` (and `offsets`) `[tiles, groups, 8]`,
-    with `group_size` columns per group (a super-block's 256 for the super kinds, whose `scales` /
-    `offsets` are float16 d / dmin). `sub_scales`: SUPER_AFFINE's 6-bit scale and min pairs packed
-    `[tiles, groups, 96]`, SUPER_SYM's int8 `[tiles, groups, 16, 8]`.
+    vectors of high bits; 8-bit codes a byte each; every code is unsigned). `scales` (and
+    `offsets`) `[tiles, groups, 8]`, with `group_size` columns per group (a super-block's 256 for
+    the super kinds, whose `scales` / `offsets` are float16 d / dmin). `sub_scales`: SUPER_AFFINE's
+    6-bit scale and min pairs packed `[tiles, groups, 96]`, SUPER_SYM's int8 `[tiles, groups, 16,
+    8]`.
     """
 
     kind: WeightKind
