@@ -20,9 +20,13 @@ def npm() -> str:
     return npm_path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium_browser():
-    """A headless Debian Chromium driven by Playwright, shared by the session's browser tests."""
+    """A headless Debian Chromium driven by Playwright, shared by one file's browser tests.
+
+    Per file, not per session: Playwright's synchronous API keeps an asyncio loop marked running
+    in this thread while it is open, and every later test of the same process that calls
+    asyncio.run would fail."""
     if not CHROMIUM.exists():
         missing_tool("Chromium at /usr/bin/chromium (apt-get install -y chromium)")
     if importlib.util.find_spec("playwright") is None:
