@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -259,14 +259,8 @@ def paired(figure: str, ours: list[float], theirs: list[float], target: float) -
     if not ratios:
         return compared(figure, None, None, target, True)
     ratio = statistics.median(ratios)
-    return Row(
-        figure,
-        statistics.median(ours),
-        statistics.median(theirs),
-        ratio,
-        f">= {target:g}x",
-        ratio >= target,
-    )
+    row = compared(figure, statistics.median(ours), statistics.median(theirs), target, True)
+    return replace(row, ratio=ratio, passed=ratio >= target)
 
 
 def model_rows(config: SpecBenchConfig, model: str, figures: dict[str, ServerFigures]) -> list[Row]:

@@ -131,12 +131,11 @@ def distributions(
     """[rows, vocab] float64: the probability with which `sample_batch` would draw each token for
     each row (a greedy row: 1 on its argmax). Rows whose logits cannot be sampled get all zeros."""
     processed, _ = _processed(logits, requests, mask)
-    valid = _has_finite_best(logits) & _has_finite_best(processed)
+    best, valid = _best_and_valid(logits, processed)
     probabilities = torch.zeros(processed.shape, dtype=torch.float64, device=logits.device)
     greedy = [i for i, r in enumerate(requests) if r.params.greedy and bool(valid[i])]
     if greedy:
-        best = best_logits(processed[greedy])[0]
-        probabilities[greedy, best] = 1.0
+        probabilities[greedy, best[greedy]] = 1.0
     rows = [i for i, r in enumerate(requests) if not r.params.greedy and bool(valid[i])]
     if rows:
         params = [requests[i].params for i in rows]
@@ -166,9 +165,16 @@ def _is_plain_greedy(params: SamplingParams) -> bool:
     return params.greedy and params.logit_bias is None and not params.has_penalties
 
 
-def _has_finite_best(logits: torch.Tensor) -> torch.Tensor:
-    """[rows] bool: the row holds no NaN and its best logit is finite (amax propagates NaN)."""
-    return torch.isfinite(logits.amax(-1))
+def _best_and_valid(
+    logits: torch.Tensor, processed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each processed row's best token [rows], and whether the row can be sampled [rows]: bias and
+    penalties can overflow a row that was fine, and a mask can leave a row with nothing, so both
+    versions need a finite best value and no NaN."""
+    best, valid = best_logits(processed)
+    if processed is not logits:
+        valid &= best_logits(logits)[1]
+    return best, valid
 
 
 def _sample_rows(
@@ -176,15 +182,7 @@ def _sample_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [rows] and whether each row could be sampled [rows], for any mix of rows."""
     processed, allowed = _processed(logits, requests, mask)
-    valid = _has_finite_best(logits)
-    if processed is not logits:
-        # Bias and penalties can overflow a row that was fine, and a mask can leave a row with
-        # nothing: both versions need a best value.
-        valid &= _has_finite_best(processed)
-    token_ids = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
-    greedy = [i for i, r in enumerate(requests) if r.params.greedy]
-    if greedy:
-        token_ids[greedy] = best_logits(processed[greedy])[0]
+    token_ids, valid = _best_and_valid(logits, processed)  # greedy rows' tokens already
     sampled = [
         i for i, (r, ok) in enumerate(zip(requests, valid.tolist())) if ok and not r.params.greedy
     ]

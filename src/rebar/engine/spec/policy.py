@@ -109,7 +109,15 @@ def a_slot_may_pay(
     """Whether even a draft token sure to hold (gain 1) would raise the step's tokens per second;
     when not, no draft can (see `choose_draft_lengths`), and the drafters need not be asked."""
     rows, tokens = max(base_rows, 1), max(base_tokens, 1)
-    return tokens / cost(rows) * (cost(rows + 1) - cost(rows) + seconds_per_draft) < 1.0
+    return _slot_pays(1.0, tokens / cost(rows), rows, cost, seconds_per_draft)
+
+
+def _slot_pays(
+    gain: float, rate: float, rows: int, cost: StepCost, seconds_per_draft: float
+) -> bool:
+    """Whether a slot expected to add `gain` tokens to a step of `rows` rows adds them at a higher
+    rate than `rate` tokens per second (breaking even does not pay)."""
+    return gain > rate * (cost(rows + 1) - cost(rows) + seconds_per_draft)
 
 
 def choose_draft_lengths(
@@ -138,7 +146,7 @@ def choose_draft_lengths(
     while heap:
         negative_gain, order, candidate = heapq.heappop(heap)
         gain = -negative_gain
-        if gain < MIN_GAIN or gain < best_rate * (cost(rows + 1) - cost(rows) + seconds_per_draft):
+        if gain < MIN_GAIN or not _slot_pays(gain, best_rate, rows, cost, seconds_per_draft):
             break
         rows, tokens, drafting = rows + 1, tokens + gain, drafting + seconds_per_draft
         taken.append(candidate.key)

@@ -154,12 +154,13 @@ def tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def untile_codes(codes: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """Inverse of `tile_codes`: `[tiles, blocks, bits, 32]` -> uint8 `[out, in]`."""
     num_tiles, num_blocks = codes.shape[:2]
-    chunks = codes[:, :, :4]
-    vectors = torch.cat([chunks & 0x0F, chunks >> 4], dim=2)  # [tiles, blocks, 8, 32]
+    if bits == 8:  # the code vectors as they are
+        vectors = codes
+    else:
+        chunks = codes[:, :, :4]
+        vectors = torch.cat([chunks & 0x0F, chunks >> 4], dim=2)  # [tiles, blocks, 8, 32]
     extra = bits - 4
-    if bits == 8:
-        vectors = codes.clone()
-    elif extra:
+    if 0 < extra < 4:
         per_vector = CODE_VECTORS // extra
         for k in range(CODE_VECTORS):
             plane = codes[:, :, 4 + k // per_vector]
