@@ -8,6 +8,7 @@ tiny-GGUF builders are importable from every test folder.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -57,6 +58,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     run_required_checks(item)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_event_loop_left_running():
+    """A test file must not leave an asyncio loop marked running in the main thread (Playwright's
+    synchronous API does while it is open): every later asyncio.run of the process would fail."""
+    yield
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # none: the normal case
+    pytest.fail("this file left an asyncio event loop running in the main thread")
 
 
 @pytest.fixture(scope="session")
