@@ -243,13 +243,24 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
         served = {name: (url, warm_up(url)) for name, url in servers.items()}
         for round_index in range(config.rounds):
             interleave(served, requests, config, figures, round_index)
-            for pair in range(config.batch_pairs):
-                for name in rotated([REBAR, REBAR_PLAIN], round_index + pair):
-                    url, served_as = served[name]
-                    figures[name].batch_tokens_per_s.append(
-                        many_chats(url, served_as, config.batch, config.tokens, config.ignore_eos)
-                    )
+            batch_pairs(served, config, figures, round_index)
     return figures
+
+
+def batch_pairs(
+    servers: dict[str, tuple[str, str]],
+    config: SpecBenchConfig,
+    figures: dict[str, ServerFigures],
+    round_index: int,
+) -> None:
+    """One round's `config.batch_pairs` pairs of `config.batch` chats, rebar with speculation and
+    without back to back, the one going first alternating pair by pair and round by round."""
+    for pair in range(config.batch_pairs):
+        for name in rotated([REBAR, REBAR_PLAIN], round_index + pair):
+            url, served_as = servers[name]
+            figures.setdefault(name, ServerFigures()).batch_tokens_per_s.append(
+                many_chats(url, served_as, config.batch, config.tokens, config.ignore_eos)
+            )
 
 
 def paired(figure: str, ours: list[float], theirs: list[float], target: float) -> Row:

@@ -8,6 +8,7 @@ from rebar_bench.spec_bench import (
     Answer,
     ServerFigures,
     SpecBenchConfig,
+    batch_pairs,
     interleave,
     paired,
     rotated,
@@ -47,6 +48,41 @@ def test_each_request_goes_to_every_server_in_a_rotating_order(monkeypatch) -> N
     ]
     assert {name: len(f.answers["chat"]) for name, f in figures.items()} == {"on": 2, "off": 2}
     assert figures["on"].rate("rename") == 10.0
+
+
+def test_batches_run_in_pairs_whose_first_alternates(monkeypatch) -> None:
+    calls: list[tuple[str, int, int]] = []
+
+    def batch(url, model, count, tokens, ignore_eos):
+        calls.append((url, count, tokens))
+        return float(len(calls))
+
+    monkeypatch.setattr(spec_bench, "many_chats", batch)
+    servers = {spec_bench.REBAR: ("http://on", "m"), spec_bench.REBAR_PLAIN: ("http://off", "m")}
+    figures: dict[str, ServerFigures] = {}
+    config = SpecBenchConfig(batch=5, batch_pairs=3, tokens=9)
+    for round_index in range(2):
+        batch_pairs(servers, config, figures, round_index)
+    order = [url for url, _, _ in calls]
+    assert order[:6] == [
+        "http://on",
+        "http://off",
+        "http://off",
+        "http://on",
+        "http://on",
+        "http://off",
+    ]
+    assert order[6:] == [
+        "http://off",
+        "http://on",
+        "http://on",
+        "http://off",
+        "http://off",
+        "http://on",
+    ]
+    assert {(count, tokens) for _, count, tokens in calls} == {(5, 9)}
+    assert len(figures[spec_bench.REBAR].batch_tokens_per_s) == 6  # three pairs, two rounds
+    assert figures[spec_bench.REBAR].batch_tokens_per_s[:2] == [1.0, 4.0]  # paired by index
 
 
 def test_batches_are_judged_by_the_ratios_of_their_pairs() -> None:
