@@ -94,6 +94,9 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         prefill_target=args.prefill_target,
         batched_target=args.batched_target,
         http_target=args.http_target,
+        depth=args.depth,
+        depth_gen_tokens=args.depth_gen_tokens,
+        depth_target=args.depth_target,
         tools={
             "llama-bench": args.llama_bench,
             "llama-batched-bench": args.llama_batched_bench,
@@ -276,6 +279,13 @@ def _add_serve_parser(bench: Any) -> None:
     serve.set_defaults(handler=cmd_bench_serve)
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     compare = bench.add_parser(
         "compare", help="rebar (defaults) vs llama.cpp's own tools on the same GGUF; ratios"
@@ -304,7 +314,17 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
         "--concurrency", type=positive_int, default=16, help="HTTP streams (llama-server -np)"
     )
     compare.add_argument("--no-http", action="store_true", help="skip the HTTP figures")
-    for name, default in (("decode", 1.0), ("prefill", 1.0), ("batched", 1.0), ("http", 1.0)):
+    compare.add_argument(
+        "--depth",
+        type=_non_negative_int,
+        default=0,
+        help="also decode after this many tokens of context (llama-bench -d; 0: not measured)",
+    )
+    compare.add_argument(
+        "--depth-gen-tokens", type=positive_int, default=32, help="its output length (-n)"
+    )
+    targets = ("decode", "prefill", "batched", "http", "depth")
+    for name, default in ((name, 1.0) for name in targets):
         compare.add_argument(
             f"--{name}-target",
             type=float,

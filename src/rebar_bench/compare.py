@@ -5,11 +5,15 @@ The peer is llama.cpp as its users run it (`rebar_bench.llamacpp`: `llama-bench`
 `llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
 run` gives: weights kept quantized, float16 KV cache on the CPU). Each figure is the median of
 `repeats` runs, rebar's and llama.cpp's alternating (one of each per repeat, so the host's drift
-falls on both alike), rebar's on fresh random prompts so no prefix cache helps.
+falls on both alike), rebar's on fresh random prompts so no prefix cache helps, each step
+computing one token per stream (speculation off: llama-bench does not speculate, and a model
+looping over a random prompt would flatter n-gram drafts; `rebar bench spec` measures it).
 
 - decode: one stream, a one-token prompt, `gen_tokens` greedy tokens with EOS ignored, the rate from
   the first token to the last; llama-bench's `tg` test (an empty context, one token at a time);
 - prefill: time to the first token of a `prompt_tokens`-token prompt; llama-bench's `pp` test;
+- decode at depth (with `depth`): one stream generating `depth_gen_tokens` after a `depth`-token
+  random prompt, each step attending over the whole context; llama-bench's `tg` with `-d depth`;
 - batched decode: `batch` streams of `batch_prompt_tokens`-token prompts each generating
   `batch_gen_tokens`, decode tokens per second once every stream has its first token;
   llama-batched-bench's S_TG for the same `-npl -npp -ntg`;
@@ -43,6 +47,7 @@ from rebar_bench.llamacpp import (
     find_tool,
     run_batched_bench,
     run_llama_bench,
+    run_llama_bench_at_depth,
 )
 from rebar_bench.rebar_server import free_port, rebar_server
 
@@ -64,12 +69,15 @@ class CompareConfig:
     concurrency: int = 16
     http_requests: int = 32
     http_tokens: int = 64
+    depth: int = 0  # context tokens before the decode-at-depth figure (0: no such figure)
+    depth_gen_tokens: int = 32
     seed: int = 0
     # Targets: rebar's figure relative to llama.cpp's (higher is better for rates, lower for times).
     decode_target: float = 1.0
     prefill_target: float = 1.0
     batched_target: float = 1.0
     http_target: float = 1.0
+    depth_target: float = 1.0
     tools: dict[str, str | None] = field(default_factory=dict)  # tool name -> explicit path
 
 
@@ -138,7 +146,9 @@ def _token_times(core, requests: dict[str, list[int]], max_tokens: int) -> dict[
     times[request][0] is when the requests were added."""
     from rebar.engine.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=False
+    )
     started = time.perf_counter()
     for request_id, prompt in requests.items():
         core.add_request(request_id, prompt, params)
@@ -154,6 +164,12 @@ class RebarFigures:
     decode_tokens_per_s: float
     prefill_s: float
     batched_decode_tokens_per_s: float
+    depth_decode_tokens_per_s: float = 0.0  # 0 without a depth
+
+
+def _decode_rate(times: list[float]) -> float:
+    """Tokens per second from the first generated token to the last (times[0]: when added)."""
+    return (len(times) - 2) / (times[-1] - times[1])
 
 
 def measure_rebar(
@@ -163,7 +179,7 @@ def measure_rebar(
     (times,) = _token_times(
         core, {f"decode-{run}": random_prompt(allowed, 1, rng)}, config.gen_tokens
     ).values()
-    decode = (len(times) - 2) / (times[-1] - times[1])
+    decode = _decode_rate(times)
     (times,) = _token_times(
         core, {f"prefill-{run}": random_prompt(allowed, config.prompt_tokens, rng)}, 1
     ).values()
@@ -176,7 +192,15 @@ def measure_rebar(
     decode_start = max(t[1] for t in per_stream)  # every stream has its first token
     decode_end = max(t[-1] for t in per_stream)
     tokens = sum(sum(1 for stamp in t[2:] if stamp > decode_start) for t in per_stream)
-    return RebarFigures(decode, prefill, tokens / (decode_end - decode_start))
+    depth = 0.0
+    if config.depth:
+        (times,) = _token_times(
+            core,
+            {f"depth-{run}": random_prompt(allowed, config.depth, rng)},
+            config.depth_gen_tokens + 1,
+        ).values()
+        depth = _decode_rate(times)
+    return RebarFigures(decode, prefill, tokens / (decode_end - decode_start), depth)
 
 
 def medians(runs: list[Figures]) -> Figures:
@@ -292,10 +316,13 @@ def _peer(notes: list[str], what: str, measure):
         return None
 
 
-def engine_rows(config: CompareConfig, rebar: RebarFigures, bench, batched) -> list[Row]:
-    """Decode, prefill and batched decode: rebar's engine against llama-bench and batched-bench."""
+def engine_rows(
+    config: CompareConfig, rebar: RebarFigures, bench, batched, depth: float | None = None
+) -> list[Row]:
+    """Decode, prefill, batched decode and decode at depth: rebar's engine against llama-bench and
+    batched-bench (`depth`: llama-bench's tokens/s at config.depth)."""
     batch_shape = f"{config.batch} x {config.batch_prompt_tokens}+{config.batch_gen_tokens}"
-    return [
+    rows = [
         compared(
             f"decode tok/s (tg{config.gen_tokens})",
             rebar.decode_tokens_per_s,
@@ -318,6 +345,18 @@ def engine_rows(config: CompareConfig, rebar: RebarFigures, bench, batched) -> l
             True,
         ),
     ]
+    if config.depth:
+        rows.append(
+            compared(
+                f"decode tok/s at depth {config.depth} "
+                f"(tg{config.depth_gen_tokens} @ d{config.depth})",
+                rebar.depth_decode_tokens_per_s,
+                depth,
+                config.depth_target,
+                True,
+            )
+        )
+    return rows
 
 
 def memory_row(memory: MemoryFigures) -> Row:
@@ -361,8 +400,9 @@ def build_rows(
     batched,
     memory: MemoryFigures | None,
     http: tuple[HttpFigures, HttpFigures | None] | None,
+    depth: float | None = None,
 ) -> list[Row]:
-    rows = engine_rows(config, rebar, bench, batched)
+    rows = engine_rows(config, rebar, bench, batched, depth)
     if memory is not None:
         rows.append(memory_row(memory))
     if http is not None:
@@ -375,7 +415,7 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
     if path.suffix != ".gguf":
         return {}
     tools = config.tools
-    return {
+    measures: dict[str, Callable[[], object]] = {
         "llama-bench": lambda: run_llama_bench(
             find_tool("llama-bench", tools.get("llama-bench")),
             path,
@@ -393,6 +433,15 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
             config.batch_gen_tokens,
         ),
     }
+    if config.depth:
+        measures["llama-bench at depth"] = lambda: run_llama_bench_at_depth(
+            find_tool("llama-bench", tools.get("llama-bench")),
+            path,
+            config.threads,
+            config.depth,
+            config.depth_gen_tokens,
+        )
+    return measures
 
 
 def alternate_runs(
@@ -437,6 +486,8 @@ def run_compare(config: CompareConfig) -> CompareReport:
         medians(peer_runs[name]) if peer_runs.get(name) else None
         for name in ("llama-bench", "llama-batched-bench")
     )
+    depth_runs = peer_runs.get("llama-bench at depth")
+    depth = statistics.median(depth_runs) if depth_runs else None
     memory = measure_memory(config.model, path, config.threads)
     http = None
     if config.http:
@@ -445,5 +496,5 @@ def run_compare(config: CompareConfig) -> CompareReport:
         if path.suffix == ".gguf":
             theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
         http = (ours, theirs)
-    rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http)
+    rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http, depth)
     return CompareReport(config.model, config.threads, rows, notes)

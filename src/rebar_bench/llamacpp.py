@@ -122,12 +122,36 @@ def run_llama_bench(
 
 
 def parse_llama_bench(text: str) -> BenchFigures:
-    tests = json.loads(text[text.index("[") :])
+    tests = [t for t in json.loads(text[text.index("[") :]) if t.get("n_depth", 0) == 0]
     prompt = next(t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0)
     gen = next(t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0)
     return BenchFigures(
         prompt["n_prompt"], float(prompt["avg_ts"]), gen["n_gen"], float(gen["avg_ts"])
     )
+
+
+def run_llama_bench_at_depth(
+    tool: Path,
+    model: Path,
+    threads: int,
+    depth: int,
+    gen_tokens: int,
+    repetitions: int = 1,
+    timeout_s: float = 1800,
+) -> float:
+    """`llama-bench -p 0 -n M -d D`: tokens/s generating M tokens after D tokens of context (each
+    attending over all of them)."""
+    command = [str(tool), "-m", str(model), "-p", "0", "-n", str(gen_tokens), "-d", str(depth)]
+    command += ["-t", str(threads), "-r", str(repetitions), "-o", "json"]
+    return parse_llama_bench_at_depth(_run(command, timeout_s), depth)
+
+
+def parse_llama_bench_at_depth(text: str, depth: int) -> float:
+    tests = json.loads(text[text.index("[") :])
+    for test in tests:
+        if test["n_prompt"] == 0 and test["n_gen"] > 0 and test.get("n_depth", 0) == depth:
+            return float(test["avg_ts"])
+    raise PeerUnavailable(f"llama-bench printed no generation test at depth {depth}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ LLAMA_BENCH_JSON = """[
   {"model_type": "llama 256M Q4_1", "n_threads": 2, "type_k": "f16", "n_prompt": 512, "n_gen": 0,
    "avg_ns": 1040000000, "avg_ts": 492.3, "samples_ts": [490.1, 494.5]},
   {"model_type": "llama 256M Q4_1", "n_threads": 2, "type_k": "f16", "n_prompt": 0, "n_gen": 128,
-   "avg_ns": 666000000, "avg_ts": 192.2, "samples_ts": [191.0, 193.4]}
+   "avg_ns": 666000000, "avg_ts": 192.2, "samples_ts": [191.0, 193.4]},
+  {"model_type": "llama 256M Q4_1", "n_threads": 2, "type_k": "f16", "n_prompt": 0, "n_gen": 32,
+   "n_depth": 256, "avg_ns": 250000000, "avg_ts": 128.5, "samples_ts": [128.5]}
 ]"""
 BATCHED_BENCH_OUT = """
 llama_batched_bench: n_kv_max = 4096, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0
@@ -38,6 +40,14 @@ def test_llama_bench_json_is_parsed() -> None:
     figures = llamacpp.parse_llama_bench("main: some log line\n" + LLAMA_BENCH_JSON)
     assert figures == BenchFigures(512, 492.3, 128, 192.2)
     assert figures.prefill_s == pytest.approx(512 / 492.3)
+
+
+def test_llama_bench_at_depth_is_its_own_test() -> None:
+    """The generation test at the asked depth, never the empty-context one (nor the reverse)."""
+    assert llamacpp.parse_llama_bench_at_depth(LLAMA_BENCH_JSON, 256) == 128.5
+    assert llamacpp.parse_llama_bench(LLAMA_BENCH_JSON).gen_tokens_per_s == 192.2
+    with pytest.raises(PeerUnavailable, match="no generation test at depth 4096"):
+        llamacpp.parse_llama_bench_at_depth(LLAMA_BENCH_JSON, 4096)
 
 
 def test_batched_bench_table_is_parsed() -> None:
@@ -82,9 +92,30 @@ def test_rows_put_each_ratio_in_its_targets_direction() -> None:
         for r in build_rows(config, slow, bench, batched, memory, failing)
     }
     assert not rows["decode tok/s"].passed and not rows["prefill 512 tokens, s"].passed
+    assert "decode tok/s at depth 0" not in rows  # no depth asked, no such row
     assert (
         not rows["batched decode tok/s"].passed and not rows["HTTP 16 streams, p95 TTFT s"].passed
     )
+
+
+def test_the_depth_row_compares_decode_rates_at_that_depth() -> None:
+    config = CompareConfig("smollm2", depth=4096, depth_target=1.5)
+    bench, batched = BenchFigures(512, 500.0, 128, 200.0), BatchedFigures(16, 90, 64, 450.0, 350.0)
+    rebar = RebarFigures(300.0, 0.4, 1100.0, depth_decode_tokens_per_s=60.0)
+    (row,) = (
+        r for r in build_rows(config, rebar, bench, batched, None, None, 40.0) if "@" in r.figure
+    )
+    assert row.figure == "decode tok/s at depth 4096 (tg32 @ d4096)"
+    assert row.ratio == pytest.approx(1.5) and row.passed and row.target == ">= 1.5x"
+    rebar = RebarFigures(300.0, 0.4, 1100.0, depth_decode_tokens_per_s=50.0)
+    (row,) = (
+        r for r in build_rows(config, rebar, bench, batched, None, None, 40.0) if "@" in r.figure
+    )
+    assert not row.passed
+    (row,) = (
+        r for r in build_rows(config, rebar, bench, batched, None, None, None) if "@" in r.figure
+    )
+    assert row.ratio is None and row.passed is None  # no peer figure: no verdict
 
 
 def test_missing_tools_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -128,6 +159,8 @@ def test_small_real_comparison(tmp_path: Path) -> None:
         batch_prompt_tokens=16,
         batch_gen_tokens=6,
         http=False,
+        depth=256,
+        depth_gen_tokens=8,
         tools=tools,
     )
     report = compare.run_compare(config)
@@ -136,8 +169,11 @@ def test_small_real_comparison(tmp_path: Path) -> None:
         "decode tok/s",
         "prefill 64 tokens, s",
         "batched decode tok/s",
+        "decode tok/s at depth 256",
         "peak resident MiB",
     }
+    depth = rows["decode tok/s at depth 256"]
+    assert depth.rebar > 0 and depth.peer == 128.5
     assert rows["decode tok/s"].rebar > 0 and rows["decode tok/s"].peer == 192.2
     assert rows["batched decode tok/s"].rebar > 0 and rows["batched decode tok/s"].peer == 349.97
     assert 100 < rows["peak resident MiB"].rebar < 2000

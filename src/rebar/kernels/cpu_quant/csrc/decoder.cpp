@@ -253,6 +253,22 @@ inline void prefetch_row(const void* row, int64_t bytes) {
   }
 }
 
+// Requests a piece's key and value rows into L2 all at once, before any of them is used. One core's
+// loads into L1 keep only a few cache misses in flight, so streaming a long context through them
+// alone left its attention at ~8 GB/s; a burst of L2 requests keeps the memory busy. Measured at
+// 4,096 tokens of context (SmolLM2, 2 threads): the fused step 13-15 ms -> 9.3-10.7 ms; fetching a
+// rolling distance ahead instead, or the whole row of every KV head per piece, was slower.
+template <typename T>
+void fetch_piece_into_l2(const T* key_cache, const T* value_cache, const int64_t* offsets, int64_t count,
+                         int64_t row_bytes) {
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t line = 0; line < row_bytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(key_cache + offsets[t]) + line, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(value_cache + offsets[t]) + line, _MM_HINT_T1);
+    }
+  }
+}
+
 // out[h][i] = sum_t p[h][t] * v_t[i] for H query heads, each sum taken in position order. Each
 // position's values are loaded once for all H heads, a pass covering S 8-wide slices of head_dim, so
 // H * S independent accumulators hide the multiply-adds' latency (one chain per slice, as an
@@ -329,6 +345,7 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   const __m256 scale = _mm256_set1_ps(s.attn_scale);
   for (int64_t g = 0; g < group; ++g) max_scores[g] = -std::numeric_limits<float>::infinity();
   const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  fetch_piece_into_l2(key_cache, value_cache, offsets, count, row_bytes);
   for (int64_t t = 0; t < std::min<int64_t>(8, count); ++t) prefetch_row(key_cache + offsets[t], row_bytes);
   for (int64_t t0 = 0; t0 < count; t0 += 8) {
     const int64_t n = std::min<int64_t>(8, count - t0);
@@ -336,7 +353,7 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
     for (int64_t j = 0; j < 8; ++j) keys[j] = key_cache + offsets[t0 + std::min(j, n - 1)];  // pad: repeat
     // The cache rows of a context are scattered over its blocks, too irregular for the hardware
     // prefetcher: without these the attention waited on memory most of its time. Fetch the next
-    // eight keys, and these eight positions' values for the weighted sum below.
+    // eight keys, and these eight positions' values for the weighted sum below, from L2 into L1.
     for (int64_t j = 0; j < 8 && t0 + 8 + j < count; ++j) prefetch_row(key_cache + offsets[t0 + 8 + j], row_bytes);
     for (int64_t j = 0; j < n; ++j) prefetch_row(value_cache + offsets[t0 + j], row_bytes);
     for (int64_t g0 = 0; g0 < group; g0 += kScoreHeads) {
