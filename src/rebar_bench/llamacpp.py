@@ -108,26 +108,18 @@ def run_llama_bench(
     repetitions: int = 3,
     timeout_s: float = 1800,
 ) -> BenchFigures:
-    """`llama-bench -p N -n M -t T -r R -o json` (f16 KV cache, its defaults otherwise)."""
-    out = _run(
-        [
-            str(tool),
-            "-m",
-            str(model),
-            "-p",
-            str(prompt_tokens),
-            "-n",
-            str(gen_tokens),
-            "-t",
-            str(threads),
-            "-r",
-            str(repetitions),
-            "-o",
-            "json",
-        ],
-        timeout_s,
-    )
-    return parse_llama_bench(out)
+    """`llama-bench -p N -n M`: prompt processing and generation on an empty context."""
+    test = ["-p", str(prompt_tokens), "-n", str(gen_tokens)]
+    return parse_llama_bench(_llama_bench_json(tool, model, threads, test, repetitions, timeout_s))
+
+
+def _llama_bench_json(
+    tool: Path, model: Path, threads: int, test: list[str], repetitions: int, timeout_s: float
+) -> str:
+    """llama-bench's JSON report of the tests `test` asks for (f16 KV cache, its defaults
+    otherwise)."""
+    options = ["-t", str(threads), "-r", str(repetitions), "-o", "json"]
+    return _run([str(tool), "-m", str(model), *test, *options], timeout_s)
 
 
 def parse_llama_bench(text: str) -> BenchFigures:
@@ -150,9 +142,9 @@ def run_llama_bench_at_depth(
 ) -> float:
     """`llama-bench -p 0 -n M -d D`: tokens/s generating M tokens after D tokens of context (each
     attending over all of them)."""
-    command = [str(tool), "-m", str(model), "-p", "0", "-n", str(gen_tokens), "-d", str(depth)]
-    command += ["-t", str(threads), "-r", str(repetitions), "-o", "json"]
-    return parse_llama_bench_at_depth(_run(command, timeout_s), depth)
+    test = ["-p", "0", "-n", str(gen_tokens), "-d", str(depth)]
+    out = _llama_bench_json(tool, model, threads, test, repetitions, timeout_s)
+    return parse_llama_bench_at_depth(out, depth)
 
 
 def parse_llama_bench_at_depth(text: str, depth: int) -> float:
