@@ -472,6 +472,7 @@ def test_engine_settings_reach_the_served_engine() -> None:
             "models.embedding": "",
             "engine.max_num_seqs": 3,
             "engine.max_num_batched_tokens": 64,
+            "engine.max_prefill_tokens_while_decoding": 24,
             "engine.block_size": 8,
             "engine.max_model_len": 256,
             "engine.kv_cache_memory": 2**23,
@@ -479,7 +480,7 @@ def test_engine_settings_reach_the_served_engine() -> None:
         }
     )
     core = load_models(settings).chat.engine
-    assert core.scheduler.config == SchedulerConfig(3, 64)
+    assert core.scheduler.config == SchedulerConfig(3, 64, 24)
     assert core.max_model_len == 256 and core.kv_manager.block_size == 8
     assert core.runner.kv_cache.keys[0].dtype == torch.bfloat16
     assert core.runner.kv_cache.num_bytes <= 2**23

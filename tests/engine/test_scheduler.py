@@ -159,3 +159,42 @@ def test_finished_states_sort_after_live_ones() -> None:
     assert all(not s.is_finished for s in live)
     assert all(s.is_finished for s in RequestStatus if s not in live)
     assert RequestStatus.FINISHED_LENGTH.finish_reason == "length"
+
+
+def make_capped_scheduler(max_tokens: int = 64, prompt_cap: int = 6) -> Scheduler:
+    return Scheduler(SchedulerConfig(8, max_tokens, prompt_cap), KVCacheManager(64, BLOCK, True))
+
+
+def test_prompts_take_at_most_the_cap_of_a_step_while_anything_decodes() -> None:
+    scheduler = make_capped_scheduler()
+    scheduler.add_request(make_request("a", 10, max_new=40))
+    first = run_step(scheduler)  # nothing decodes yet: the whole prompt in one step
+    assert [(s.request_id, len(s.token_ids)) for s in first.scheduled] == [("a", 10)]
+    scheduler.add_request(make_request("b", 20, first_token=100))
+    scheduler.add_request(make_request("c", 9, first_token=200))
+    plans = [run_step(scheduler) for _ in range(5)]
+    shapes = [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in plans]
+    # "a" decodes every step; "b" then "c" share 6 prompt tokens a step, in arrival order.
+    assert shapes == [
+        [("a", 1), ("b", 6)],
+        [("a", 1), ("b", 6)],
+        [("a", 1), ("b", 6)],
+        [("a", 1), ("b", 2), ("c", 4)],
+        [("a", 1), ("b", 1), ("c", 5)],
+    ]
+    assert [s.sample for s in plans[3].scheduled] == [True, True, False]  # "b"'s prompt ended
+    assert all(p.scheduled[0].sample for p in plans)  # "a" never missed a token
+
+
+def test_without_a_decoding_request_a_prompt_gets_the_whole_budget() -> None:
+    scheduler = make_capped_scheduler(max_tokens=16)
+    scheduler.add_request(make_request("a", 40))
+    scheduler.add_request(make_request("b", 3, first_token=100))
+    plans = [run_step(scheduler) for _ in range(3)]
+    # Nothing decodes until both prompts are done: each step takes its whole budget of prompt
+    # tokens, well over the cap of 6 (16, 16, then the two prompts' last 8 + 3 together).
+    assert [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in plans] == [
+        [("a", 16)],
+        [("a", 16)],
+        [("a", 8), ("b", 3)],
+    ]

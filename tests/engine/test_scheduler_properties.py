@@ -54,13 +54,15 @@ def advance(scheduler: Scheduler, token: int) -> None:
     num_blocks=st.integers(8, 16),
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 40),
+    prompt_cap=st.one_of(st.none(), st.integers(1, 40)),
     prefix=st.booleans(),
 )
 def test_random_traffic_keeps_invariants_and_returns_every_block(
-    actions, num_blocks, max_num_seqs, budget, prefix
+    actions, num_blocks, max_num_seqs, budget, prompt_cap, prefix
 ) -> None:
     scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs, budget), KVCacheManager(num_blocks, BLOCK, prefix)
+        SchedulerConfig(max_num_seqs, budget, prompt_cap),
+        KVCacheManager(num_blocks, BLOCK, prefix),
     )
     added: list[str] = []
     for action in actions:
@@ -167,10 +169,11 @@ def advance_with_drafts(scheduler: Scheduler, contents: KVContents, rng) -> None
     num_blocks=st.integers(8, 16),
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 40),
+    prompt_cap=st.one_of(st.none(), st.integers(1, 40)),
     seed=st.integers(0, 2**16),
 )
 def test_draft_slots_leave_exact_accounting_and_an_honest_prefix_cache(
-    prompts_and_lengths, num_blocks, max_num_seqs, budget, seed
+    prompts_and_lengths, num_blocks, max_num_seqs, budget, prompt_cap, seed
 ) -> None:
     """Requests decode with draft slots and random verdicts (with preemptions when the pool runs
     dry): between steps each running request holds exactly the blocks of its computed tokens
@@ -180,7 +183,7 @@ def test_draft_slots_leave_exact_accounting_and_an_honest_prefix_cache(
 
     rng = random.Random(seed)
     scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs, budget), KVCacheManager(num_blocks, BLOCK, True)
+        SchedulerConfig(max_num_seqs, budget, prompt_cap), KVCacheManager(num_blocks, BLOCK, True)
     )
     contents = KVContents(BLOCK)
     for index, (prompt, max_new) in enumerate(prompts_and_lengths):

@@ -28,6 +28,12 @@ class EngineSettings(Section):
     max_num_batched_tokens: int = Field(
         2048, ge=1, description="Most tokens (prefill + decode) computed in one engine step."
     )
+    max_prefill_tokens_while_decoding: int = Field(
+        64,
+        ge=1,
+        description="Most prompt tokens computed in a step while any request is decoding, so a "
+        "long prompt delays the others' next tokens by a short step at a time.",
+    )
     max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = Field(
         None,
         description="Longest prompt + completion in tokens; unset: the model's context window.",

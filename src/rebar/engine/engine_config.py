@@ -48,6 +48,7 @@ class EngineConfig:
     block_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    max_prefill_tokens_while_decoding: int
     max_model_len: int | None  # None: the model's context window
     kv_cache_memory: int | None
     kv_cache_fraction: float
