@@ -84,9 +84,10 @@ def test_every_dtype_name_is_a_torch_dtype() -> None:
 
 
 def test_scheduler_config_takes_the_engine_settings_it_shares() -> None:
-    assert SchedulerConfig.of(engine_config(max_num_seqs=3, max_num_batched_tokens=64)) == (
-        SchedulerConfig(3, 64)
+    config = engine_config(
+        max_num_seqs=3, max_num_batched_tokens=64, max_prefill_tokens_while_decoding=24
     )
+    assert SchedulerConfig.of(config) == SchedulerConfig(3, 64, 24)
 
 
 @pytest.mark.parametrize(

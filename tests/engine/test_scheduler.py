@@ -198,3 +198,18 @@ def test_without_a_decoding_request_a_prompt_gets_the_whole_budget() -> None:
         [("a", 16)],
         [("a", 8), ("b", 3)],
     ]
+
+
+def test_running_rows_are_what_the_step_gives_the_running_requests() -> None:
+    """The speculator prices a step from these rows: a capped prompt counts its cap, not its rest."""
+    scheduler = make_capped_scheduler()
+    scheduler.add_request(make_request("a", 10, max_new=40))
+    run_step(scheduler)
+    scheduler.add_request(make_request("b", 30, first_token=100))
+    plan = run_step(scheduler)  # admits "b" with 6 of its 30 prompt tokens
+    assert scheduler.running_rows() == 1 + 6 == sum(len(s.token_ids) for s in plan.scheduled)
+    plain = make_scheduler(max_tokens=16)
+    plain.add_request(make_request("c", 40))
+    assert plain.running_rows() == 0  # nothing running yet: waiting prompts are not counted
+    run_step(plain)
+    assert plain.running_rows() == 16

@@ -253,8 +253,7 @@ class EngineCore:
         drafting = self._drafting()
         lookahead = None
         if self.speculator is not None and drafting:
-            budget, running = self.config.max_num_batched_tokens, self.scheduler.running
-            base_rows = sum(min(r.num_tokens - r.num_computed_tokens, budget) for r in running)
+            base_rows, running = self.scheduler.running_rows(), self.scheduler.running
             lookahead = self.speculator.lookahead(list(drafting.values()), base_rows, len(running))
         plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:

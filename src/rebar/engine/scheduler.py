@@ -202,6 +202,19 @@ class Scheduler:
             granted.append(item)
         return granted
 
+    def running_rows(self) -> int:
+        """Tokens the running requests would compute this step before any draft slot (what
+        `schedule` gives them, preemptions aside): the speculator's base for a step's cost."""
+        budget, prompt_budget, rows = self.config.max_num_batched_tokens, self._prompt_budget(), 0
+        for request in self.running:
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new > 1:
+                num_new = min(num_new, prompt_budget)
+                prompt_budget -= num_new
+            rows += num_new
+            budget -= num_new
+        return rows
+
     def _prompt_budget(self) -> int:
         """Prompt tokens this step may compute: the configured limit while a running request is
         decoding (one new token to compute), else the whole step's budget."""
