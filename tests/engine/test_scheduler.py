@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rebar import SamplingParams
 from rebar.engine.kv_cache_manager import KVCacheManager
 from rebar.engine.request import Request, RequestStatus
@@ -213,3 +215,9 @@ def test_running_rows_are_what_the_step_gives_the_running_requests() -> None:
     assert plain.running_rows() == 0  # nothing running yet: waiting prompts are not counted
     run_step(plain)
     assert plain.running_rows() == 16
+
+
+def test_a_prompt_cap_below_one_is_refused() -> None:
+    with pytest.raises(AssertionError):
+        SchedulerConfig(8, 64, 0)
+    assert SchedulerConfig(8, 64, None).max_prefill_tokens_while_decoding is None

@@ -44,7 +44,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         assert self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1, self
-        assert (self.max_prefill_tokens_while_decoding or 1) >= 1, self
+        cap = self.max_prefill_tokens_while_decoding
+        assert cap is None or cap >= 1, self
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:
@@ -139,13 +140,12 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new > 1:  # a prompt (or a recompute) still being prefilled
-                num_new = min(num_new, prompt_budget)
+            num_new = _share(request, budget, prompt_budget)
+            if num_new == 0:
+                index += 1  # a prompt past this step's prompt budget: its turn comes later
+                continue
+            if _is_prompt(request):
                 prompt_budget -= num_new
-                if num_new == 0:
-                    index += 1  # its turn comes in a later step
-                    continue
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # the request itself was preempted: everything after it is gone too
             scheduled.append(self._scheduled(request, num_new))
@@ -207,19 +207,18 @@ class Scheduler:
         `schedule` gives them, preemptions aside): the speculator's base for a step's cost."""
         budget, prompt_budget, rows = self.config.max_num_batched_tokens, self._prompt_budget(), 0
         for request in self.running:
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new > 1:
-                num_new = min(num_new, prompt_budget)
-                prompt_budget -= num_new
+            num_new = _share(request, budget, prompt_budget)
             rows += num_new
             budget -= num_new
+            if _is_prompt(request):
+                prompt_budget -= num_new
         return rows
 
     def _prompt_budget(self) -> int:
         """Prompt tokens this step may compute: the configured limit while a running request is
         decoding (one new token to compute), else the whole step's budget."""
         limit = self.config.max_prefill_tokens_while_decoding
-        decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        decoding = any(not _is_prompt(r) for r in self.running)
         if limit is None or not decoding:
             return self.config.max_num_batched_tokens
         return limit
@@ -291,3 +290,16 @@ class Scheduler:
             )
         assert len(self.running) <= self.config.max_num_seqs
         self.kv.check_integrity()
+
+
+def _is_prompt(request: Request) -> bool:
+    """Whether a running request still has prompt tokens (or a recompute) to prefill, rather than
+    one new token to decode."""
+    return request.num_tokens - request.num_computed_tokens > 1
+
+
+def _share(request: Request, budget: int, prompt_budget: int) -> int:
+    """A running request's tokens this step: what it has left, within the step's budget and, for a
+    prompt, within the prompt budget."""
+    num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+    return min(num_new, prompt_budget) if _is_prompt(request) else num_new
