@@ -361,7 +361,7 @@ class ModelRegistry:
         for task in list(self._tasks):
             task.cancel()
         for instance in self.loaded():
-            await asyncio.to_thread(instance.close)
+            await asyncio.to_thread(instance.close, free_memory=False)
         for slot in self.slots.values():
             slot.current = None
 
