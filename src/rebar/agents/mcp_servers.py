@@ -15,10 +15,13 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mcp import Client, MCPError, StdioServerParameters
-from mcp.types import CallToolResult, TextContent
+# The MCP SDK is imported where a connection or call first needs it: its import is ~0.5 s of every
+# server's start, most of which never call a tool server.
+if TYPE_CHECKING:
+    from mcp import Client, StdioServerParameters
+    from mcp.types import CallToolResult
 
 logger = logging.getLogger("rebar.agents")
 
@@ -97,6 +100,8 @@ class Connection:
         raise ToolServerError(f"cannot connect to MCP server {self.target.label!r}: {reason}")
 
     async def _keep(self) -> None:
+        from mcp import Client
+
         async with Client(_server_of(self.target), cache=None) as client:
             self.client = client
             self._ready.set()
@@ -109,6 +114,8 @@ class Connection:
         self, timeout_s: float, allowed: frozenset[str] | None = None
     ) -> list[McpTool]:
         """The server's tools (those in `allowed`, when given)."""
+        from mcp import MCPError
+
         client = self._client()
         tools: list[McpTool] = []
         cursor: str | None = None
@@ -128,6 +135,8 @@ class Connection:
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
         """The call's result; a failure, an error result or the timeout (waiting for a slot
         included) is its error. Cancelling the caller cancels the call on the server."""
+        from mcp import MCPError
+
         try:
             async with asyncio.timeout(timeout_s):
                 async with self.slots:
@@ -199,6 +208,8 @@ class McpServers:
 def result_text(result: CallToolResult) -> str:
     """A result's content as text: text parts as they are, structured content as JSON, other
     parts named."""
+    from mcp.types import TextContent
+
     parts = [
         part.text if isinstance(part, TextContent) else f"[{part.type} content]"
         for part in result.content
@@ -212,6 +223,8 @@ def _server_of(target: ServerTarget) -> str | StdioServerParameters:
     if target.url is not None:
         return target.url
     assert target.command is not None, "a target has a url or a command"
+    from mcp import StdioServerParameters
+
     return StdioServerParameters(
         command=target.command, args=list(target.args), env=dict(target.env) or None
     )

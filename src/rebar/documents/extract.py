@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path, PurePath
 
-from rebar.documents.docx import docx_blocks
 from rebar.documents.errors import (
     DocumentNotAllowed,
     DocumentNotFound,
@@ -17,7 +16,6 @@ from rebar.documents.errors import (
 )
 from rebar.documents.markup import decode_text, html_blocks, markdown_blocks, text_blocks
 from rebar.documents.model import Block, Document, DocumentLimits, Kind
-from rebar.documents.pdf import pdf_blocks
 
 SUFFIXES: dict[str, Kind] = {
     ".pdf": "pdf",
@@ -80,9 +78,15 @@ def document_kind(name: str, data: bytes) -> Kind:
 
 
 def _blocks(kind: Kind, name: str, data: bytes, limits: DocumentLimits) -> tuple[list[Block], int]:
+    # The PDF and DOCX readers (pypdf, python-docx) are imported on first use, not at a server's
+    # start.
     if kind == "pdf":
+        from rebar.documents.pdf import pdf_blocks
+
         return pdf_blocks(name, data, limits)
     if kind == "docx":
+        from rebar.documents.docx import docx_blocks
+
         return docx_blocks(name, data, limits)
     text = decode_text(name, data)
     if kind == "html":

@@ -79,7 +79,9 @@ def _columns(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
     Picked along each contiguous row, then transposed: a gather through the transposed view reads
     memory across rows and took several times longer."""
-    picked = torch.stack([matrix.index_select(1, columns) for matrix, columns in zip(values, order)])
+    picked = torch.stack(
+        [matrix.index_select(1, columns) for matrix, columns in zip(values, order)]
+    )
     return picked.transpose(1, 2).contiguous()
 
 
