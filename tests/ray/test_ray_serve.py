@@ -219,7 +219,7 @@ def test_killing_a_replica_mid_load_fails_no_request_and_ray_replaces_it(cluster
             pool.submit(user, i)
         time.sleep(3)
         ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
-        time.sleep(12)
+        time.sleep(6)  # the load goes on past the kill: its retries land on the other replica
         stop.set()
     assert failures == [], failures[:5]
     assert len(answered) > 20
