@@ -35,6 +35,33 @@ def test_allocate_and_free_round_trip() -> None:
     pool.check_integrity({})
 
 
+def test_never_used_blocks_go_first_in_id_order_and_are_made_only_when_handed_out() -> None:
+    """A pool of a million blocks holds none until asked; blocks never handed out come before
+    freed ones (which keep their cached prefixes longest), lowest id first."""
+    pool = BlockPool(1_000_000)
+    assert pool.num_free_blocks == 1_000_000 and pool.usage == 0.0
+    first = pool.allocate(2)
+    assert first == [0, 1] and len(pool.blocks) == 2
+    pool.register(first[0], chain_hash(None, [1, 2]), [1, 2])
+    pool.free(first)
+    assert pool.allocate(3) == [2, 3, 4]  # not the freed 0 and 1
+    assert pool.lookup(chain_hash(None, [1, 2]), [1, 2]) == 0  # its prefix is still cached
+    assert pool.num_free_blocks == 1_000_000 - 3
+    pool.check_integrity({2: 1, 3: 1, 4: 1})
+    with pytest.raises(RuntimeError, match="asked for 999998 blocks, 999997 free"):
+        pool.allocate(999_998)
+
+
+def test_a_small_pool_hands_out_freed_blocks_once_every_block_was_used() -> None:
+    pool = BlockPool(2)
+    a, b = pool.allocate(2)
+    pool.register(a, chain_hash(None, [7]), [7])
+    pool.free([a])
+    assert pool.allocate(1) == [a]  # the only free block: its cached prefix is evicted
+    assert pool.lookup(chain_hash(None, [7]), [7]) is None
+    pool.check_integrity({a: 1, b: 1})
+
+
 def test_freed_blocks_are_reused_least_recently_freed_first() -> None:
     pool = BlockPool(3)
     a, b, c = pool.allocate(3)

@@ -50,23 +50,29 @@ def chain_hash(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
 
 
 class BlockPool:
+    """Blocks are made the first time they are handed out, lowest id first, before any block that
+    was freed: a small model's KV budget can be hundreds of thousands of blocks, and making them
+    all up front took ~1 s (524,288 blocks). `blocks` holds the ones made so far; the rest are free
+    and hold nothing."""
+
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._num_blocks = num_blocks
+        self.blocks: list[KVBlock] = []  # block i is blocks[i], for every i handed out so far
         self.enable_prefix_caching = enable_prefix_caching
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict()  # made blocks now free, LRU first
         self._cached: dict[bytes, int] = {}  # block hash -> block id
         self.num_prefix_queries = 0  # full blocks looked up
         self.num_prefix_hits = 0  # ... and found
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self._num_blocks - len(self.blocks)
 
     @property
     def usage(self) -> float:
@@ -75,20 +81,30 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """Take `count` free blocks (evicting whatever prefix they cached), each with
         ref_count 1."""
-        if count > len(self._free):
+        if count > self.num_free_blocks:
             raise RuntimeError(
-                f"asked for {count} blocks, {len(self._free)} free"
+                f"asked for {count} blocks, {self.num_free_blocks} free"
             )  # callers check first
         taken = []
         for _ in range(count):
-            block_id, _ = self._free.popitem(last=False)
-            block = self.blocks[block_id]
-            if block.block_hash is not None:
-                del self._cached[block.block_hash]
-                block.block_hash, block.token_ids = None, ()
+            block = self._take()
             block.ref_count = 1
-            taken.append(block_id)
+            taken.append(block.block_id)
         return taken
+
+    def _take(self) -> KVBlock:
+        """A free block holding no cached prefix: a never-used one while any is left, else the
+        least recently freed (its prefix evicted)."""
+        if len(self.blocks) < self._num_blocks:
+            block = KVBlock(len(self.blocks))
+            self.blocks.append(block)
+            return block
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            del self._cached[block.block_hash]
+            block.block_hash, block.token_ids = None, ()
+        return block
 
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block; unreferenced blocks join the end of the free list."""
@@ -137,6 +153,7 @@ class BlockPool:
 
     def check_integrity(self, held: dict[int, int]) -> None:
         """Assert the pool agrees with `held` (block id -> number of requests holding it)."""
+        assert all(block_id < len(self.blocks) for block_id in held), "a held block never made"
         for block in self.blocks:
             expected = held.get(block.block_id, 0)
             assert block.ref_count == expected, (
