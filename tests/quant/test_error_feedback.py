@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rebar.quant.awq import output_error, search_grid
-from rebar.quant.error_feedback import DAMPING, round_with_error_feedback
+from rebar.quant.error_feedback import DAMPING, _inverse_cholesky, round_with_error_feedback
 from rebar.weights.int_formats import INT4_MAX, onto_int4_grid
 
 GENERATOR = torch.Generator().manual_seed(0)
@@ -64,6 +64,25 @@ def test_matches_a_direct_statement_of_the_updates() -> None:
     expected = reference_rounding(weight, moments, grid.scales, grid.offsets, 32)
     assert ours.dtype == torch.float64
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-9)
+
+
+def test_the_factor_is_the_upper_cholesky_factor_of_the_permuted_damped_inverse() -> None:
+    """At widths that split unevenly into the halves the triangle is inverted by (301 -> 150 + 151
+    -> ...), with a dead channel, for two orders at once."""
+    x = correlated_inputs(channels=301)
+    x[:, 7] = 0  # never fires
+    moments = torch.stack([x.T @ x / x.shape[0]] * 2)
+    order = torch.stack([torch.randperm(301, generator=GENERATOR), torch.arange(301)])
+    factor = _inverse_cholesky(moments, order)
+    for h, rows, upper in zip(moments, order, factor):
+        permuted = h[rows][:, rows].clone()
+        diagonal = permuted.diagonal()
+        diagonal[diagonal == 0] = 1.0
+        diagonal += DAMPING * diagonal.mean()
+        assert torch.equal(upper, upper.triu()) and bool((upper.diagonal() > 0).all())
+        torch.testing.assert_close(
+            upper.T @ upper @ permuted, torch.eye(301, dtype=torch.float64), rtol=0, atol=1e-9
+        )
 
 
 def test_every_value_stays_on_its_groups_grid() -> None:

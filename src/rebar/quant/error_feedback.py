@@ -90,22 +90,21 @@ def round_with_error_feedback(
     return rounded.reshape(*batch, *shape)
 
 
-def _columns(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """[B, out, in] -> [B, in, out] with the in-columns taken in `order` [B, in] (contiguous).
+def _select(batch: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
+    """Each matrix of `batch` [B, r, c] with its rows (dim 0) or columns (dim 1) taken in its own
+    order, `indices` [B, n]. index_select along contiguous rows: a gather through a transposed
+    view reads memory across rows and took several times longer."""
+    return torch.stack([matrix.index_select(dim, order) for matrix, order in zip(batch, indices)])
 
-    Picked along each contiguous row, then transposed: a gather through the transposed view reads
-    memory across rows and took several times longer."""
-    picked = torch.stack(
-        [matrix.index_select(1, columns) for matrix, columns in zip(values, order)]
-    )
-    return picked.transpose(1, 2).contiguous()
+
+def _columns(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[B, out, in] -> [B, in, out] with the in-columns taken in `order` [B, in] (contiguous)."""
+    return _select(values, order, 1).transpose(1, 2).contiguous()
 
 
 def _permuted(moments: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """P H P^T for each of the batch: rows and columns of `moments` [B, n, n] taken in `order`."""
-    return torch.stack(
-        [matrix.index_select(0, rows).index_select(1, rows) for matrix, rows in zip(moments, order)]
-    )
+    return _select(_select(moments, order, 0), order, 1)
 
 
 def _round_batch(
@@ -144,6 +143,4 @@ def _round_batch(
             block[:, j + 1 :].sub_(factor[:, c, c + 1 : end].unsqueeze(-1) * error.unsqueeze(1))
         remaining[:, end:].sub_(factor[:, start:end, end:].transpose(1, 2) @ errors)
     # Back to the weight's layout: row i of `rounded` is input column order[i].
-    restore = torch.argsort(order, dim=-1)
-    unpermuted = torch.stack([rows.index_select(0, back) for rows, back in zip(rounded, restore)])
-    return unpermuted.transpose(1, 2).contiguous()
+    return _select(rounded, torch.argsort(order, dim=-1), 0).transpose(1, 2).contiguous()
