@@ -163,6 +163,28 @@ def test_idle_models_are_evicted_least_recently_used_first() -> None:
     run(scenario())
 
 
+def test_an_eviction_gives_memory_back_at_once_and_a_shutdown_only_stops_the_engines(
+    monkeypatch,
+) -> None:
+    """An evicted version's weights are collected now (the process serves on); at shutdown every
+    engine stops without the full collection (~0.2 s a model) that nothing after it needs."""
+    import rebar.serving.instances as instances
+
+    collections: list[int] = []
+    monkeypatch.setattr(instances.gc, "collect", lambda: collections.append(1) or 0)
+
+    async def scenario():
+        reg, loader = registry([{"name": n} for n in "abc"], total_mib=200)
+        for name in "ab":
+            (await reg.acquire(name, "chat")).release()
+        (await reg.acquire("c", "chat")).release()  # evicts a
+        assert loader.engines[0].stopped and len(collections) == 1
+        await reg.close()
+        assert all(engine.stopped for engine in loader.engines) and len(collections) == 1
+
+    run(scenario())
+
+
 def test_busy_and_pinned_models_are_never_evicted_and_the_refusal_has_the_numbers() -> None:
     async def scenario():
         reg, _ = registry(
