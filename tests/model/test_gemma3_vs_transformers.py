@@ -2,9 +2,11 @@
 same GGUF tensors itself (its own dequantization, its own Gemma 3 code): the model's math,
 independent of the kernels and of rebar's loader.
 
-transformers reads a copy of the file without the tokenizer's arrays (its tensors byte for byte,
-the vocabulary's size as `gemma3.vocab_size`): its GGUF parser spent ~35 s of the test's ~50 on the
-262,144 tokens, scores and types, which the model's math never reads."""
+transformers reads a copy of the file without the tokenizer's arrays (the vocabulary's size as
+`gemma3.vocab_size`): its GGUF parser spent ~35 s of the test's ~50 on the 262,144 tokens, scores
+and types, which the model's math never reads. The copy's tensors are checked byte for byte against
+the original file, where gguf's own reader places them, so a tensor rebar's reader misplaced or
+mistyped could not reach both sides alike."""
 
 from __future__ import annotations
 
@@ -44,7 +46,14 @@ def without_the_vocabulary(path: Path, out: Path) -> Path:
         for name, tensor in source.tensors.items()
     }
     alignment = source.metadata.get("general.alignment")
-    return GGUFContents(arch, metadata, tensors, alignment).write(out)
+    GGUFContents(arch, metadata, tensors, alignment).write(out)
+    # Both files end with the same tensor data, written in the same order with the same alignment:
+    # the copy's, from where gguf's reader finds it, must be the original's last bytes exactly.
+    from gguf import GGUFReader
+
+    data = out.read_bytes()[GGUFReader(out).data_offset :]
+    assert path.read_bytes().endswith(data), "the copy's tensors differ from the original's"
+    return out
 
 
 @pytest.fixture(scope="module")
