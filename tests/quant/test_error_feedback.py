@@ -29,13 +29,23 @@ def nearest(
 
 
 def reference_rounding(
-    weight: torch.Tensor, moments: torch.Tensor, scales, offsets, group_size: int
+    weight: torch.Tensor,
+    moments: torch.Tensor,
+    scales,
+    offsets,
+    group_size: int,
+    input_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same method written out directly: round the loudest remaining column to its nearest grid
     point, move the remaining columns by the optimal correction -e * Hinv[j, rest] / Hinv[j, j]
-    using the explicit inverse of H over the columns not yet rounded, then drop column j from it."""
+    using the explicit inverse of H over the columns not yet rounded, then drop column j from it.
+
+    With `input_scales` s the weight reads x / s: H is then D^-1 (H_x + damping) D^-1, formed
+    explicitly, with the columns still in order of x's energy."""
     h = moments.clone()
     h += DAMPING * h.diagonal().mean() * torch.eye(h.shape[0], dtype=h.dtype)
+    if input_scales is not None:
+        h = h / torch.outer(input_scales, input_scales)
     inverse = torch.linalg.inv(h)
     w = weight.clone()
     column_scale = scales.double().repeat_interleave(group_size, dim=1)
@@ -66,16 +76,32 @@ def test_matches_a_direct_statement_of_the_updates() -> None:
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-9)
 
 
+def test_scaled_weights_match_a_direct_statement_with_the_scaled_inputs_moments() -> None:
+    """AWQ's candidates: W s reading x / s, rounded with the factor of x's moments scaled by s
+    (no factorisation of their own) equal the direct updates under the scaled input's moments."""
+    x = correlated_inputs(channels=160)
+    moments = x.T @ x / x.shape[0]
+    input_scales = x.abs().mean(0) ** 0.5
+    scaled = torch.randn(24, 160, generator=GENERATOR, dtype=torch.float64) * 0.05 * input_scales
+    grid = search_grid(scaled, (moments / torch.outer(input_scales, input_scales)).float(), 32)
+    ours = round_with_error_feedback(
+        scaled, moments, grid.scales, grid.offsets, 32, input_scales=input_scales
+    )
+    expected = reference_rounding(scaled, moments, grid.scales, grid.offsets, 32, input_scales)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-9)
+    unscaled_factor = round_with_error_feedback(scaled, moments, grid.scales, grid.offsets, 32)
+    assert not torch.equal(ours, unscaled_factor)  # the scales did reach the updates
+
+
 def test_the_factor_is_the_upper_cholesky_factor_of_the_permuted_damped_inverse() -> None:
     """At widths that split unevenly into the halves the triangle is inverted by (301 -> 150 + 151
-    -> ...), with a dead channel, for two orders at once."""
+    -> ...), with a dead channel, for two orders."""
     x = correlated_inputs(channels=301)
     x[:, 7] = 0  # never fires
-    moments = torch.stack([x.T @ x / x.shape[0]] * 2)
-    order = torch.stack([torch.randperm(301, generator=GENERATOR), torch.arange(301)])
-    factor = _inverse_cholesky(moments, order)
-    for h, rows, upper in zip(moments, order, factor):
-        permuted = h[rows][:, rows].clone()
+    h = x.T @ x / x.shape[0]
+    for order in (torch.randperm(301, generator=GENERATOR), torch.arange(301)):
+        upper = _inverse_cholesky(h, order)
+        permuted = h[order][:, order].clone()
         diagonal = permuted.diagonal()
         diagonal[diagonal == 0] = 1.0
         diagonal += DAMPING * diagonal.mean()
@@ -132,20 +158,31 @@ def test_a_channel_that_never_fires_is_rounded_without_nans() -> None:
     assert torch.equal(nearest(rounded, grid.scales, grid.offsets, 32), rounded)
 
 
+def test_stacked_weights_are_rounded_as_each_alone() -> None:
+    """Rows are independent: a weight's first rows, rounded alone, come out as in the whole."""
+    x = correlated_inputs(channels=160).float()
+    moments = x.T @ x / x.shape[0]
+    weight = torch.randn(24, 160, generator=GENERATOR) * 0.05
+    grid = search_grid(weight, moments, 32)
+    whole = round_with_error_feedback(weight, moments, grid.scales, grid.offsets, 32)
+    top = round_with_error_feedback(weight[:10], moments, grid.scales[:10], grid.offsets[:10], 32)
+    assert torch.equal(top, whole[:10])
+
+
 def test_a_batch_is_rounded_as_each_of_its_weights_alone() -> None:
-    """Leading dimensions batch independent roundings (each its own moments, so its own column
-    order); rows are independent, so stacking two weights' rows rounds each as alone."""
-    inputs = [correlated_inputs(channels=160).float() for _ in range(2)]
-    moments = torch.stack([x.T @ x / x.shape[0] for x in inputs])
-    weights = torch.randn(2, 24, 160, generator=GENERATOR) * 0.05
-    grids = [search_grid(w, m, 32) for w, m in zip(weights, moments)]
+    """A batch of weights under one input, each reading it under its own scales (the scale
+    search's candidates): one factorisation, the same result as each alone."""
+    x = correlated_inputs(channels=160).float()
+    moments = x.T @ x / x.shape[0]
+    input_scales = torch.stack([x.abs().mean(0) ** alpha for alpha in (0.0, 0.3, 0.6)])
+    weights = torch.randn(3, 24, 160, generator=GENERATOR) * 0.05 * input_scales[:, None]
+    grids = [search_grid(w, moments / torch.outer(s, s), 32) for w, s in zip(weights, input_scales)]
     scales = torch.stack([g.scales for g in grids])
     offsets = torch.stack([g.offsets for g in grids])
-    batched = round_with_error_feedback(weights, moments, scales, offsets, 32)
-    for i in range(2):
-        alone = round_with_error_feedback(weights[i], moments[i], scales[i], offsets[i], 32)
-        assert torch.equal(batched[i], alone)
-    top = round_with_error_feedback(
-        weights[0, :10], moments[0], scales[0, :10], offsets[0, :10], 32
-    )
-    assert torch.equal(top, batched[0, :10])
+    batched = round_with_error_feedback(weights, moments, scales, offsets, 32, input_scales)
+    for i in range(3):
+        alone = round_with_error_feedback(
+            weights[i], moments, scales[i], offsets[i], 32, input_scales=input_scales[i]
+        )
+        torch.testing.assert_close(batched[i], alone, rtol=0, atol=0)
+    assert not torch.equal(batched[1], batched[2])

@@ -202,22 +202,28 @@ class ScaleSearch:
     error: float  # at the chosen alpha
 
 
-Rounding = Callable[
-    [torch.Tensor, torch.Tensor, int], torch.Tensor
-]  # (weights [..., out, in], moments [..., in, in], group size) -> on their grids
+# (scaled weights W s [..., out, in], moments E[x^T x] [in, in] of the unscaled input x, input
+# scales s [..., in], group size) -> W s on its grids
+Rounding = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-def round_to_nearest(weight: torch.Tensor, _moments: torch.Tensor, group_size: int) -> torch.Tensor:
+def round_to_nearest(
+    weight: torch.Tensor, _moments: torch.Tensor, _scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     return fake_quantize_int4(weight.reshape(-1, weight.shape[-1]), group_size).reshape(
         weight.shape
     )
 
 
-def round_fed_back(weight: torch.Tensor, moments: torch.Tensor, group_size: int) -> torch.Tensor:
+def round_fed_back(
+    weight: torch.Tensor, moments: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """Error-feedback rounding on each group's full [min, max] grid (the scale search's judge when
-    the weights will be rounded that way: it favours other scales than round-to-nearest does)."""
+    the weights will be rounded that way: it favours other scales than round-to-nearest does).
+    Every candidate shares the one factorisation of `moments`."""
     groups = weight.float().reshape(*weight.shape[:-1], -1, group_size)
-    return round_with_error_feedback(weight, moments, *int4_scales_offsets(groups), group_size)
+    grid = int4_scales_offsets(groups)
+    return round_with_error_feedback(weight, moments, *grid, group_size, input_scales=scales)
 
 
 def search_scales(
@@ -239,9 +245,8 @@ def search_scales(
     for alpha in alphas:
         scales = mean_abs.pow(alpha).clamp(min=1e-4)
         candidates.append(scales / (scales.max() * scales.min()).sqrt())
-    full = torch.stack([expand(scales) for scales in candidates]).unsqueeze(1)  # [alphas, 1, in]
-    scaled_moments = moments / (full.transpose(1, 2) * full)
-    quantized = rounding(weight * full, scaled_moments, group_size) / full
+    full = torch.stack([expand(scales) for scales in candidates])  # [alphas, in]
+    quantized = rounding(weight * full[:, None], moments, full, group_size) / full[:, None]
     errors = [output_error(q - weight, moments) for q in quantized]
     best = min(range(num_alphas), key=lambda i: (errors[i], i))
     return ScaleSearch(alphas[best], candidates[best], errors[0], errors[best])
@@ -375,7 +380,7 @@ def _search_layer(
     """
     head_dim = model.config.head_dim
     searches: dict[str, ScaleSearch] = {}
-    scaled_moments: list[tuple[ScaleGroup, torch.Tensor]] = []
+    folded: list[tuple[ScaleGroup, torch.Tensor, torch.Tensor]] = []  # with x's moments and s
     for group in groups:
         first = group.linears[0]
         expand = lambda s, r=group.kv_repeat: _expand_kv(s, r, head_dim)  # noqa: E731
@@ -393,17 +398,17 @@ def _search_layer(
         full = expand(search.scales)
         _fold(model, group, search.scales, full)
         searches[first] = search
-        scaled_moments.append((group, moments / torch.outer(full, full)))  # it now reads x / s
+        folded.append((group, moments, full))  # it now reads x / s
     grids = {}
-    for group, moments in scaled_moments:
+    for group, moments, full in folded:
         # The group's linears share their input: searched and rounded as one stacked weight (both
         # work row by row, so stacking changes nothing but the number of passes).
         weights = [linear_weight(model, path) for path in group.linears]
         stacked = torch.cat(weights)
-        grid = search_grid(stacked, moments, group_size)
+        grid = search_grid(stacked, moments / torch.outer(full, full), group_size)
         if error_feedback:
             stacked = round_with_error_feedback(
-                stacked, moments, grid.scales, grid.offsets, group_size
+                stacked, moments, grid.scales, grid.offsets, group_size, input_scales=full
             )
         rows = [weight.shape[0] for weight in weights]
         parts = zip(grid.scales.split(rows), grid.offsets.split(rows), stacked.split(rows))

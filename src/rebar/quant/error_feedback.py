@@ -21,27 +21,28 @@ from rebar.weights.int_formats import INT4_MAX
 DAMPING = 0.01  # fraction of H's mean diagonal added to it: keeps the inverse well conditioned
 # columns by decreasing input energy; False keeps their order (worse: docs/quantization.md)
 ACT_ORDER = True
-# columns updated one by one before their errors pass to the rest in one product (the same result
-# up to float rounding): each column rewrites the block's later columns, so a small block moves
-# less memory; 32 ran 1.5-2.5x faster than 128 on SmolLM2's shapes
+# columns rounded one by one before their errors pass to the rest in one product (the same result
+# up to float rounding); within a block, each column takes the corrections of the ones before it
+# when its turn comes (a matrix-vector product over their errors)
 BLOCK = 32
 
 
 def _inverse_cholesky(moments: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Upper Cholesky factors U of (P H P^T + damping)^-1 = U^T U, float64, for H `[B, n, n]`
-    with its rows and columns taken in `order` [B, n] (P).
+    """Upper Cholesky factor U of (P H P^T + damping)^-1 = U^T U, float64, for H `[n, n]` with its
+    rows and columns taken in `order` [n] (P).
 
     Without forming the inverse: with J the order-reversing permutation and J P H P^T J = L L^T,
     the factor is J L^-1 J = (J L J)^-1 (upper, positive diagonal, and U^T U = J L^-T L^-1 J =
     (P H P^T)^-1): one factorisation and one triangular inverse. J P is P in reversed order, so
     the first reversal is free.
     """
-    h = _permuted(moments, order.flip(-1)).double()
-    diagonal = h.diagonal(dim1=-2, dim2=-1)
+    reversed_order = order.flip(0)
+    h = moments.index_select(0, reversed_order).index_select(1, reversed_order).double()
+    diagonal = h.diagonal()
     dead = diagonal == 0  # a channel that was always zero: any value is as good
     diagonal[dead] = 1.0
-    diagonal += DAMPING * diagonal.mean(-1, keepdim=True)
-    return _upper_inverse(torch.linalg.cholesky(h).flip(-2, -1))
+    diagonal += DAMPING * diagonal.mean()
+    return _upper_inverse(torch.linalg.cholesky(h).flip(0, 1))
 
 
 def _upper_inverse(upper: torch.Tensor, leaf: int = 128) -> torch.Tensor:
@@ -64,83 +65,80 @@ def _upper_inverse(upper: torch.Tensor, leaf: int = 128) -> torch.Tensor:
 
 def round_with_error_feedback(
     weight: torch.Tensor,  # [..., out, in]
-    moments: torch.Tensor,  # [..., in, in], E[x^T x] of the input
+    moments: torch.Tensor,  # [in, in], E[x^T x] of the input x
     scales: torch.Tensor,  # [..., out, num_groups] grid: w ~ scales * q + offsets, q in 0..15
     offsets: torch.Tensor,
     group_size: int,
+    input_scales: torch.Tensor | None = None,  # [..., in]: the weight reads x / input_scales
 ) -> torch.Tensor:
     """The weight [..., out, in] with every value on its group's grid, codes chosen with error
     feedback. Nearest rounding of the result onto the same grid gives back the chosen codes.
     Computed in float32 (float64 for a float64 weight).
 
-    Leading dimensions are a batch of independent roundings (each weight with its own moments),
-    done together column by column: one pass of the column loop for all of them. Rows are
-    independent too, so linears that read the same input can be stacked into one weight.
+    Leading dimensions are a batch of roundings under the same input, done together column by
+    column: one factorisation of the moments and one pass of the column loop for all of them.
+    Rows are independent, so linears that read the same input can be stacked into one weight.
+
+    With `input_scales` s (AWQ's scaled weight W s, whose input is x / s), the input's moments are
+    D^-1 H D^-1 (D = diag(s), H = `moments`), with the columns' order and the damping still taken
+    from H. Then the factor needs no factorisation of its own: if U^T U = (H + damping)^-1, then
+    (U D)^T (U D) = D (H + damping)^-1 D = (D^-1 (H + damping) D^-1)^-1, so weights scaled by
+    different s (the candidates of a scale search) share H's one factor, each with its columns
+    multiplied by its s.
     """
-    if weight.dim() == 2:
-        return _round_batch(weight[None], moments[None], scales[None], offsets[None], group_size)[0]
-    batch, shape = weight.shape[:-2], weight.shape[-2:]
+    shape = weight.shape
     rounded = _round_batch(
-        weight.reshape(-1, *shape),
-        moments.reshape(-1, *moments.shape[-2:]),
+        weight.reshape(-1, *shape[-2:]),
+        moments,
         scales.reshape(-1, *scales.shape[-2:]),
         offsets.reshape(-1, *offsets.shape[-2:]),
         group_size,
+        None if input_scales is None else input_scales.reshape(-1, shape[-1]),
     )
-    return rounded.reshape(*batch, *shape)
-
-
-def _select(batch: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
-    """Each matrix of `batch` [B, r, c] with its rows (dim 0) or columns (dim 1) taken in its own
-    order, `indices` [B, n]. index_select along contiguous rows: a gather through a transposed
-    view reads memory across rows and took several times longer."""
-    return torch.stack([matrix.index_select(dim, order) for matrix, order in zip(batch, indices)])
-
-
-def _columns(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """[B, out, in] -> [B, in, out] with the in-columns taken in `order` [B, in] (contiguous)."""
-    return _select(values, order, 1).transpose(1, 2).contiguous()
-
-
-def _permuted(moments: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """P H P^T for each of the batch: rows and columns of `moments` [B, n, n] taken in `order`."""
-    return _select(_select(moments, order, 0), order, 1)
+    return rounded.reshape(shape)
 
 
 def _round_batch(
-    weight: torch.Tensor,
-    moments: torch.Tensor,
-    scales: torch.Tensor,
+    weight: torch.Tensor,  # [B, out, in]
+    moments: torch.Tensor,  # [in, in]
+    scales: torch.Tensor,  # [B, out, num_groups]
     offsets: torch.Tensor,
     group_size: int,
+    input_scales: torch.Tensor | None,  # [B or 1, in]
 ) -> torch.Tensor:
-    batch, _, in_features = weight.shape
+    batch, out_features, in_features = weight.shape
     dtype = torch.promote_types(weight.dtype, torch.float32)
     if ACT_ORDER:
-        order = torch.argsort(moments.diagonal(dim1=-2, dim2=-1), dim=-1, descending=True)
+        order = torch.argsort(moments.diagonal(), descending=True)
     else:
-        order = torch.arange(in_features).expand(batch, in_features)
-    factor = _inverse_cholesky(moments, order).to(dtype)
-    pivots = factor.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # [B, in, 1]
-    # Columns of the weight as rows, [B, in, out]: a column is contiguous here.
-    remaining = _columns(weight.to(dtype), order)
-    step = _columns(scales.to(dtype).repeat_interleave(group_size, dim=-1), order)
-    offset = _columns(offsets.to(dtype).repeat_interleave(group_size, dim=-1), order)
-    divisor = torch.where(step > 0, step, 1.0)  # a constant group: every weight is its offset
-    rounded = torch.empty_like(remaining)
+        order = torch.arange(in_features)
+    factor = _inverse_cholesky(moments, order).to(dtype)[None]  # [1, in, in]
+    if input_scales is not None:  # U D, D in the columns' order (the docstring above)
+        factor = factor * input_scales.to(dtype)[:, None, order]
+    factor = factor.expand(batch, -1, -1)
+    pivots = factor.diagonal(dim1=-2, dim2=-1).contiguous()  # [B, in]
+    # The weight's columns as rows, in the order they are rounded: [B, in, out], each contiguous.
+    remaining = weight.to(dtype).transpose(1, 2)[:, order].contiguous()
+    # A column's grid is its group's row of these [B, num_groups, out]: no copy per column.
+    steps = scales.to(dtype).transpose(1, 2).contiguous()
+    bases = offsets.to(dtype).transpose(1, 2).contiguous()
+    divisors = torch.where(steps > 0, steps, 1.0)  # a constant group: every weight is its offset
+    columns, groups = order.tolist(), (order // group_size).tolist()
+    rounded = torch.empty(batch, in_features, out_features, dtype=dtype)  # columns in place
     for start in range(0, in_features, BLOCK):
         end = min(start + BLOCK, in_features)
-        block = remaining[:, start:end]  # a view: updated in place
+        block = remaining[:, start:end]
         errors = torch.empty_like(block)
         for j in range(end - start):
-            c = start + j
+            c, g = start + j, groups[start + j]
             column = block[:, j]
-            codes = (column - offset[:, c]).div_(divisor[:, c]).round_().clamp_(0, INT4_MAX)
-            on_grid = codes.mul_(step[:, c]).add_(offset[:, c])
-            rounded[:, c] = on_grid
-            error = (column - on_grid).div_(pivots[:, c])
-            errors[:, j] = error
-            block[:, j + 1 :].sub_(factor[:, c, c + 1 : end].unsqueeze(-1) * error.unsqueeze(1))
+            if j:  # the corrections from the block's columns before it
+                corrections = factor[:, start:c, c].unsqueeze(1)  # [B, 1, j]
+                column = torch.baddbmm(block[:, j : j + 1], corrections, errors[:, :j], alpha=-1)
+                column = column[:, 0]
+            codes = (column - bases[:, g]).div_(divisors[:, g]).round_().clamp_(0, INT4_MAX)
+            on_grid = codes.mul_(steps[:, g]).add_(bases[:, g])
+            rounded[:, columns[c]] = on_grid
+            errors[:, j] = (column - on_grid).div_(pivots[:, c : c + 1])
         remaining[:, end:].sub_(factor[:, start:end, end:].transpose(1, 2) @ errors)
-    # Back to the weight's layout: row i of `rounded` is input column order[i].
-    return _select(rounded, torch.argsort(order, dim=-1), 0).transpose(1, 2).contiguous()
+    return rounded.transpose(1, 2).contiguous()
