@@ -24,7 +24,7 @@ FULL_ONLY: dict[str, str] = {
     "reliability/": "the soak, the fuzzers and the fault injections: minutes of load",
     "ray/": "a local Ray cluster",
     "web/": "Chromium driving the chat page",
-    "quant/test_quality_smollm2.py": "AWQ and perplexity on the real model (about 4 minutes)",
+    "quant/test_quality_smollm2.py": "AWQ and perplexity on the real model (about 2 minutes)",
     "quant/test_awq.py": "AWQ scale searches",
     "quant/test_quant_cli.py": "quantizes and evaluates the real model through the command line",
     "quant/test_gguf_quantized.py": "every GGUF weight kind through the kernels on real shapes",
