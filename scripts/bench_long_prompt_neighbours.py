@@ -1,0 +1,93 @@
+"""A decoding stream's inter-token time while a long prompt prefills beside it.
+
+    PYTHONPATH=src .venv/bin/python scripts/bench_long_prompt_neighbours.py [--model gemma3] \
+        [--prompt-tokens 16384] [--threads 2] [--setting max_prefill_tokens_while_decoding=256]
+
+Loads the model with rebar's defaults (any `--setting name=value` of `[engine]` overrides one;
+`none` unsets it), starts one greedy stream on a short prompt and drives the engine step by step:
+first 60 steps with the stream alone (its idle gaps between tokens), then a prompt of random tokens
+(never in the prefix cache) arrives, and the stream's gaps are recorded until that prompt's first
+token. Prints the stream's median, 90th percentile and largest gap against its idle median, and
+the long prompt's time to first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from rebar.engine.sampling_params import SamplingParams
+from rebar.llm import LLM
+
+IDLE_STEPS = 60
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3")
+    parser.add_argument("--prompt-tokens", type=int, default=16_384)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    settings: dict[str, object] = {"max_model_len": args.prompt_tokens + 4096}
+    for item in args.setting:
+        name, value = item.split("=", 1)
+        settings[name] = None if value == "none" else json.loads(value)
+    llm = LLM(args.model, **settings)
+    engine = llm.engine
+    assert engine is not None, f"{args.model} does not generate"
+    stream = SamplingParams(max_tokens=4000, ignore_eos=True)
+    engine.add_request(
+        "stream", llm.tokenizer.encode("Tell me a long story about the sea."), stream
+    )
+
+    last = time.monotonic()
+    idle: list[float] = []
+    busy: list[float] = []
+    long_started = first_token_s = None
+    step = 0
+    while first_token_s is None:
+        outputs = engine.step()
+        now = time.monotonic()
+        for output in outputs:
+            if output.request_id == "stream" and output.new_token_ids:
+                (busy if long_started is not None else idle).append(now - last)
+                last = now
+            elif output.request_id == "long" and output.new_token_ids:
+                first_token_s = now - long_started
+        step += 1
+        if step == IDLE_STEPS:
+            rng = random.Random(0)
+            vocab = llm.tokenizer.vocab_size
+            prompt = [rng.randrange(1000, vocab - 1000) for _ in range(args.prompt_tokens)]
+            engine.add_request("long", prompt, SamplingParams(max_tokens=1))
+            long_started = time.monotonic()
+    idle_median = statistics.median(idle[5:])  # the first steps warm up
+    report = {
+        "model": args.model,
+        "settings": settings,
+        "prompt_tokens": args.prompt_tokens,
+        "idle_gap_ms": round(1000 * idle_median, 2),
+        "gap_ms_median": round(1000 * statistics.median(busy), 2),
+        "gap_ms_p90": round(1000 * percentile(busy, 0.9), 2),
+        "gap_ms_max": round(1000 * max(busy), 2),
+        "median_vs_idle": round(statistics.median(busy) / idle_median, 2),
+        "p90_vs_idle": round(percentile(busy, 0.9) / idle_median, 2),
+        "long_prompt_first_token_s": round(first_token_s, 2),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
