@@ -4,7 +4,8 @@
         [--prompt-tokens 16384] [--threads 2] [--setting max_prefill_tokens_while_decoding=256]
 
 Loads the model with rebar's defaults (any `--setting name=value` of `[engine]` overrides one;
-`none` unsets it), starts one greedy stream on a short prompt and drives the engine step by step:
+`none` unsets it), starts one greedy stream on a short prompt (not speculating) and drives the
+engine step by step:
 first 60 steps with the stream alone (its idle gaps between tokens), then a prompt of random tokens
 (never in the prefix cache) arrives, and the stream's gaps are recorded until that prompt's first
 token. Prints the stream's median, 90th percentile and largest gap against its idle median, and
@@ -47,7 +48,9 @@ def main() -> None:
     llm = LLM(args.model, **settings)
     engine = llm.engine
     assert engine is not None, f"{args.model} does not generate"
-    stream = SamplingParams(max_tokens=4000, ignore_eos=True)
+    # The stream does not speculate: each of its gaps is then one step, not a burst of drafts
+    # whose length follows a policy timed at load.
+    stream = SamplingParams(max_tokens=4000, ignore_eos=True, speculative=False)
     engine.add_request(
         "stream", llm.tokenizer.encode("Tell me a long story about the sea."), stream
     )
