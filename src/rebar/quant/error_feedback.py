@@ -111,7 +111,7 @@ def _round_batch(
     if ACT_ORDER:
         order = torch.argsort(moments.diagonal(), descending=True)
     else:
-        order = torch.arange(in_features)
+        order = torch.arange(in_features, device=moments.device)
     factor = _inverse_cholesky(moments, order).to(dtype)[None]  # [1, in, in]
     if input_scales is not None:  # U D, D in the columns' order (the docstring above)
         factor = factor * input_scales.to(dtype)[:, None, order]
@@ -124,7 +124,8 @@ def _round_batch(
     bases = offsets.to(dtype).transpose(1, 2).contiguous()
     divisors = torch.where(steps > 0, steps, 1.0)  # a constant group: every weight is its offset
     columns, groups = order.tolist(), (order // group_size).tolist()
-    rounded = torch.empty(batch, in_features, out_features, dtype=dtype)  # columns in place
+    # Rows in the weight's column order: each rounded column lands at its own place.
+    rounded = remaining.new_empty(batch, in_features, out_features)
     for start in range(0, in_features, BLOCK):
         end = min(start + BLOCK, in_features)
         block = remaining[:, start:end]
