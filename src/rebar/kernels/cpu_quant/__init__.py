@@ -124,11 +124,13 @@ def int8_linear(
 
 
 def quantize_activations(
-    x: torch.Tensor, group_size: int | None = None
+    x: torch.Tensor, group_size: int | None = None, half_scales: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The activations exactly as the kernels see them: x [rows, in] float32 ->
     (q int8 [rows, blocks * 32] zero-padded, d float32 [rows, blocks], group sums float32
     [rows, in // group_size] or None, sums of q over each half-block int32 [rows, blocks * 2]), with
-    x ~= q * d per block of 32."""
+    x ~= q * d per block of 32. With `half_scales` (what the kernels do for the weights whose
+    `PackedQuant.half_activation_scales` is true), d and the group sums' per-block terms are
+    rounded to float16, as llama.cpp's Q8_0 / Q8_1 activation blocks hold them."""
     blocks_per_sum = 0 if group_size is None else group_size // 32
-    return _extension().quantize_activations(x, blocks_per_sum)
+    return _extension().quantize_activations(x, blocks_per_sum, half_scales)

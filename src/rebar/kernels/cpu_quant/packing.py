@@ -55,6 +55,12 @@ class PackedQuant:
     in_features: int
     group_size: int
 
+    @property
+    def half_activation_scales(self) -> bool:
+        """Whether the kernels round this weight's activation block scales to float16 (kernels.h):
+        the kinds llama.cpp multiplies by Q8_0 / Q8_1 blocks, not the K-quants' float32 Q8_K."""
+        return self.kind in (WeightKind.SYM, WeightKind.AFFINE)
+
     def kernel_args(self) -> tuple:
         """The weight as the compiled kernels take it (bindings.cpp's WeightArgs)."""
         return (

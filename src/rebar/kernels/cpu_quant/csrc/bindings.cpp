@@ -30,8 +30,9 @@ struct QuantizedScratch {
 
 constexpr int64_t kQuantizeGrainRows = 64;
 
-// blocks_per_sum == 0: no float sums (only the affine kinds' offsets need them).
-QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_sum) {
+// blocks_per_sum == 0: no float sums (only the affine kinds' offsets need them). half_scales: see
+// quantize_rows (kernels.h).
+QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_per_sum, bool half_scales) {
   thread_local QuantizedScratch scratch;
   const int64_t in = x.size(-1), rows = x.numel() / std::max<int64_t>(in, 1);
   scratch.q.resize(rows * num_blocks * kBlock);
@@ -52,7 +53,7 @@ QuantizedRows quantize(const at::Tensor& x, int64_t num_blocks, int64_t blocks_p
   at::parallel_for(0, rows, kQuantizeGrainRows, [&](int64_t begin, int64_t end) {
     quantize_rows(x_data + begin * in, end - begin, in, num_blocks, blocks_per_sum, q + begin * num_blocks * kBlock,
                   d + begin * num_blocks, group_sums ? group_sums + begin * num_groups : nullptr,
-                  half_sums + begin * num_blocks * 2);
+                  half_sums + begin * num_blocks * 2, half_scales);
   });
   return {q, d, group_sums, half_sums, rows, num_blocks};
 }
@@ -179,7 +180,7 @@ at::Tensor linear_packed(const at::Tensor& x_in, const WeightArgs& weight) {
   const at::Tensor x = checked_input(x_in, in_features);
   at::Tensor y = output_like(x, w.out_features);
   if (y.numel() > 0) {
-    const QuantizedRows rows = quantize(x, w.num_blocks, blocks_per_sum(w));
+    const QuantizedRows rows = quantize(x, w.num_blocks, blocks_per_sum(w), half_activation_scales(w));
     run_linear({&rows, &w, y.data_ptr<float>()}, rows.rows);
   }
   return y;
@@ -189,12 +190,12 @@ at::Tensor linear_packed(const at::Tensor& x_in, const WeightArgs& weight) {
 // (q [rows, blocks * 32], d [rows, blocks], group sums [rows, groups] or None, half-block sums of q
 // [rows, blocks * 2]).
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> quantize_activations(
-    const at::Tensor& x_in, int64_t blocks_per_sum) {
+    const at::Tensor& x_in, int64_t blocks_per_sum, bool half_scales) {
   const at::Tensor x = checked_input(x_in, x_in.size(-1)).reshape({-1, x_in.size(-1)});
   const int64_t num_blocks = (x.size(1) + kBlock - 1) / kBlock;
   TORCH_CHECK_VALUE(blocks_per_sum >= 0 && (blocks_per_sum == 0 || num_blocks % blocks_per_sum == 0),
                     "groups must tile the row");
-  const QuantizedRows q = quantize(x, num_blocks, blocks_per_sum);
+  const QuantizedRows q = quantize(x, num_blocks, blocks_per_sum, half_scales);
   const auto copy = [](const auto* data, std::vector<int64_t> shape, at::ScalarType type) {
     return at::from_blob(const_cast<void*>(static_cast<const void*>(data)), shape, at::TensorOptions(type)).clone();
   };

@@ -41,15 +41,18 @@ struct QuantizedInput {
       group_sums.resize(num_rows * (w.num_blocks / per_sum));
       sums = group_sums.data();
     }
-    quantize_rows(x, num_rows, linear.in_features, w.num_blocks, per_sum, q.data(), d.data(), sums, half_sums.data());
+    quantize_rows(x, num_rows, linear.in_features, w.num_blocks, per_sum, q.data(), d.data(), sums, half_sums.data(),
+                  half_activation_scales(w));
     rows = {q.data(), d.data(), sums, half_sums.data(), num_rows, w.num_blocks};
   }
 };
 
-// Whether two linears read an input alike: the same blocks and the same float sums (whose groups
-// the offsets need). Then one quantized copy of the input serves both.
+// Whether two linears read an input alike: the same blocks, the same float sums (whose groups
+// the offsets need) and the same precision of block scales. Then one quantized copy of the input
+// serves both.
 bool reads_alike(const QuantLinearRef& a, const QuantLinearRef& b) {
-  return a.weights.num_blocks == b.weights.num_blocks && blocks_per_sum(a.weights) == blocks_per_sum(b.weights);
+  return a.weights.num_blocks == b.weights.num_blocks && blocks_per_sum(a.weights) == blocks_per_sum(b.weights) &&
+         half_activation_scales(a.weights) == half_activation_scales(b.weights);
 }
 
 // The input x of `linear`, quantized: `first_input` (x quantized for `first`) when the two read it

@@ -53,9 +53,11 @@ struct QuantizedRows {
   int64_t num_blocks;
 };
 
-// Quantize x [rows, in] (row-major). `blocks_per_sum` sizes group_sums (0: not computed).
+// Quantize x [rows, in] (row-major). `blocks_per_sum` sizes group_sums (0: not computed). With
+// `half_scales`, d and each block's rounded sum d * sum(q) are rounded to float16 (the codes are not:
+// they come from the exact scale), as llama.cpp's Q8_0 / Q8_1 activation blocks store them.
 void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t num_blocks, int64_t blocks_per_sum, int8_t* q,
-                   float* d, float* group_sums, int32_t* half_sums);
+                   float* d, float* group_sums, int32_t* half_sums, bool half_scales);
 
 struct PackedWeights {
   WeightKind kind;
@@ -71,6 +73,13 @@ struct PackedWeights {
   int64_t blocks_per_group;  // blocks sharing one scale (a super-block's blocks for the super kinds)
   int64_t out_features;      // rows of y actually written (<= num_tiles * 8)
 };
+
+// Whether the kind's activation blocks keep float16 scales: llama.cpp multiplies the weight types
+// kSym and kAffine map (Q4_0, Q5_0, Q8_0; Q4_1, Q5_1) by Q8_0 / Q8_1 blocks, whose d (and s, the
+// block's rounded sum) are float16, so rebar rounds them alike; the K-quants' Q8_K blocks keep float32.
+inline bool half_activation_scales(const PackedWeights& w) {
+  return w.kind == WeightKind::kSym || w.kind == WeightKind::kAffine;
+}
 
 // Blocks per sum of the rounded x that the kind's offsets multiply (0: it needs none).
 inline int64_t blocks_per_sum(const PackedWeights& w) {
