@@ -35,13 +35,23 @@ def test_max_tokens_finishes_with_length(smollm2) -> None:
 
 
 def test_greedy_continuation_matches_teacher_forced_argmax(smollm2) -> None:
-    prompt = smollm2.tokenize("The first three planets from the sun are")
-    out = smollm2.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[
-        0
-    ]
-    logits = smollm2.logits(prompt + out.token_ids[:-1])
-    expected = logits[len(prompt) - 1 :].argmax(-1).tolist()
-    assert out.token_ids == expected
+    # A prompt's prefill, decode steps (one row) and teacher forcing (a longer prefill) go through
+    # kernels tiled differently, so a near-tie may go either way: there the two tokens' logits must
+    # be within `near_tie`. Teacher forcing reads the generated tokens, so the rest still compares.
+    near_tie = 0.1
+    agreed = 0
+    for text in ("The first three planets from the sun are", "def add(a, b):", "My favourite fruit is"):
+        prompt = smollm2.tokenize(text)
+        out = smollm2.generate(
+            [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        )[0]
+        logits = smollm2.logits(prompt + out.token_ids[:-1])[len(prompt) - 1 :]
+        for position, chosen in enumerate(out.token_ids):
+            expected = int(logits[position].argmax())
+            gap = float(logits[position, expected] - logits[position, chosen])
+            assert gap < near_tie, (text, position, chosen, expected, gap)
+            agreed += chosen == expected
+    assert agreed >= 20  # of 24: ties are rare, so the check cannot pass on ties alone
 
 
 def test_stop_string_cuts_text_and_reports_it(smollm2) -> None:

@@ -152,32 +152,39 @@ def test_streamed_outputs_follow_the_schema(client) -> None:
 
 
 def test_objects_are_closed_unless_strict_is_false(client) -> None:
+    named = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"],
+    }
+
     def sampled(strict: bool | None) -> list[str]:
         completion = client.chat.completions.create(
             model="smollm2",
-            messages=ask("Introduce a neighbour of mine."),
-            response_format=json_schema_format(PERSON, "person", strict=strict),
+            messages=ask("Introduce a neighbour of mine: name, age and job."),
+            response_format=json_schema_format(named, "person", strict=strict),
             n=4,
             temperature=1.0,
             seed=21,
             max_tokens=150,
         )
-        assert all(c.finish_reason == "stop" for c in completion.choices)
-        return [c.message.content for c in completion.choices]
+        return [c.message.content for c in completion.choices if c.finish_reason == "stop"]
 
-    for text in sampled(strict=None):  # strict left out: closed, as with strict: true
-        follows(text, PERSON)
+    closed = sampled(strict=None)  # strict left out: closed, as with strict: true
+    assert len(closed) == 4  # a closed object with one bounded string always ends
+    for text in closed:
+        follows(text, named)
     opened = [json.loads(text) for text in sampled(strict=False)]
     for document in opened:  # the schema as JSON Schema reads it: other keys are allowed...
-        jsonschema.validate(document, PERSON)
-    assert any(set(d) > set(PERSON["properties"]) for d in opened)  # ...and this model adds some
+        jsonschema.validate(document, named)
+    assert any(set(d) > {"name"} for d in opened)  # ...and asked for more, this model adds some
 
 
 # --- json_object ----------------------------------------------------------------------------
 
 
 def test_json_object_answers_are_json_objects(client) -> None:
-    messages = ask("Reply in JSON: give the name and the population of the capital of France.")
+    messages = ask("Reply in JSON: give the name of the capital of France and its country.")
     greedy = client.chat.completions.create(
         model="smollm2",
         messages=messages,
@@ -317,22 +324,20 @@ def test_a_true_schema_admits_any_json_value(client) -> None:
     def answer(max_tokens: int):
         return client.chat.completions.create(
             model="smollm2",
-            messages=[{"role": "user", "content": "Give me a JSON value."}],
+            messages=ask("Give me the first three prime numbers as a JSON array."),
             max_tokens=max_tokens,
             temperature=0,
+            frequency_penalty=0.5,  # this small model's unconstrained JSON tends to repeat itself
             response_format=json_schema_format(True),
         ).choices[0]
 
-    short, whole = answer(40), answer(400)
+    short, whole = answer(4), answer(200)
     # Given room, the answer is a whole JSON value; cut short, it is the start of that same value
     # (greedy), never other text.
     assert whole.finish_reason == "stop", whole.message.content
     json.loads(whole.message.content)
-    if short.finish_reason == "stop":
-        assert short.message.content == whole.message.content
-    else:
-        assert short.finish_reason == "length" and short.message.content
-        assert whole.message.content.startswith(short.message.content)
+    assert short.finish_reason == "length" and short.message.content
+    assert whole.message.content.startswith(short.message.content)
 
 
 # --- disconnects ----------------------------------------------------------------------------
