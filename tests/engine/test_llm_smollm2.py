@@ -40,7 +40,11 @@ def test_greedy_continuation_matches_teacher_forced_argmax(smollm2) -> None:
     # be within `near_tie`. Teacher forcing reads the generated tokens, so the rest still compares.
     near_tie = 0.1
     agreed = 0
-    for text in ("The first three planets from the sun are", "def add(a, b):", "My favourite fruit is"):
+    for text in (
+        "The first three planets from the sun are",
+        "def add(a, b):",
+        "My favourite fruit is",
+    ):
         prompt = smollm2.tokenize(text)
         out = smollm2.generate(
             [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
