@@ -91,9 +91,10 @@ def make_core(
     num_blocks: int = 64,
     seed: int = 0,
     characters: bool = False,
+    config: ModelConfig | None = None,
     **engine: object,
 ) -> EngineCore:
-    config = tiny_config()
+    config = config or tiny_config()
     settings = {"block_size": 4, "max_model_len": 128, **engine}
     kv_dtype = engine_config(**settings).kv_dtype(torch.float32, torch.device("cpu"))
     block_bytes = kv_bytes_per_token(config, kv_dtype) * int(settings["block_size"])

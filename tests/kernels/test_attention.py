@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rebar.errors import InvalidRequestError
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, pad_block_tables, paged_attention
 from rebar.kernels.backends import (
     ATTENTION_BACKENDS,
@@ -54,6 +55,7 @@ def make_step(
     garbage: float = float("nan"),
     seed: int = 0,
     extra_table_width: int = 2,
+    head_dim: int = HEAD_DIM,
 ) -> Step:
     """Random data for one step; every cache slot outside the sequences' contexts holds `garbage`.
 
@@ -66,7 +68,7 @@ def make_step(
     num_blocks = num_needed + 7
     pool = list(range(1, num_blocks))
     rng.shuffle(pool)
-    shape = (num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key_cache = torch.full(shape, garbage, dtype=dtype)
     value_cache = torch.full(shape, garbage, dtype=dtype)
 
@@ -76,12 +78,12 @@ def make_step(
         seq_slots = [
             table[p // block_size] * block_size + p % block_size for p in range(context_len)
         ]
-        keys = torch.randn(context_len, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
-        values = torch.randn(context_len, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
+        keys = torch.randn(context_len, num_kv_heads, head_dim, generator=gen).to(dtype)
+        values = torch.randn(context_len, num_kv_heads, head_dim, generator=gen).to(dtype)
         num_cached = context_len - query_len
         cached = torch.tensor(seq_slots[:num_cached], dtype=torch.long)
-        key_cache.view(-1, num_kv_heads, HEAD_DIM)[cached] = keys[:num_cached]
-        value_cache.view(-1, num_kv_heads, HEAD_DIM)[cached] = values[:num_cached]
+        key_cache.view(-1, num_kv_heads, head_dim)[cached] = keys[:num_cached]
+        value_cache.view(-1, num_kv_heads, head_dim)[cached] = values[:num_cached]
         tables.append(table)
         slots.extend(seq_slots[num_cached:])
         new_k.append(keys[num_cached:])
@@ -101,8 +103,8 @@ def make_step(
         slot_mapping=torch.tensor(slots, dtype=torch.long),
         block_tables=block_tables,
     )
-    q = torch.randn(num_tokens, num_heads, HEAD_DIM, generator=gen).to(dtype)
-    empty = torch.empty(0, num_kv_heads, HEAD_DIM, dtype=dtype)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
+    empty = torch.empty(0, num_kv_heads, head_dim, dtype=dtype)
     return Step(
         q,
         torch.cat([empty, *new_k]),
@@ -282,6 +284,62 @@ def test_new_keys_and_values_are_written_to_their_slots_only(backend: str) -> No
         positions = torch.arange(context_len)
         context_slots = table[positions // 5] * 5 + positions % 5
         assert torch.equal(flat_keys[context_slots], keys)
+
+
+# ----- the Q8_0 cache --------------------------------------------------------------------------
+
+
+def q8_0_step(specs: list[tuple[int, int]], garbage: float = float("nan"), seed: int = 0) -> Step:
+    """A step (head_dim 32) whose cache holds Q8_0 rows, and whose dense reference reads every key
+    and value, this step's new ones too, rounded through Q8_0 as a backend must. Garbage rows get
+    a NaN or infinite scale, so reading one poisons the output."""
+    step = make_step(specs, 8, 2, 5, garbage=garbage, seed=seed, head_dim=32)
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        return kv_quant.dequantize(kv_quant.quantize(x), x.dtype)
+
+    step.key_cache = kv_quant.quantize(step.key_cache)
+    step.value_cache = kv_quant.quantize(step.value_cache)
+    step.dense_keys = [rounded(keys) for keys in step.dense_keys]
+    step.dense_values = [rounded(values) for values in step.dense_values]
+    return step
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_q8_0_cache_matches_dense_reference(
+    backend: str, batch: str, garbage: str, sliding_window: int | None
+) -> None:
+    step = q8_0_step(BATCHES[batch](5), GARBAGE[garbage], seed=2)
+    out = run_backend(backend, step, sliding_window)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    expected = dense_attention(step, SCALE, sliding_window)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_q8_0_rounding_is_visible_in_the_reference() -> None:
+    """The rounding the test above expects is real: the unrounded reference is further away."""
+    step = make_step(mixed_specs(5), 8, 2, 5, seed=2, head_dim=32)
+    exact = dense_attention(step, SCALE, None)
+    rounded = dense_attention(q8_0_step(mixed_specs(5), seed=2), SCALE, None)
+    assert (exact - rounded).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q8_0_writes_are_the_quantized_rows_at_their_slots_only(backend: str) -> None:
+    step = q8_0_step(mixed_specs(5), garbage=7.0)
+    keys_before, values_before = step.key_cache.clone(), step.value_cache.clone()
+    run_backend(backend, step, None)
+    slots, width = step.meta.slot_mapping, kv_quant.row_bytes(32)
+    for cache, before, new in (
+        (step.key_cache, keys_before, step.k),
+        (step.value_cache, values_before, step.v),
+    ):
+        expected = before.view(-1, 2, width).clone()
+        expected[slots] = kv_quant.quantize(new)
+        assert torch.equal(cache.view(-1, 2, width), expected)
 
 
 # ----- the registry ----------------------------------------------------------------------------

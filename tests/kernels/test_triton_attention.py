@@ -18,7 +18,7 @@ import pytest
 import torch
 from interpreted_triton import import_interpreted
 
-from rebar.kernels import backends
+from rebar.kernels import backends, kv_quant
 from rebar.kernels.attention import AttentionMetadata, pad_block_tables, paged_attention, write_kv
 from rebar.kernels.attention_batched import batched_paged_attention
 
@@ -190,6 +190,25 @@ def test_half_precision_caches(kernels: ModuleType, dtype: torch.dtype) -> None:
     # 2^-10.
     atol = 2e-2 if dtype == torch.bfloat16 else 2e-3
     torch.testing.assert_close(out.double(), reference(step, None), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 20])
+@pytest.mark.parametrize("tokens_per_partition", [512, 32])
+def test_q8_0_caches_are_read_in_place(
+    kernels: ModuleType, sliding_window: int | None, tokens_per_partition: int
+) -> None:
+    """Q8_0 rows (a float16 scale and 32 int8 codes per block; NaN scales outside the contexts)
+    read as the torch backend reads them, which tests/kernels/test_attention.py checks against a
+    dense reference."""
+    step = make_step(
+        [(1, n) for n in DECODE_LENS], num_heads=8, num_kv_heads=2, block_size=16, head_dim=64
+    )
+    step.key_cache = kv_quant.quantize(step.key_cache)
+    step.value_cache = kv_quant.quantize(step.value_cache)
+    out = step.run(decode_with_partitions(kernels, tokens_per_partition), sliding_window)
+    expected = step.run(batched_paged_attention, sliding_window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
 
 def test_new_keys_and_values_land_in_the_cache(kernels: ModuleType) -> None:

@@ -10,6 +10,7 @@ from tests.kernels.cpu_quant_helpers import require_kernels
 from tests.tiny_engine import tiny_config, tiny_model
 
 from markers import need_smollm2
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.kernels.cpu_quant.build import load_extension
 from rebar.model.fused_decode import FusedDecoder, unsupported_reason
@@ -19,6 +20,8 @@ from rebar.weights.qlinear import DequantizedMatmul, KernelChoice
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
+Q8_0 = kv_quant.STORAGE_DTYPE  # a KV cache of Q8_0 rows (head_dim a multiple of 32)
+CACHE_DTYPES = [torch.float32, torch.float16, Q8_0]
 # Linears stored int8 (per output channel) in the mixed model; the rest int4, group 32.
 INT8_LINEARS = ("attn.v_proj", "mlp.down_proj")
 
@@ -107,6 +110,18 @@ def decode_both(
     return expected, got, cache, fused_cache, meta.slot_mapping
 
 
+def cache_shape(cache_dtype: torch.dtype, num_heads: int = 4) -> dict:
+    """Model shape overrides for a cache of `cache_dtype`: Q8_0 rows need head_dim 32."""
+    return {"head_dim": 32, "hidden_size": 32 * num_heads} if cache_dtype == Q8_0 else {}
+
+
+def path_tolerance(cache_dtype: torch.dtype) -> float:
+    """How far the two paths may part. Both round the same float32 K/V (up to round-off) to the
+    same stored values, except where that round-off straddles a rounding boundary: 2^-11 relative
+    for float16; one code step (a 127th of the block's largest value) for Q8_0."""
+    return {torch.float32: 1e-5, torch.float16: 1e-3}.get(cache_dtype, 1e-2)
+
+
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm()).item()
 
@@ -127,14 +142,14 @@ def silence(model: torch.nn.Module, path: str) -> None:
 # stack by its accuracy against float math.
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize("prompt_lens", [[5], [5, 11, 18], [3, 1, 21]])
 @pytest.mark.parametrize("half", ["attention", "mlp"])
 def test_each_half_layer_matches_the_model(
     half: str, prompt_lens: list[int], num_threads: int, cache_dtype: torch.dtype
 ) -> None:
-    model = quantized_model(num_layers=1)
+    model = quantized_model(num_layers=1, **cache_shape(cache_dtype))
     silence(model, "mlp.down_proj" if half == "attention" else "attn.o_proj")
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
@@ -144,9 +159,7 @@ def test_each_half_layer_matches_the_model(
         )
     finally:
         torch.set_num_threads(previous)
-    # float16 storage: both paths round the same float32 K/V (up to round-off) to the same halves,
-    # except where that round-off straddles a half's rounding boundary (2^-11 relative).
-    tolerance = 1e-5 if cache_dtype == torch.float32 else 1e-3
+    tolerance = path_tolerance(cache_dtype)
     assert relative_error(got, expected) < tolerance
     # This step's K/V landed in the same slots with the same values, and nothing else changed.
     for mine, theirs in (
@@ -155,7 +168,8 @@ def test_each_half_layer_matches_the_model(
     ):
         mine, theirs = mine.view(-1, *mine.shape[2:]), theirs.view(-1, *theirs.shape[2:])
         assert mine.dtype == cache_dtype
-        assert relative_error(mine[slots].float(), theirs[slots].float()) < tolerance
+        written = [kv_quant.from_storage(t[slots], torch.float32) for t in (mine, theirs)]
+        assert relative_error(*written) < tolerance
         untouched = torch.ones(mine.shape[0], dtype=torch.bool)
         untouched[slots] = False
         assert torch.equal(mine[untouched], theirs[untouched])
@@ -175,19 +189,18 @@ def test_half_layers_with_biases_and_a_sliding_window(half: str) -> None:
     assert relative_error(got, expected) < 1e-5
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (6, 1), (8, 2)])
 def test_attention_for_other_head_groupings(
     num_heads: int, num_kv_heads: int, cache_dtype: torch.dtype
 ) -> None:
     """Query heads per KV head from 1 to 6 (the attention takes up to four heads of a group at once;
     six needs two passes), contexts longer and shorter than its eight-key blocks."""
-    model = quantized_model(
-        num_layers=1, hidden_size=16 * num_heads, num_heads=num_heads, num_kv_heads=num_kv_heads
-    )
+    shape = {"hidden_size": 16 * num_heads, **cache_shape(cache_dtype, num_heads)}
+    model = quantized_model(num_layers=1, num_heads=num_heads, num_kv_heads=num_kv_heads, **shape)
     silence(model, "mlp.down_proj")
     expected, got, *_ = decode_both(model, [2, 9, 21], cache_dtype=cache_dtype)
-    assert relative_error(got, expected) < (1e-5 if cache_dtype == torch.float32 else 1e-3)
+    assert relative_error(got, expected) < path_tolerance(cache_dtype)
 
 
 def float_reference(model: torch.nn.Module) -> torch.nn.Module:
@@ -230,19 +243,19 @@ def shuffled_tables(prompt_lens: list[int], seed: int = 0) -> list[list[int]]:
     return tables
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(
     ("prompt_lens", "window"), [([300, 5, 600], None), ([256, 257, 1100], None), ([700, 40], 300)]
 )
 def test_long_contexts_split_over_threads_match_the_model(prompt_lens, window, cache_dtype) -> None:
     """Contexts over 256 positions are attended in pieces that are merged afterwards (exactly 256
     and 257 straddle the split; a window longer than a piece splits the window, not the context)."""
-    model = quantized_model(num_layers=1, sliding_window=window)
+    model = quantized_model(num_layers=1, sliding_window=window, **cache_shape(cache_dtype))
     silence(model, "mlp.down_proj")
     expected, got, *_ = decode_both(
         model, prompt_lens, cache_dtype=cache_dtype, tables=shuffled_tables(prompt_lens)
     )
-    assert relative_error(got, expected) < (1e-5 if cache_dtype == torch.float32 else 1e-3)
+    assert relative_error(got, expected) < path_tolerance(cache_dtype)
 
 
 def test_float16_cache_costs_little_accuracy() -> None:
@@ -257,6 +270,17 @@ def test_float16_cache_costs_little_accuracy() -> None:
         assert narrow_error < 1.5 * wide_error + 0.01, (seed, wide_error, narrow_error)
 
 
+def test_q8_0_cache_costs_little_accuracy() -> None:
+    """The whole stack over a Q8_0 cache stays about as close to float math as over a float16 one."""
+    for seed in range(3):
+        model = quantized_model(num_layers=3, **cache_shape(Q8_0))
+        _, half, *_ = decode_both(model, [5, 11, 18], seed=seed, cache_dtype=torch.float16)
+        _, eight_bit, *_ = decode_both(model, [5, 11, 18], seed=seed, cache_dtype=Q8_0)
+        truth, *_ = decode_both(float_reference(model), [5, 11, 18], seed=seed, fused=False)
+        half_error, eight_bit_error = relative_error(half, truth), relative_error(eight_bit, truth)
+        assert eight_bit_error < 1.5 * half_error + 0.02, (seed, half_error, eight_bit_error)
+
+
 def test_unsupported_models_say_why() -> None:
     float_model = tiny_model(tiny_config())
     assert "not quantized" in unsupported_reason(float_model, new_cache(float_model))
@@ -267,6 +291,8 @@ def test_unsupported_models_say_why() -> None:
     odd_heads = quantized_model(num_heads=8, head_dim=12, hidden_size=64)
     assert "multiple of 8" in unsupported_reason(odd_heads, new_cache(odd_heads))
     assert FusedDecoder.build(float_model, new_cache(float_model)).decoder is None
+    with pytest.raises(ValueError, match="head_dim 16 is not a multiple of 32"):
+        KVCache(c.num_layers, 4, BLOCK_SIZE, c.num_kv_heads, c.head_dim, Q8_0)
 
 
 def test_row_limit_is_what_the_model_paths_kernels_serve() -> None:

@@ -14,7 +14,7 @@ from pydantic import Field
 from rebar.config.base import Section, Unsettable
 from rebar.dtypes import DtypeName
 
-KvCacheDtype = Literal["auto", DtypeName]
+KvCacheDtype = Literal["auto", DtypeName, "q8_0"]
 # Settings of the process that runs an engine, not of the engine itself.
 PROCESS_FIELDS = frozenset({"num_threads", "separate_process"})
 
@@ -65,7 +65,9 @@ class EngineSettings(Section):
     kv_cache_dtype: KvCacheDtype = Field(
         "auto",
         description="How K/V are stored: auto (float16 for a float32 model on the CPU, as "
-        "llama.cpp's default; else the model's dtype) or a dtype; float16 holds twice the tokens.",
+        "llama.cpp's default; else the model's dtype), a dtype, or q8_0 (8-bit blocks of 32 with "
+        "a float16 scale, llama.cpp's -ctk/-ctv q8_0; head_dim a multiple of 32); float16 holds "
+        "twice the tokens of float32, q8_0 1.9 times float16's (docs/kernels.md).",
     )
     # On: `rebar bench spec` measured no workload more than 3% slower with it (docs/speculative.md).
     speculative: bool = Field(

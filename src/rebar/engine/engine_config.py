@@ -55,15 +55,20 @@ class EngineConfig:
     enable_prefix_caching: bool
     attention_backend: str | None  # None: the best one for the device
     fused_decode: bool
-    kv_cache_dtype: str  # "auto" or one of DTYPE_NAMES
+    kv_cache_dtype: str  # "auto", one of DTYPE_NAMES, or "q8_0" (rebar.kernels.kv_quant)
     speculative: bool  # draft tokens and check them in one pass (docs/speculative.md)
     draft_model: str | None  # None: drafts come from n-gram lookup
     max_draft_tokens: int
 
     def kv_dtype(self, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-        """The KV cache's storage dtype for a model running in `model_dtype` on `device`."""
+        """The KV cache's storage dtype for a model running in `model_dtype` on `device` (uint8:
+        Q8_0 rows, `rebar.kernels.kv_quant`)."""
         import torch
 
+        from rebar.kernels import kv_quant
+
+        if self.kv_cache_dtype == kv_quant.NAME:
+            return kv_quant.STORAGE_DTYPE
         if self.kv_cache_dtype != "auto":
             return torch_dtype(self.kv_cache_dtype)
         return (
@@ -72,7 +77,11 @@ class EngineConfig:
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
+    from rebar.kernels import kv_quant
+
+    return (
+        2 * config.num_layers * config.num_kv_heads * kv_quant.bytes_per_row(config.head_dim, dtype)
+    )
 
 
 def available_memory(device: torch.device) -> int:

@@ -152,7 +152,7 @@ class ModelRunner:
             self.block_size,
             c.num_kv_heads,
             c.head_dim,
-            self.kv_cache.keys[0].dtype,
+            self.kv_cache.dtype,
             self.device,
         )
         item = ScheduledRequest(

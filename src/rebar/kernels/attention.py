@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from rebar.kernels import kv_quant
+
 
 @dataclass(frozen=True)
 class DecodeSlots:
@@ -65,7 +67,7 @@ def pad_block_tables(tables: list[list[int]], device: torch.device | str = "cpu"
 
 class KVCache:
     """Preallocated K and V blocks for every layer: [num_blocks, block_size, num_kv_heads,
-    head_dim]."""
+    head_dim] of a float dtype, or of Q8_0 rows when `dtype` is uint8 (`rebar.kernels.kv_quant`)."""
 
     def __init__(
         self,
@@ -77,9 +79,13 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        reason = kv_quant.unsupported_head_dim(head_dim) if kv_quant.is_quantized(dtype) else ""
+        if reason:
+            raise ValueError(f"a {kv_quant.NAME} KV cache cannot hold this model's rows: {reason}")
+        shape = (num_blocks, block_size, num_kv_heads, kv_quant.row_width(head_dim, dtype))
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.dtype = dtype
         # Uninitialised on purpose: attention only ever reads slots this sequence has written
         # (padding points at its own tokens and is masked), so zero-filling gigabytes at start buys
         # nothing.
@@ -99,24 +105,28 @@ def write_kv(
     slots: torch.Tensor,
 ) -> None:
     """Store this step's K/V ([num_tokens, num_kv_heads, head_dim]) at their slots, in the cache's
-    dtype."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k.to(key_cache.dtype))
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v.to(value_cache.dtype))
+    storage."""
+    for cache, x in ((key_cache, k), (value_cache, v)):
+        rows = cache.view(-1, cache.shape[2], cache.shape[3])
+        rows.index_copy_(0, slots, kv_quant.to_storage(x, cache.dtype))
 
 
 def as_stored(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-    """x as attention reads it back from `cache`: rounded through the cache's dtype when that is
+    """x as attention reads it back from `cache`: rounded through the cache's storage when that is
     narrower. A fresh prompt attends over its own K/V without a cache read, and must see what a
     later chunk or decode step will, or its output would depend on how it was chunked."""
-    return x if x.dtype == cache.dtype else x.to(cache.dtype).to(x.dtype)
+    if x.dtype == cache.dtype:
+        return x
+    return kv_quant.from_storage(kv_quant.to_storage(x, cache.dtype), x.dtype)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    # [num_blocks_used, block_size, h, d] -> [length, h, d]
+def _gather(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, dtype: torch.dtype
+) -> torch.Tensor:
+    # [num_blocks_used, block_size, h, row] -> [length, h, d] in `dtype`
     num_blocks = -(-length // cache.shape[1])
     blocks = cache.index_select(0, block_table[:num_blocks])
-    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+    return kv_quant.from_storage(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], dtype)
 
 
 def _causal_mask(
@@ -152,8 +162,8 @@ def paged_attention(
         if context_len == query_len:  # nothing cached before: attend over this step's own K/V
             keys, values = as_stored(k[start:end], key_cache), as_stored(v[start:end], value_cache)
         else:
-            keys = _gather(key_cache, block_table, context_len).to(q.dtype)
-            values = _gather(value_cache, block_table, context_len).to(q.dtype)
+            keys = _gather(key_cache, block_table, context_len, q.dtype)
+            values = _gather(value_cache, block_table, context_len, q.dtype)
         mask = None
         if query_len > 1 or (sliding_window is not None and context_len > sliding_window):
             mask = _causal_mask(query_len, context_len, sliding_window, q.device)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, DecodeSlots, as_stored, write_kv
 
 
@@ -110,28 +111,27 @@ def _context_slots(
 
 
 def _gather_kv(
-    key_cache: torch.Tensor,  # [num_blocks, block_size, h, d]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, h, row]
     value_cache: torch.Tensor,
     slots: torch.Tensor,  # [*shape] int64
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # keys, values: [*shape, h, d] in `dtype`
-    """Copy the keys and values at `slots` out of the cache.
+    """Copy the keys and values at `slots` out of the cache, as values in `dtype`.
 
     Both land in one allocation: with two separate multi-megabyte buffers freed after every layer,
     glibc's malloc was seen returning the memory to the OS and page-faulting it back in on the
     next call (a 15x slower gather in a decode micro-benchmark). `index_select` is a plain row
     copy, about 5x faster on CPU than advanced indexing.
     """
-    num_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    num_heads, width = key_cache.shape[2], key_cache.shape[3]
     index = slots.reshape(-1)
     out = torch.empty(
-        2, index.numel(), num_heads, head_dim, dtype=key_cache.dtype, device=key_cache.device
+        2, index.numel(), num_heads, width, dtype=key_cache.dtype, device=key_cache.device
     )
-    torch.index_select(key_cache.view(-1, num_heads, head_dim), 0, index, out=out[0])
-    torch.index_select(value_cache.view(-1, num_heads, head_dim), 0, index, out=out[1])
-    out = out.view(2, *slots.shape, num_heads, head_dim).to(
-        dtype
-    )  # a float16 cache computes in q's dtype
+    torch.index_select(key_cache.view(-1, num_heads, width), 0, index, out=out[0])
+    torch.index_select(value_cache.view(-1, num_heads, width), 0, index, out=out[1])
+    # a float16 or Q8_0 cache computes in q's dtype
+    out = kv_quant.from_storage(out.view(2, *slots.shape, num_heads, width), dtype)
     return out[0], out[1]
 
 

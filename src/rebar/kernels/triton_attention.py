@@ -15,6 +15,9 @@ Splitting the context keeps the GPU busy when there are few sequences with long 
 Loads outside a sequence's context are masked, so free blocks, block-table padding and the tail
 of a partly filled block are never read (they may hold NaN).
 
+A Q8_0 cache (`rebar.kernels.kv_quant`, a uint8 tensor of 34-byte blocks) is read in place: each
+block's float16 scale times its int8 codes.
+
 Steps with any query longer than one token (prefill, chunked prefill) go to the torch backend
 `batched_paged_attention` unchanged.
 """
@@ -27,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, write_kv
 from rebar.kernels.attention_batched import batched_paged_attention
 
@@ -73,6 +77,7 @@ def paged_decode_attention(
     """Attention of each sequence's last token over its cached context (already written)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    assert key_cache.shape[3] == kv_quant.row_width(head_dim, key_cache.dtype)
     assert num_heads % num_kv_heads == 0, "query heads must be a multiple of kv heads"
     assert len(context_lens) == num_seqs and min(context_lens) >= 1
     group_size = num_heads // num_kv_heads
@@ -109,6 +114,7 @@ def paged_decode_attention(
         PADDED_HEAD_DIM=triton.next_power_of_2(head_dim),
         GROUP_SIZE=group_size,
         PADDED_GROUP_SIZE=triton.next_power_of_2(group_size),
+        Q8_0=kv_quant.is_quantized(key_cache.dtype),
     )  # fmt: skip
     if not single:
         _combine_partitions_kernel[(num_seqs, num_heads)](
@@ -146,6 +152,7 @@ def _decode_partition_kernel(
     PADDED_HEAD_DIM: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     PADDED_GROUP_SIZE: tl.constexpr,
+    Q8_0: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -187,11 +194,11 @@ def _decode_partition_kernel(
         visible = (slots < BLOCK_SIZE) & (positions < context_len) & (positions >= first_key)
         kv_mask = visible[:, None] & dim_mask[None, :]
 
-        k_ptrs = (
+        k_rows = (
             key_cache_ptr + physical_block * stride_k_block + slots[:, None] * stride_k_slot
-            + kv_head * stride_k_head + dims[None, :] * stride_k_dim
+            + kv_head * stride_k_head
         )  # fmt: skip
-        keys = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(tl.float32)  # [slot, dim]
+        keys = _load_rows(k_rows, dims[None, :], stride_k_dim, kv_mask, Q8_0)  # [slot, dim]
         scores = tl.sum(q[:, None, :] * keys[None, :, :], axis=2)  # [group, slot]
         scores = tl.where(visible[None, :], scores, float("-inf"))
 
@@ -200,11 +207,11 @@ def _decode_partition_kernel(
         weights = tl.exp(scores - new_max[:, None])
         running_sum = running_sum * rescale + tl.sum(weights, axis=1)
 
-        v_ptrs = (
+        v_rows = (
             value_cache_ptr + physical_block * stride_v_block + slots[:, None] * stride_v_slot
-            + kv_head * stride_v_head + dims[None, :] * stride_v_dim
+            + kv_head * stride_v_head
         )  # fmt: skip
-        values = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(tl.float32)  # [slot, dim]
+        values = _load_rows(v_rows, dims[None, :], stride_v_dim, kv_mask, Q8_0)  # [slot, dim]
         acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * values[None, :, :], axis=1)
         running_max = new_max
 
@@ -226,6 +233,17 @@ def _decode_partition_kernel(
         tl.store(
             partial_out_ptr + stat_index[:, None] * HEAD_DIM + dims[None, :], acc, mask=out_mask
         )
+
+
+@triton.jit
+def _load_rows(rows, dims, stride_dim, mask, Q8_0: tl.constexpr):
+    """Values [slot, dim] in float32 of the cache rows starting at `rows` ([slot, 1] pointers)."""
+    if Q8_0:  # 34-byte blocks: a float16 scale, then 32 int8 codes
+        block = rows + (dims // 32) * 34
+        codes = tl.load(block + 2 + dims % 32, mask=mask, other=0).to(tl.int8, bitcast=True)
+        scales = tl.load(block.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0)
+        return codes.to(tl.float32) * scales.to(tl.float32)
+    return tl.load(rows + dims * stride_dim, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit

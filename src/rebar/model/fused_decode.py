@@ -4,9 +4,9 @@ A decode step of a small model is thousands of tiny operations around seven matm
 Python each costs microseconds of dispatch, several times the arithmetic. `FusedDecoder` hands the
 whole layer stack of a pure-decode step (every sequence adds one token) to the compiled kernels
 (`csrc/decoder.cpp`): the same int8-activation quantized matmuls QuantLinear runs (every GGUF
-block type), with norms, RoPE, the KV-cache write and paged attention in between (over a float32 or
-float16 cache), on rebar's worker pool; the family's variations too (q/k norms, Gemma 3's sandwich
-norms, GeGLU, per-layer sliding windows and RoPE tables). The embedding lookup, the final norm and
+block type), with norms, RoPE, the KV-cache write and paged attention in between (over a
+float32, float16 or Q8_0 cache), on rebar's worker pool; the family's variations too (q/k norms,
+Gemma 3's sandwich norms, GeGLU, per-layer sliding windows and RoPE tables). The embedding lookup, the final norm and
 the logits stay in the model's own Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.model.llama import LlamaModel
 from rebar.weights.qlinear import NativeOperands, QuantLinear
@@ -138,12 +139,12 @@ def unsupported_reason(model: torch.nn.Module, kv_cache: KVCache) -> str:
     if type(model) is not LlamaModel:
         return f"{type(model).__name__} is not a Llama-family decoder"
     if (
-        kv_cache.keys[0].dtype not in (torch.float32, torch.float16)
+        kv_cache.dtype not in (torch.float32, torch.float16, kv_quant.STORAGE_DTYPE)
         or kv_cache.keys[0].device.type != "cpu"
     ):
         return (
-            f"the KV cache is {kv_cache.keys[0].dtype} on "
-            f"{kv_cache.keys[0].device}, not float32 or float16 on the CPU"
+            f"the KV cache is {kv_cache.dtype} on "
+            f"{kv_cache.keys[0].device}, not float32, float16 or {kv_quant.NAME} on the CPU"
         )
     if model.config.head_dim % 8:
         return (

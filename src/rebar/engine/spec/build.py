@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.runner import ModelRunner
 from rebar.engine.spec.calibration import measure_step_cost
@@ -51,13 +49,12 @@ def build_speculator(
 
 def draft_kv_cache(draft: DraftModel, kv_cache: KVCache) -> KVCache:
     """The draft model's KV cache: as many blocks as the engine's, of the same size and dtype."""
-    dtype: torch.dtype = kv_cache.keys[0].dtype
     return KVCache(
         draft.config.num_layers,
         kv_cache.num_blocks,
         kv_cache.block_size,
         draft.config.num_kv_heads,
         draft.config.head_dim,
-        dtype,
+        kv_cache.dtype,
         kv_cache.keys[0].device,
     )

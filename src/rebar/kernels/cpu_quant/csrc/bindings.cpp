@@ -323,7 +323,7 @@ class FusedDecoder {
                           sliding_window >= 0 && (activation == 0 || activation == 1),
                       "invalid decoder shape");
     shape_ = {hidden, num_heads, num_kv_heads, head_dim, intermediate, 0, 0,
-              static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window, false,
+              static_cast<float>(norm_eps), static_cast<float>(attn_scale), sliding_window, CacheKind::kFloat32,
               static_cast<Activation>(activation)};
   }
 
@@ -336,22 +336,29 @@ class FusedDecoder {
     const DecoderShape& s = shape_;
     check_float_vector(input_norm, s.hidden, "input_norm");
     check_float_vector(post_attn_norm, s.hidden, "post_attn_norm");
+    // A uint8 cache holds Q8_0 rows: head_dim / 32 blocks of 34 bytes (rebar.kernels.kv_quant).
+    const bool q8 = key_cache.scalar_type() == at::kByte;
+    const int64_t row = q8 ? s.head_dim / 32 * 34 : s.head_dim;
+    TORCH_CHECK_VALUE(!q8 || s.head_dim % 32 == 0, "a Q8_0 KV cache needs head_dim a multiple of 32, got ",
+                      s.head_dim);
     for (const at::Tensor* cache : {&key_cache, &value_cache}) {
       const at::ScalarType type = cache->scalar_type();
-      TORCH_CHECK_VALUE((type == at::kFloat || type == at::kHalf) && cache->device().is_cpu() && cache->dim() == 4 &&
-                            cache->is_contiguous() && cache->size(2) == s.num_kv_heads && cache->size(3) == s.head_dim,
-                        "KV caches must be contiguous float32 or float16 [blocks, block_size, ", s.num_kv_heads,
-                        ", ", s.head_dim, "], got ", type, " ", cache->sizes());
+      TORCH_CHECK_VALUE((type == at::kFloat || type == at::kHalf || type == at::kByte) && cache->device().is_cpu() &&
+                            cache->dim() == 4 && cache->is_contiguous() && cache->size(2) == s.num_kv_heads &&
+                            cache->size(3) == row,
+                        "KV caches must be contiguous float32, float16 or Q8_0 (uint8) [blocks, block_size, ",
+                        s.num_kv_heads, ", ", row, "], got ", type, " ", cache->sizes());
     }
     TORCH_CHECK_VALUE(key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
                       "key and value caches differ in shape or dtype");
-    const bool half = key_cache.scalar_type() == at::kHalf;
+    const CacheKind kind = q8 ? CacheKind::kQ8_0
+                              : (key_cache.scalar_type() == at::kHalf ? CacheKind::kFloat16 : CacheKind::kFloat32);
     if (layers_.empty()) {
       shape_.num_blocks = key_cache.size(0);
       shape_.block_size = key_cache.size(1);
-      shape_.half_cache = half;
+      shape_.cache = kind;
     }
-    TORCH_CHECK_VALUE(key_cache.size(0) == s.num_blocks && key_cache.size(1) == s.block_size && half == s.half_cache,
+    TORCH_CHECK_VALUE(key_cache.size(0) == s.num_blocks && key_cache.size(1) == s.block_size && kind == s.cache,
                       "every layer's KV cache must have the same blocks and dtype");
     TORCH_CHECK_VALUE(linears.size() == 7, "expected the 7 linears q, k, v, o, gate, up, down");
     const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;

@@ -161,11 +161,33 @@ struct Scratch {
   }
 };
 
-// KV-cache storage: float32, or float16 (uint16_t bits) converted with F16C on the way in and out.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// KV-cache storage: float32, float16 (uint16_t bits, converted with F16C on the way in and out) or
+// Q8_0 blocks (rebar.kernels.kv_quant: a float16 scale d, then 32 int8 codes; value = code * d).
+// A head's row is head_dim / kValuesPer<T> units of T; load8(row, i) widens values i..i+7 of a row
+// (i a multiple of 8) to float32.
+struct __attribute__((packed)) Q8Block {
+  uint16_t d;
+  int8_t codes[32];
+};
+static_assert(sizeof(Q8Block) == 34, "Q8_0 blocks are 34 bytes, as llama.cpp's");
 
-// Stores n values (a multiple of 8) at dst, rounding to nearest-even for float16 as torch does.
+template <typename T>
+constexpr int64_t kValuesPer = 1;
+template <>
+constexpr int64_t kValuesPer<Q8Block> = 32;
+
+inline __m256 load8(const float* row, int64_t i) { return _mm256_loadu_ps(row + i); }
+inline __m256 load8(const uint16_t* row, int64_t i) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+}
+inline __m256 load8(const Q8Block* row, int64_t i) {
+  const Q8Block& block = row[i / 32];
+  const __m256i codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block.codes + i % 32)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(codes), _mm256_set1_ps(_cvtsh_ss(block.d)));
+}
+
+// Stores n values (a multiple of 8; of 32 for Q8_0) at dst, rounding to nearest-even for float16 as
+// torch does.
 inline void store_cache_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, sizeof(float) * n); }
 inline void store_cache_row(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; i += 8) {
@@ -173,12 +195,24 @@ inline void store_cache_row(uint16_t* dst, const float* src, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
+// As kv_quant.quantize (and llama.cpp's x86 quantize_row_q8_0): codes x * (127 / max|x|) rounded half
+// to even, the scale max|x| / 127 stored as float16; the same bytes, so every path reads the same values.
+inline void store_cache_row(Q8Block* dst, const float* src, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* x = src + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
+    dst[b].d = _cvtss_sh(amax / 127, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int j = 0; j < 32; ++j) dst[b].codes[j] = static_cast<int8_t>(std::nearbyint(x[j] * inverse));
+  }
+}
 
 template <typename T>
 void write_kv(const DecoderShape& s, const DecoderLayerRef& layer, int64_t slot, const float* k, const float* v) {
-  const int64_t kv_size = s.num_kv_heads * s.head_dim;
-  store_cache_row(static_cast<T*>(layer.key_cache) + slot * kv_size, k, kv_size);
-  store_cache_row(static_cast<T*>(layer.value_cache) + slot * kv_size, v, kv_size);
+  const int64_t kv_size = s.num_kv_heads * s.head_dim, units = kv_size / kValuesPer<T>;
+  store_cache_row(static_cast<T*>(layer.key_cache) + slot * units, k, kv_size);
+  store_cache_row(static_cast<T*>(layer.value_cache) + slot * units, v, kv_size);
 }
 
 // Walks a row's cache slots for positions start, start + 1, ... without a division per position.
@@ -243,7 +277,7 @@ inline void score_keys(const T* const keys[8], const float* queries, int64_t hea
     __m256 q[H];
     for (int h = 0; h < H; ++h) q[h] = _mm256_loadu_ps(queries + h * head_dim + i);
     for (int j = 0; j < 8; ++j) {
-      const __m256 k = load8(keys[j] + i);
+      const __m256 k = load8(keys[j], i);
       for (int h = 0; h < H; ++h) partial[h][j] = _mm256_fmadd_ps(q[h], k, partial[h][j]);
     }
   }
@@ -283,6 +317,30 @@ constexpr int64_t kValueSlices = 2;  // 16 registers
 #endif
 constexpr int64_t kHeadsAtOnce = 4;
 
+// Values i0 .. i0 + 8S - 1 of a row (i0 a multiple of 8S, 8S dividing 32) as S vectors, to be
+// multiplied by the returned factor: a Q8_0 row's codes and their block's scale, which then
+// multiplies each position's attention weight once instead of every value.
+template <int S>
+inline float load_slices(const float* row, int64_t i0, __m256 out[S]) {
+  for (int s = 0; s < S; ++s) out[s] = load8(row, i0 + 8 * s);
+  return 1.0f;
+}
+template <int S>
+inline float load_slices(const uint16_t* row, int64_t i0, __m256 out[S]) {
+  for (int s = 0; s < S; ++s) out[s] = load8(row, i0 + 8 * s);
+  return 1.0f;
+}
+template <int S>
+inline float load_slices(const Q8Block* row, int64_t i0, __m256 out[S]) {
+  static_assert(32 % (8 * S) == 0, "the slices must lie in one block");
+  const Q8Block& block = row[i0 / 32];
+  for (int s = 0; s < S; ++s) {
+    const int8_t* codes = block.codes + i0 % 32 + 8 * s;
+    out[s] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+  }
+  return _cvtsh_ss(block.d);
+}
+
 template <int H, int S, typename T>
 inline void weighted_value_slices(const T* value_cache, const int64_t* offsets, int64_t count, int64_t i0,
                                   const float* const p[], float* const out[]) {
@@ -291,11 +349,10 @@ inline void weighted_value_slices(const T* value_cache, const int64_t* offsets, 
     for (int s = 0; s < S; ++s) acc[h][s] = _mm256_setzero_ps();
   }
   for (int64_t t = 0; t < count; ++t) {
-    const T* v = value_cache + offsets[t] + i0;
     __m256 values[S];
-    for (int s = 0; s < S; ++s) values[s] = load8(v + 8 * s);
+    const float factor = load_slices<S>(value_cache + offsets[t], i0, values);
     for (int h = 0; h < H; ++h) {
-      const __m256 weight = _mm256_set1_ps(p[h][t]);
+      const __m256 weight = _mm256_set1_ps(p[h][t] * factor);
       for (int s = 0; s < S; ++s) acc[h][s] = _mm256_fmadd_ps(weight, values[s], acc[h][s]);
     }
   }
@@ -339,15 +396,15 @@ void attend_group(const DecoderShape& s, const DecoderLayerRef& layer, const Dec
   float* scores = scratch.data();
   float* max_scores = scores + group * count;
   int64_t* offsets = offsets_scratch.data();  // of position start + t's head in a layer's cache
-  const int64_t slot_stride = s.num_kv_heads * head_dim;
+  const int64_t row_units = head_dim / kValuesPer<T>, slot_stride = s.num_kv_heads * row_units;
   const T* key_cache = static_cast<const T*>(layer.key_cache);
   const T* value_cache = static_cast<const T*>(layer.value_cache);
   SlotCursor cursor(batch.block_tables + row * batch.table_width, s.block_size, start);
-  for (int64_t t = 0; t < count; ++t, cursor.next()) offsets[t] = cursor.slot() * slot_stride + kv_head * head_dim;
+  for (int64_t t = 0; t < count; ++t, cursor.next()) offsets[t] = cursor.slot() * slot_stride + kv_head * row_units;
 
   const __m256 scale = _mm256_set1_ps(s.attn_scale);
   for (int64_t g = 0; g < group; ++g) max_scores[g] = -std::numeric_limits<float>::infinity();
-  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = row_units * static_cast<int64_t>(sizeof(T));
   fetch_piece_into_l2(key_cache, value_cache, offsets, count, row_bytes);
   for (int64_t t = 0; t < std::min<int64_t>(8, count); ++t) prefetch_row(key_cache + offsets[t], row_bytes);
   for (int64_t t0 = 0; t0 < count; t0 += 8) {
@@ -429,7 +486,7 @@ void combine_pieces(const DecoderShape& s, const Scratch& m, const SplitContext&
 }
 
 // One layer: the element-wise steps on the calling thread, matmuls and attention on the pool. T is the
-// KV cache's storage type (float, or uint16_t for float16).
+// KV cache's storage type (float, uint16_t for float16, or Q8Block).
 template <typename T>
 void run_layer(const DecoderShape& s, const DecoderLayerRef& layer, const DecodeBatch& batch, Scratch& m,
                WorkerPool& pool, int num_threads) {
@@ -525,10 +582,10 @@ void decode_layers(const DecoderShape& shape, const std::vector<DecoderLayerRef>
   Scratch scratch(shape, batch);
   WorkerPool& pool = WorkerPool::shared(num_threads);
   for (const DecoderLayerRef& layer : layers) {
-    if (shape.half_cache) {
-      run_layer<uint16_t>(shape, layer, batch, scratch, pool, num_threads);
-    } else {
-      run_layer<float>(shape, layer, batch, scratch, pool, num_threads);
+    switch (shape.cache) {
+      case CacheKind::kFloat16: run_layer<uint16_t>(shape, layer, batch, scratch, pool, num_threads); break;
+      case CacheKind::kQ8_0: run_layer<Q8Block>(shape, layer, batch, scratch, pool, num_threads); break;
+      default: run_layer<float>(shape, layer, batch, scratch, pool, num_threads); break;
     }
   }
 }

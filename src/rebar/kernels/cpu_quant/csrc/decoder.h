@@ -37,8 +37,8 @@ struct DecoderLayerRef {
   const float* input_norm;      // [hidden]
   const float* post_attn_norm;  // [hidden]: the MLP's input norm
   QuantLinearRef q, k, v, o, gate, up, down;
-  void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim], float32 or float16
-  void* value_cache;  // same shape and dtype
+  void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim] values, in the shape's CacheKind
+  void* value_cache;  // same shape and kind
   const float* q_norm = nullptr;         // [head_dim] or null
   const float* k_norm = nullptr;         // [head_dim] or null
   const float* attn_out_norm = nullptr;  // [hidden] or null
@@ -49,12 +49,16 @@ struct DecoderLayerRef {
 
 enum class Activation : int { kSilu = 0, kGeluTanh = 1 };
 
+// How K/V are stored: float32, float16 (IEEE half, as torch.float16), or Q8_0 blocks of 32 values
+// (rebar.kernels.kv_quant; head_dim a multiple of 32).
+enum class CacheKind : int { kFloat32 = 0, kFloat16 = 1, kQ8_0 = 2 };
+
 struct DecoderShape {
   int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
   int64_t num_blocks, block_size;
   float norm_eps, attn_scale;
   int64_t sliding_window;  // windowed layers see keys with position > query position - window; 0: none
-  bool half_cache;         // K/V stored as float16 (IEEE half, as torch.float16), else float32
+  CacheKind cache;
   Activation activation;
 };
 
