@@ -6,8 +6,8 @@ whole layer stack of a pure-decode step (every sequence adds one token) to the c
 (`csrc/decoder.cpp`): the same int8-activation quantized matmuls QuantLinear runs (every GGUF
 block type), with norms, RoPE, the KV-cache write and paged attention in between (over a
 float32, float16 or Q8_0 cache), on rebar's worker pool; the family's variations too (q/k norms,
-Gemma 3's sandwich norms, GeGLU, per-layer sliding windows and RoPE tables). The embedding lookup, the final norm and
-the logits stay in the model's own Python code.
+Gemma 3's sandwich norms, GeGLU, per-layer sliding windows and RoPE tables). The embedding
+lookup, the final norm and the logits stay in the model's own Python code.
 
 It applies only where it computes the same function as the model: a `LlamaModel` in float32 on the
 CPU whose every layer linear runs on rebar's CPU kernels; `FusedDecoder.build` returns the reason
