@@ -249,6 +249,20 @@ def test_large_decode_batch_matches_dense_reference(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sliding_window", [100, 256, 700])
+def test_long_windowed_prompts_match_dense_reference(backend: str, sliding_window: int) -> None:
+    """Runs of queries longer than the batched backend's block of 256 (a fresh prompt, a chunk
+    after a cached context, each block then reading only the keys its window sees), windows shorter
+    and longer than that block, beside a decode row."""
+    specs = [(600, 600), (300, 900), (1, 400), (257, 257)]
+    step = make_step(specs, 8, 2, 16, seed=9)
+    out = run_backend(backend, step, sliding_window)
+    assert torch.isfinite(out).all()
+    expected = dense_attention(step, SCALE, sliding_window)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_step_without_sequences_gives_an_empty_output(backend: str) -> None:
     step = make_step([], 8, 2, 5)
     assert run_backend(backend, step, None).shape == (0, 8, HEAD_DIM)
