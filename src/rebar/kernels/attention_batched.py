@@ -7,7 +7,11 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
   `scaled_dot_product_attention` call with a key-padding mask (only the last `sliding_window`
   positions are gathered when a window is set);
 - a fresh prompt (nothing cached) attends over its own K/V with `is_causal=True`, no gather;
-- a chunk that continues a cached context gathers that context and uses an explicit causal mask.
+- a chunk that continues a cached context gathers that context; on the CPU, when every query sees
+  the whole context, the cached keys and the chunk's own are attended in two mask-free calls
+  merged through their log-sum-exps, else with an explicit causal mask;
+- under a sliding window, a long run of queries goes 256 at a time, each block over only the keys
+  its window sees.
 
 Padding never reads unused cache memory: every padded key position is redirected to a real token
 of the same sequence (then masked out), because a masked position still multiplies its value by
