@@ -97,12 +97,20 @@ def test_cache_salt_must_be_a_string(tmp_path) -> None:
     assert info.value.param == "cache_salt"
 
 
-def test_preemption_under_a_tiny_pool_still_completes_every_request_correctly(tmp_path) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "q8_0"])
+def test_preemption_under_a_tiny_pool_still_completes_every_request_correctly(
+    tmp_path, kv_cache_dtype
+) -> None:
+    """Preempted requests are recomputed to the same tokens, and every block comes back; with the
+    8-bit cache too (whose rows need head_dim 32)."""
     batch = prompts(10, seed=7)
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    big = make_core(tmp_path, num_blocks=256)
+    shape = {"kv_cache_dtype": kv_cache_dtype}
+    if kv_cache_dtype == "q8_0":
+        shape["config"] = tiny_config(head_dim=32)
+    big = make_core(tmp_path, num_blocks=256, **shape)
     small = make_core(
-        tmp_path, num_blocks=40, enable_prefix_caching=False
+        tmp_path, num_blocks=40, enable_prefix_caching=False, **shape
     )  # 160 slots for ~10 x 50 tokens
     for core in (big, small):
         for i, prompt in enumerate(batch):

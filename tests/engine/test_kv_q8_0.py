@@ -1,7 +1,7 @@
 """The 8-bit KV cache (`[engine] kv_cache_dtype = "q8_0"`) through the engine: how much it holds,
 that a request's tokens do not depend on batching, chunking, prefix hits or preemption, its cost in
 accuracy against the float16 cache, a model it cannot hold, the engine in its own process and the
-real SmolLM2 on the fused decode step."""
+real SmolLM2 on the fused decode step. Preemption with it: tests/engine/test_core.py."""
 
 from __future__ import annotations
 
@@ -67,21 +67,6 @@ def test_holds_1_88_times_float16s_tokens_and_decodes_alike(tmp_path, backend) -
     # percent at most, and they do move them.
     error = (logits["q8_0"] - logits["float16"]).abs().max() / logits["float16"].abs().max()
     assert 0 < error < 5e-2
-
-
-def test_preemption_recomputes_the_same_tokens_and_frees_every_block(tmp_path) -> None:
-    batch = prompts(10, seed=7)
-    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    big = q8_0_core(tmp_path, num_blocks=256)
-    small = q8_0_core(tmp_path, num_blocks=40, enable_prefix_caching=False)
-    for core in (big, small):
-        for i, prompt in enumerate(batch):
-            core.add_request(str(i), prompt, params)
-    expected, got = run_to_completion(big), run_to_completion(small)
-    assert small.stats().num_preemptions > 0
-    for i in range(len(batch)):
-        assert tokens_of(got[(str(i), 0)]) == tokens_of(expected[(str(i), 0)])
-    assert small.stats().num_free_blocks == 40
 
 
 def test_a_model_whose_heads_are_not_whole_blocks_is_refused_by_name(tmp_path) -> None:
