@@ -274,6 +274,8 @@ def _cached_prefix_then_chunk(
     and the chunk's own keys causally. Two flash-attention calls without a mask (the second causal,
     over a square), merged through their log-sum-exps: one call over every key needs an explicit
     [t, context_len] mask, built and applied in full, and scores the masked half of the square."""
+    flash = _FLASH_CPU
+    assert flash is not None, "callers check that this torch has the CPU flash kernel"
     t = q.shape[0]
     slots, _ = _context_slots(
         block_table[None, :],
@@ -287,10 +289,10 @@ def _cached_prefix_then_chunk(
     keys, values = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
     cached = slice(0, context_len - t)
     own = slice(context_len - t, context_len)
-    before, before_lse = _FLASH_CPU(
+    before, before_lse = flash(
         queries, keys[..., cached, :], values[..., cached, :], 0.0, False, scale=scale
     )
-    chunk, chunk_lse = _FLASH_CPU(
+    chunk, chunk_lse = flash(
         queries, keys[..., own, :], values[..., own, :], 0.0, True, scale=scale
     )
     top = torch.maximum(before_lse, chunk_lse)
