@@ -7,9 +7,10 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
   `scaled_dot_product_attention` call with a key-padding mask (only the last `sliding_window`
   positions are gathered when a window is set);
 - a fresh prompt (nothing cached) attends over its own K/V with `is_causal=True`, no gather;
-- a chunk that continues a cached context gathers that context; on the CPU, when every query sees
-  the whole context, the cached keys and the chunk's own are attended in two mask-free calls
-  merged through their log-sum-exps, else with an explicit causal mask;
+- a chunk that continues a cached context gathers that context and uses an explicit causal mask:
+  one call over every key, as a fresh prompt's, so that a prefix-cache hit computes the numbers
+  the whole prompt would (splitting it into cached keys and the chunk's own, merged through
+  log-sum-exps, was faster but not equal to the bit, and changed greedy tokens);
 - under a sliding window, a long run of queries goes 256 at a time, each block over only the keys
   its window sees.
 
@@ -229,12 +230,6 @@ def _chunk_prefill(
     """A chunk continuing a cached context: gather the (windowed) context, explicit causal mask."""
     device = q.device
     first_query = context_len - q.shape[0]
-    if (
-        _FLASH_CPU is not None
-        and device.type == "cpu"
-        and (sliding_window is None or context_len <= sliding_window)
-    ):
-        return _cached_prefix_then_chunk(q, key_cache, value_cache, block_table, context_len, scale)
     key_start = _window_start(first_query, sliding_window)
     key_count = context_len - key_start
     slots, _ = _context_slots(
@@ -255,52 +250,6 @@ def _chunk_prefill(
         sliding_window,
     )
     return _sdpa(q, keys, values, mask, scale)
-
-
-# SDPA's CPU flash-attention kernel, which also returns each query's log-sum-exp of scores; the
-# public call computes the same outputs but keeps that to itself.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _cached_prefix_then_chunk(
-    q: torch.Tensor,  # [t, num_heads, head_dim]: the last t tokens of a context_len-token sequence
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    context_len: int,
-    scale: float,
-) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """A chunk whose queries see the whole context: every one sees all context_len - t cached keys,
-    and the chunk's own keys causally. Two flash-attention calls without a mask (the second causal,
-    over a square), merged through their log-sum-exps: one call over every key needs an explicit
-    [t, context_len] mask, built and applied in full, and scores the masked half of the square."""
-    flash = _FLASH_CPU
-    assert flash is not None, "callers check that this torch has the CPU flash kernel"
-    t = q.shape[0]
-    slots, _ = _context_slots(
-        block_table[None, :],
-        key_cache.shape[1],
-        torch.zeros(1, dtype=torch.long, device=q.device),
-        torch.tensor([context_len], dtype=torch.long, device=q.device),
-        context_len,
-    )
-    keys, values = _gather_kv(key_cache, value_cache, slots[0], q.dtype)  # [s, kv_heads, d]
-    queries = q.transpose(0, 1)[None]  # [1, heads, t, d]
-    keys, values = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
-    cached = slice(0, context_len - t)
-    own = slice(context_len - t, context_len)
-    before, before_lse = flash(
-        queries, keys[..., cached, :], values[..., cached, :], 0.0, False, scale=scale
-    )
-    chunk, chunk_lse = flash(
-        queries, keys[..., own, :], values[..., own, :], 0.0, True, scale=scale
-    )
-    top = torch.maximum(before_lse, chunk_lse)
-    before_weight, chunk_weight = (before_lse - top).exp_(), (chunk_lse - top).exp_()
-    merged = (before * before_weight[..., None] + chunk * chunk_weight[..., None]) / (
-        before_weight + chunk_weight
-    )[..., None]
-    return merged[0].transpose(0, 1).to(q.dtype)
 
 
 # A sliding-window layer attends a long run of queries in blocks of this many, each over only the
