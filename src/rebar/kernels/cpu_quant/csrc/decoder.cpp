@@ -320,13 +320,8 @@ constexpr int64_t kHeadsAtOnce = 4;
 // Values i0 .. i0 + 8S - 1 of a row (i0 a multiple of 8S, 8S dividing 32) as S vectors, to be
 // multiplied by the returned factor: a Q8_0 row's codes and their block's scale, which then
 // multiplies each position's attention weight once instead of every value.
-template <int S>
-inline float load_slices(const float* row, int64_t i0, __m256 out[S]) {
-  for (int s = 0; s < S; ++s) out[s] = load8(row, i0 + 8 * s);
-  return 1.0f;
-}
-template <int S>
-inline float load_slices(const uint16_t* row, int64_t i0, __m256 out[S]) {
+template <int S, typename T>
+inline float load_slices(const T* row, int64_t i0, __m256 out[S]) {  // float32 and float16 rows
   for (int s = 0; s < S; ++s) out[s] = load8(row, i0 + 8 * s);
   return 1.0f;
 }
