@@ -73,7 +73,7 @@ def test_a_model_whose_heads_are_not_whole_blocks_is_refused_by_name(tmp_path) -
     with pytest.raises(InvalidRequestError) as info:
         make_core(tmp_path, kv_cache_dtype="q8_0", kv_cache_memory=2**20)  # head_dim 16
     assert info.value.param == "kv_cache_dtype"
-    assert "head_dim 16 is not a multiple of 32" in str(info.value)
+    assert "multiple of 32 (the Q8_0 block); this model's is 16" in str(info.value)
 
 
 def test_the_engine_process_decodes_as_the_engine_in_process(tmp_path) -> None:

@@ -8,7 +8,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from rebar.errors import InvalidRequestError
 from rebar.kernels import kv_quant
+from rebar.kernels.attention import KVCache
 
 
 def rows(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -72,6 +74,11 @@ def test_storage_helpers_follow_the_dtype() -> None:
 
 
 @pytest.mark.parametrize("head_dim", [16, 40, 100])
-def test_head_dims_that_are_not_whole_blocks_are_named(head_dim: int) -> None:
-    assert f"head_dim {head_dim} is not a multiple of 32" in kv_quant.unsupported_head_dim(head_dim)
-    assert kv_quant.unsupported_head_dim(64) == ""
+def test_head_dims_that_are_not_whole_blocks_are_refused_naming_the_setting(head_dim: int) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        kv_quant.row_bytes(head_dim)
+    assert info.value.param == "kv_cache_dtype"
+    assert f"multiple of 32 (the Q8_0 block); this model's is {head_dim}" in str(info.value)
+    with pytest.raises(InvalidRequestError):  # nor can a cache of such rows be made
+        KVCache(1, 4, 4, 2, head_dim, kv_quant.STORAGE_DTYPE)
+    assert kv_quant.row_bytes(64) == 68

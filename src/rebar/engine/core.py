@@ -36,7 +36,6 @@ from rebar.engine.spec.speculator import DraftCounts, Drafting, SequenceSpeculat
 from rebar.engine.step_execution import execute_isolated
 from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict
 from rebar.errors import InvalidRequestError
-from rebar.kernels import kv_quant
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
@@ -450,17 +449,6 @@ def _kv_cache(
     """The engine's KV cache, sized by `config` (a draft model's own cache shares the budget);
     raises InvalidRequestError when it cannot hold one sequence of `max_model_len` tokens."""
     kv_dtype = config.kv_dtype(dtype, device)
-    if kv_quant.is_quantized(kv_dtype):
-        shapes = [("the model", model_config)] + (
-            [] if draft is None else [("its draft", draft.config)]
-        )
-        for name, shape in shapes:
-            reason = kv_quant.unsupported_head_dim(shape.head_dim)
-            if reason:
-                raise InvalidRequestError(
-                    f"kv_cache_dtype = {kv_quant.NAME!r} cannot hold {name}'s K/V: {reason}",
-                    "kv_cache_dtype",
-                )
     num_blocks = num_kv_blocks(
         config, model_config, kv_dtype, device, None if draft is None else draft.config
     )

@@ -79,9 +79,6 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        reason = kv_quant.unsupported_head_dim(head_dim) if kv_quant.is_quantized(dtype) else ""
-        if reason:
-            raise ValueError(f"a {kv_quant.NAME} KV cache cannot hold this model's rows: {reason}")
         shape = (num_blocks, block_size, num_kv_heads, kv_quant.row_width(head_dim, dtype))
         self.block_size = block_size
         self.num_blocks = num_blocks

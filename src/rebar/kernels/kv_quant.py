@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from rebar.errors import InvalidRequestError
+
 NAME = "q8_0"  # the setting's name (`[engine] kv_cache_dtype`), as llama.cpp's -ctk/-ctv call it
 STORAGE_DTYPE = torch.uint8
 BLOCK = 32
@@ -24,14 +26,15 @@ def is_quantized(dtype: torch.dtype) -> bool:
     return dtype == STORAGE_DTYPE
 
 
-def unsupported_head_dim(head_dim: int) -> str:
-    """Why rows of `head_dim` values cannot be stored as Q8_0 blocks, or "" when they can."""
-    if head_dim % BLOCK:
-        return f"head_dim {head_dim} is not a multiple of {BLOCK}, the Q8_0 block"
-    return ""
-
-
 def row_bytes(head_dim: int) -> int:
+    """Bytes of one head's row as Q8_0 blocks; the one check that the row is whole blocks
+    (InvalidRequestError naming the setting, before any cache is sized or made)."""
+    if head_dim % BLOCK:
+        raise InvalidRequestError(
+            f"kv_cache_dtype = {NAME!r} needs head_dim a multiple of {BLOCK} (the Q8_0 block); "
+            f"this model's is {head_dim}",
+            "kv_cache_dtype",
+        )
     return head_dim // BLOCK * BLOCK_BYTES
 
 
