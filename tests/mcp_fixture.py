@@ -4,7 +4,8 @@ Run it over stdio (`python mcp_fixture.py stdio`) or serve it over streamable HT
 own process (`serve_http`), where the test can read `RUNNING` (the tool calls in progress now).
 
 Tools: `echo` (its text back), `add`, `meet` (returns only once `parties` calls of the same
-`group` are in progress at the same time: a proof that calls overlap, with no clock involved),
+`group` are in progress at the same time: a proof that calls overlap; a call left alone for
+`wait_s` fails, and stops counting as a party before its reply leaves),
 `fail` (raises), `hang` (never returns; counted in `RUNNING` until cancelled).
 """
 
@@ -50,7 +51,7 @@ def add(a: int, b: int) -> int:
 
 
 @server.tool()
-async def meet(group: str, parties: int = 2) -> str:
+async def meet(group: str, parties: int = 2, wait_s: float = MEET_WAIT_S) -> str:
     """Wait until `parties` calls of `group` are in progress together."""
     with _running("meet"):
         event = _groups.setdefault(group, asyncio.Event())
@@ -58,9 +59,9 @@ async def meet(group: str, parties: int = 2) -> str:
         if _arrived[group] >= parties:
             event.set()
         try:
-            await asyncio.wait_for(event.wait(), MEET_WAIT_S)
+            await asyncio.wait_for(event.wait(), wait_s)
         except TimeoutError:
-            raise RuntimeError(f"only {_arrived[group]} of {parties} arrived") from None
+            raise ToolError(f"only {_arrived[group]} of {parties} arrived") from None
         finally:
             if not event.is_set():  # left alone (cancelled or timed out): no longer waiting
                 _arrived[group] -= 1

@@ -155,9 +155,9 @@ def test_calls_of_one_turn_run_at_once_within_their_bounds(
     mcp_url, response_slots, server_slots, meet
 ) -> None:
     """Two `meet` calls each wait for the other: both end well only if they run at the same
-    time; a bound of one call per response or per server makes each time out alone. (Calls that
-    can never meet end by their time limit, so it is short there; where they can meet it only
-    bounds a failure.)"""
+    time; a bound of one call per response or per server makes each wait alone and fail. (A lone
+    party leaves on the tool server's own short limit, before its reply goes back, so the next
+    call cannot meet a party whose client has already given up on it.)"""
     import asyncio
 
     from opentelemetry.sdk.trace import TracerProvider
@@ -174,13 +174,13 @@ def test_calls_of_one_turn_run_at_once_within_their_bounds(
         tracer = TracerProvider().get_tracer("test")
         loop = ToolLoop(
             servers,
-            FlowLimits(call_timeout_s=10.0 if meet else 0.5),
+            FlowLimits(call_timeout_s=10.0),
             ToolMetrics(CollectorRegistry()),
             tracer,
         )
         try:
             connection = await servers.connection(ServerTarget("remote", url=mcp_url))
-            arguments = json.dumps({"group": group})
+            arguments = json.dumps({"group": group, "wait_s": 10.0 if meet else 0.3})
             calls = [PendingCall(k, "remote", connection, "meet", arguments) for k in "ab"]
             slots = asyncio.Semaphore(response_slots)
             return [r async for _, r in loop.run_all(calls, slots)]
@@ -191,7 +191,8 @@ def test_calls_of_one_turn_run_at_once_within_their_bounds(
     if meet:
         assert [r.output for r in results] == [f"met {group}"] * 2
     else:
-        assert [r.outcome for r in results] == ["timeout", "timeout"]
+        assert [r.outcome for r in results] == ["error", "error"]
+        assert all("only 1 of 2 arrived" in r.error for r in results)
 
 
 def test_a_stream_sends_the_mcp_events_in_order(client, mcp_url) -> None:
