@@ -79,3 +79,16 @@ def test_default_speculation_drafts_where_the_answer_copies(smollm2) -> None:
         assert core.speculator.counts.num_accepted > 0
     finally:
         core.speculator = saved
+
+
+def test_a_fresh_gemma3_with_the_defaults_stays_within_the_memory_bound(gemma3) -> None:
+    """Timing the verification steps at load makes logits of up to 32 rows of Gemma 3's 262,144
+    words (a MiB a row); they must not stay resident, nor push the peak past `rebar bench
+    compare`'s bound (the file, the KV cache used and 400 MiB)."""
+    from pathlib import Path
+
+    from rebar_bench.compare import measure_memory
+
+    assert gemma3.engine.speculator is not None  # the defaults speculate
+    memory = measure_memory("gemma3", Path(gemma3.checkpoint.path), threads=2)
+    assert memory.peak_bytes <= memory.bound_bytes
