@@ -11,6 +11,7 @@ from typing import Any
 
 from rebar.config.flags import settings_from_flags
 from rebar.errors import InvalidRequestError
+from rebar_bench.llamacpp import CACHE_TYPES
 
 
 def _write_json(path: str | None, text: str) -> None:
@@ -97,6 +98,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         depth=args.depth,
         depth_gen_tokens=args.depth_gen_tokens,
         depth_target=args.depth_target,
+        kv_cache_dtype=args.kv_cache_dtype,
         tools={
             "llama-bench": args.llama_bench,
             "llama-batched-bench": args.llama_batched_bench,
@@ -322,6 +324,13 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
     )
     compare.add_argument(
         "--depth-gen-tokens", type=positive_int, default=32, help="its output length (-n)"
+    )
+    compare.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=sorted(CACHE_TYPES),
+        help="rebar's [engine] kv_cache_dtype, and llama.cpp's -ctk/-ctv to match "
+        "(default: each one's own default, float16)",
     )
     targets = ("decode", "prefill", "batched", "http", "depth")
     for name, default in ((name, 1.0) for name in targets):

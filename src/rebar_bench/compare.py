@@ -44,12 +44,13 @@ import torch
 from rebar_bench.llamacpp import (
     LlamaServer,
     PeerUnavailable,
+    cache_type_args,
     find_tool,
     run_batched_bench,
     run_llama_bench,
     run_llama_bench_at_depth,
 )
-from rebar_bench.rebar_server import free_port, rebar_server
+from rebar_bench.rebar_server import free_port, rebar_server_process
 
 Figures = TypeVar("Figures")
 MEMORY_ALLOWANCE = 400 * 2**20  # bytes above the file and the KV cache a loaded model may take
@@ -71,6 +72,8 @@ class CompareConfig:
     http_tokens: int = 64
     depth: int = 0  # context tokens before the decode-at-depth figure (0: no such figure)
     depth_gen_tokens: int = 32
+    # `[engine] kv_cache_dtype` for rebar, and llama.cpp's -ctk/-ctv to match (None: both defaults)
+    kv_cache_dtype: str | None = None
     seed: int = 0
     # Targets: rebar's figure relative to llama.cpp's (higher is better for rates, lower for times).
     decode_target: float = 1.0
@@ -97,13 +100,14 @@ class CompareReport:
     threads: int
     rows: list[Row]
     notes: list[str]  # what the peer is, and why a figure is missing
+    kv_cache: str  # how each side stores keys and values
 
     def table(self) -> str:
         header = (
             f"{'figure':<44} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  {'target':<10} result"
         )
         lines = [
-            f"model {self.model}, {self.threads} threads",
+            f"model {self.model}, {self.threads} threads; {self.kv_cache}",
             *self.notes,
             header,
             "-" * len(header),
@@ -216,7 +220,7 @@ _MEMORY_CHILD = """
 import json, sys
 from rebar import LLM, SamplingParams
 from rebar.engine.engine_config import kv_bytes_per_token
-llm = LLM(model=sys.argv[1])
+llm = LLM(model=sys.argv[1], **json.loads(sys.argv[2]))
 out = llm.generate(["The capital of France is"], \
 SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
 tokens = len(out.prompt_token_ids) + len(out.token_ids)
@@ -239,10 +243,14 @@ class MemoryFigures:
         return self.file_bytes + self.kv_bytes + MEMORY_ALLOWANCE
 
 
-def measure_memory(model: str, path: Path, threads: int) -> MemoryFigures:
+def measure_memory(
+    model: str, path: Path, threads: int, settings: dict[str, object] | None = None
+) -> MemoryFigures:
+    """The peak of a fresh process loading `model` with the defaults (`settings` overriding
+    `[engine]` ones) and generating 16 tokens."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(
-        [sys.executable, "-c", _MEMORY_CHILD, model],
+        [sys.executable, "-c", _MEMORY_CHILD, model, json.dumps(settings or {})],
         capture_output=True,
         text=True,
         env=env,
@@ -291,16 +299,26 @@ def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
     )
 
 
+def engine_settings(config: CompareConfig) -> dict[str, object]:
+    """The `[engine]` settings rebar runs with besides its defaults."""
+    return {} if config.kv_cache_dtype is None else {"kv_cache_dtype": config.kv_cache_dtype}
+
+
 def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
-    """`rebar serve` with its defaults (only the thread count and a quiet log set) under the HTTP
-    load."""
-    with rebar_server(model, config.threads) as url:
+    """`rebar serve` with its defaults (only the thread count, a quiet log and `engine_settings`
+    set) under the HTTP load."""
+    env = {f"REBAR_ENGINE__{k.upper()}": str(v) for k, v in engine_settings(config).items()}
+    with rebar_server_process(model, config.threads, env=env) as (url, _process):
         return _serve_bench(url, config)
 
 
 def measure_peer_http(path: Path, config: CompareConfig) -> HttpFigures:
     tool = find_tool("llama-server", config.tools.get("llama-server"))
-    with LlamaServer(tool, path, config.threads, free_port(), config.concurrency) as server:
+    extra = cache_type_args(config.kv_cache_dtype)
+    port = free_port()
+    with LlamaServer(
+        tool, path, config.threads, port, config.concurrency, extra_args=extra
+    ) as server:
         return _serve_bench(server.url, config)
 
 
@@ -415,6 +433,7 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
     if path.suffix != ".gguf":
         return {}
     tools = config.tools
+    cache_args = cache_type_args(config.kv_cache_dtype)
     measures: dict[str, Callable[[], object]] = {
         "llama-bench": lambda: run_llama_bench(
             find_tool("llama-bench", tools.get("llama-bench")),
@@ -423,6 +442,7 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
             config.prompt_tokens,
             config.gen_tokens,
             repetitions=1,
+            extra_args=cache_args,
         ),
         "llama-batched-bench": lambda: run_batched_bench(
             find_tool("llama-batched-bench", tools.get("llama-batched-bench")),
@@ -431,6 +451,7 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
             config.batch,
             config.batch_prompt_tokens,
             config.batch_gen_tokens,
+            extra_args=cache_args,
         ),
     }
     if config.depth:
@@ -440,6 +461,7 @@ def peer_measures(config: CompareConfig, path: Path) -> dict[str, Callable[[], o
             config.threads,
             config.depth,
             config.depth_gen_tokens,
+            extra_args=cache_args,
         )
     return measures
 
@@ -473,10 +495,13 @@ def run_compare(config: CompareConfig) -> CompareReport:
     from rebar.llm import LLM
 
     torch.set_num_threads(config.threads)
-    llm = LLM(config.model)
+    llm = LLM(config.model, **engine_settings(config))
     if llm.engine is None:
         raise ValueError(f"{config.model} is an embedding model; compare needs a generator")
     path = Path(llm.checkpoint.path)
+    kv_cache = f"KV cache: rebar {kv_cache_name(llm.engine.runner.kv_cache.dtype)}, llama.cpp " + (
+        " ".join(cache_type_args(config.kv_cache_dtype)) or "its default (f16)"
+    )
     notes: list[str] = []
     if path.suffix != ".gguf":
         notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
@@ -488,7 +513,7 @@ def run_compare(config: CompareConfig) -> CompareReport:
     )
     depth_runs = peer_runs.get("llama-bench at depth")
     depth = statistics.median(depth_runs) if depth_runs else None
-    memory = measure_memory(config.model, path, config.threads)
+    memory = measure_memory(config.model, path, config.threads, engine_settings(config))
     http = None
     if config.http:
         ours = measure_rebar_http(config.model, config)
@@ -497,4 +522,11 @@ def run_compare(config: CompareConfig) -> CompareReport:
             theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
         http = (ours, theirs)
     rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http, depth)
-    return CompareReport(config.model, config.threads, rows, notes)
+    return CompareReport(config.model, config.threads, rows, notes, kv_cache)
+
+
+def kv_cache_name(dtype: torch.dtype) -> str:
+    """`[engine] kv_cache_dtype`'s name for a cache of `dtype`."""
+    from rebar.kernels import kv_quant
+
+    return kv_quant.NAME if kv_quant.is_quantized(dtype) else str(dtype).removeprefix("torch.")

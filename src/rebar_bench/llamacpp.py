@@ -28,6 +28,19 @@ TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
 BIN_ENV = "REBAR_LLAMA_CPP_BIN"
 
 
+# rebar's `[engine] kv_cache_dtype` -> llama.cpp's cache type (its -ctk/-ctv)
+CACHE_TYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "q8_0": "q8_0"}
+
+
+def cache_type_args(kv_cache_dtype: str | None) -> list[str]:
+    """llama.cpp's options storing keys and values as rebar's `kv_cache_dtype` does (none: its
+    default, float16)."""
+    if kv_cache_dtype is None:
+        return []
+    kind = CACHE_TYPES[kv_cache_dtype]
+    return ["-ctk", kind, "-ctv", kind]
+
+
 class PeerUnavailable(RuntimeError):
     """A llama.cpp tool is missing or failed; the message says which and why."""
 
@@ -107,17 +120,18 @@ def run_llama_bench(
     gen_tokens: int,
     repetitions: int = 3,
     timeout_s: float = 1800,
+    extra_args: Sequence[str] = (),
 ) -> BenchFigures:
     """`llama-bench -p N -n M`: prompt processing and generation on an empty context."""
-    test = ["-p", str(prompt_tokens), "-n", str(gen_tokens)]
+    test = ["-p", str(prompt_tokens), "-n", str(gen_tokens), *extra_args]
     return parse_llama_bench(_llama_bench_json(tool, model, threads, test, repetitions, timeout_s))
 
 
 def _llama_bench_json(
     tool: Path, model: Path, threads: int, test: list[str], repetitions: int, timeout_s: float
 ) -> str:
-    """llama-bench's JSON report of the tests `test` asks for (f16 KV cache, its defaults
-    otherwise)."""
+    """llama-bench's JSON report of the tests `test` asks for (with its options; llama-bench's
+    defaults otherwise)."""
     options = ["-t", str(threads), "-r", str(repetitions), "-o", "json"]
     return _run([str(tool), "-m", str(model), *test, *options], timeout_s)
 
@@ -139,10 +153,11 @@ def run_llama_bench_at_depth(
     gen_tokens: int,
     repetitions: int = 1,
     timeout_s: float = 1800,
+    extra_args: Sequence[str] = (),
 ) -> float:
     """`llama-bench -p 0 -n M -d D`: tokens/s generating M tokens after D tokens of context (each
     attending over all of them)."""
-    test = ["-p", "0", "-n", str(gen_tokens), "-d", str(depth)]
+    test = ["-p", "0", "-n", str(gen_tokens), "-d", str(depth), *extra_args]
     out = _llama_bench_json(tool, model, threads, test, repetitions, timeout_s)
     return parse_llama_bench_at_depth(out, depth)
 
@@ -175,6 +190,7 @@ def run_batched_bench(
     prompt_tokens: int,
     gen_tokens: int,
     timeout_s: float = 1800,
+    extra_args: Sequence[str] = (),
 ) -> BatchedFigures:
     """`llama-batched-bench -npp P -ntg G -npl S` with a context that holds every stream."""
     context = max(2048, sequences * (prompt_tokens + gen_tokens) + 64)
@@ -197,6 +213,7 @@ def run_batched_bench(
             str(sequences),
             "-t",
             str(threads),
+            *extra_args,
         ],
         timeout_s,
     )

@@ -135,9 +135,11 @@ def test_missing_tools_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def _stand_in(folder: Path, name: str, output: str) -> Path:
-    """An executable that prints what the real tool would print (so no llama.cpp build is needed)."""
+    """An executable that prints what the real tool would print (so no llama.cpp build is needed),
+    and appends its command line to `name`.args."""
     path = folder / name
-    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")
+    log = folder / f"{name}.args"
+    path.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\ncat <<'EOF'\n{output}\nEOF\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 
@@ -179,3 +181,42 @@ def test_small_real_comparison(tmp_path: Path) -> None:
     assert 100 < rows["peak resident MiB"].rebar < 2000
     assert not report.notes
     assert json.loads(report.to_json())["rows"][0]["figure"].startswith("decode tok/s")
+    assert "KV cache: rebar float16, llama.cpp its default (f16)" in report.table()
+    for tool in tools:
+        assert "-ctk" not in (tmp_path / f"{tool}.args").read_text()
+
+
+@requires_smollm2
+def test_an_8_bit_kv_cache_is_set_on_both_sides(tmp_path: Path) -> None:
+    """`--kv-cache-dtype q8_0`: rebar's engine stores q8_0 blocks and every llama.cpp tool gets
+    -ctk q8_0 -ctv q8_0."""
+    tools = {
+        "llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
+        "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT)),
+    }
+    config = CompareConfig(
+        "smollm2",
+        repeats=1,
+        prompt_tokens=16,
+        gen_tokens=4,
+        batch=2,
+        batch_prompt_tokens=8,
+        batch_gen_tokens=4,
+        http=False,
+        depth=256,
+        depth_gen_tokens=4,
+        kv_cache_dtype="q8_0",
+        tools=tools,
+    )
+    report = compare.run_compare(config)
+    assert "KV cache: rebar q8_0, llama.cpp -ctk q8_0 -ctv q8_0" in report.table()
+    bench_runs = (tmp_path / "llama-bench.args").read_text().splitlines()
+    assert len(bench_runs) == 2  # on an empty context, and at depth
+    for line in [*bench_runs, (tmp_path / "llama-batched-bench.args").read_text()]:
+        assert "-ctk q8_0 -ctv q8_0" in line
+
+
+def test_each_kv_cache_dtype_maps_to_llama_cpp_cache_types() -> None:
+    assert llamacpp.cache_type_args(None) == []
+    assert llamacpp.cache_type_args("float32") == ["-ctk", "f32", "-ctv", "f32"]
+    assert llamacpp.cache_type_args("q8_0") == ["-ctk", "q8_0", "-ctv", "q8_0"]
