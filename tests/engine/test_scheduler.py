@@ -167,25 +167,49 @@ def make_capped_scheduler(max_tokens: int = 64, prompt_cap: int = 6) -> Schedule
     return Scheduler(SchedulerConfig(8, max_tokens, prompt_cap), KVCacheManager(64, BLOCK, True))
 
 
-def test_prompts_take_at_most_the_cap_of_a_step_while_anything_decodes() -> None:
+def test_prompts_take_at_most_the_cap_of_a_step_while_as_many_requests_decode() -> None:
     scheduler = make_capped_scheduler()
     scheduler.add_request(make_request("a", 10, max_new=40))
     first = run_step(scheduler)  # nothing decodes yet: the whole prompt in one step
     assert [(s.request_id, len(s.token_ids)) for s in first.scheduled] == [("a", 10)]
     scheduler.add_request(make_request("b", 20, first_token=100))
-    scheduler.add_request(make_request("c", 9, first_token=200))
     plans = [run_step(scheduler) for _ in range(5)]
     shapes = [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in plans]
-    # "a" decodes every step; "b" then "c" share 6 prompt tokens a step, in arrival order.
+    # One request decodes, one has a prompt: "a" gets a token every step, "b" 6 prompt tokens.
     assert shapes == [
         [("a", 1), ("b", 6)],
         [("a", 1), ("b", 6)],
         [("a", 1), ("b", 6)],
-        [("a", 1), ("b", 2), ("c", 4)],
-        [("a", 1), ("b", 1), ("c", 5)],
+        [("a", 1), ("b", 2)],
+        [("a", 1), ("b", 1)],
     ]
-    assert [s.sample for s in plans[3].scheduled] == [True, True, False]  # "b"'s prompt ended
+    assert [s.sample for s in plans[3].scheduled] == [True, True]  # "b"'s prompt ended
     assert all(p.scheduled[0].sample for p in plans)  # "a" never missed a token
+
+
+def test_more_prompts_than_decoding_requests_prefill_at_full_speed() -> None:
+    """The cap spares the decoding requests' next tokens at the cost of every prompt in line: with
+    more prompts waiting than requests decoding, the step's whole budget goes on."""
+    scheduler = make_capped_scheduler(max_tokens=16)
+    scheduler.add_request(make_request("a", 10, max_new=40))
+    run_step(scheduler)
+    scheduler.add_request(make_request("b", 20, first_token=100))
+    scheduler.add_request(make_request("c", 9, first_token=200))
+    plans = [run_step(scheduler) for _ in range(3)]
+    # One decoding, two prompts: no cap ("c" waits for the budget, not for the cap).
+    assert [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in plans] == [
+        [("a", 1), ("b", 15)],
+        [("a", 1), ("b", 5), ("c", 9)],
+        [("a", 1), ("b", 1), ("c", 1)],
+    ]
+    scheduler.add_request(make_request("d", 20, first_token=300))
+    plan = run_step(scheduler)  # three decoding, one prompt: the cap again
+    assert [(s.request_id, len(s.token_ids)) for s in plan.scheduled] == [
+        ("a", 1),
+        ("b", 1),
+        ("c", 1),
+        ("d", 6),
+    ]
 
 
 def test_without_a_decoding_request_a_prompt_gets_the_whole_budget() -> None:

@@ -31,8 +31,9 @@ class EngineSettings(Section):
     max_prefill_tokens_while_decoding: int = Field(
         64,
         ge=1,
-        description="Most prompt tokens computed in a step while any request is decoding, so a "
-        "long prompt delays the others' next tokens by a short step at a time.",
+        description="Most prompt tokens computed in a step while requests are decoding, no fewer "
+        "of them than requests with a prompt to prefill, so a long prompt delays the others' next "
+        "tokens by a short step at a time (a burst of more prompts prefills at full speed).",
     )
     max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = Field(
         None,

@@ -7,9 +7,10 @@ decoding): granted after every running and admitted request has its share, from 
 free blocks left over, so a guess never preempts or delays anyone; whatever the drafts do not keep
 is given back after the step (`commit_drafts`).
 
-While any request is decoding, prompt tokens (prefill, chunked or not) take at most
-`max_prefill_tokens_while_decoding` of a step: a long prompt then delays the others' next tokens by
-a short step at a time, not by a whole budget-sized chunk each. Measured on two cores, Gemma 3
+While requests are decoding, and no fewer of them than requests with a prompt to prefill, prompt
+tokens (prefill, chunked or not) take at most `max_prefill_tokens_while_decoding` of a step: a long
+prompt then delays the others' next tokens by a short step at a time, not by a whole budget-sized
+chunk each; a burst of prompts (more of them than streams decoding) prefills at full speed. Measured on two cores, Gemma 3
 270M, one stream decoding while a 16,384-token prompt arrives: its inter-token time 5.0 s (median)
 with 2,048-token chunks, 0.51 s at 256 and 0.18 s at 64 (idle: ~10 ms); the prompt's own time to
 first token 40.7 s, 33.6 s and 43.0 s (docs/benchmarks.md).
@@ -215,11 +216,18 @@ class Scheduler:
         return rows
 
     def _prompt_budget(self) -> int:
-        """Prompt tokens this step may compute: the configured limit while a running request is
-        decoding (one new token to compute), else the whole step's budget."""
+        """Prompt tokens this step may compute: the configured limit while requests decoding (one
+        new token to compute) are at least as many as those with a prompt still to prefill, else
+        the whole step's budget.
+
+        A prompt token computed now delays each decoding request's next token by its cost, and
+        brings the first token of every prompt in line (itself and those queued behind it) that
+        much sooner: the cap pays only while it spares at least as many requests as it holds back.
+        """
         limit = self.config.max_prefill_tokens_while_decoding
-        decoding = any(not _is_prompt(r) for r in self.running)
-        if limit is None or not decoding:
+        decoding = sum(1 for r in self.running if not _is_prompt(r))
+        prompts = len(self.running) - decoding + len(self.waiting)
+        if limit is None or decoding < prompts:
             return self.config.max_num_batched_tokens
         return limit
 
