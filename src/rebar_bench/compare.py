@@ -5,9 +5,9 @@ The peer is llama.cpp as its users run it (`rebar_bench.llamacpp`: `llama-bench`
 `llama-batched-bench`, `llama-server`, native builds). rebar runs with its defaults (what `make
 run` gives: weights kept quantized, float16 KV cache on the CPU). Each figure is the median of
 `repeats` runs, rebar's and llama.cpp's alternating (one of each per repeat, so the host's drift
-falls on both alike), rebar's on fresh random prompts so no prefix cache helps, each step
-computing one token per stream (speculation off: llama-bench does not speculate, and a model
-looping over a random prompt would flatter n-gram drafts; `rebar bench spec` measures it).
+falls on both alike), rebar's on fresh random prompts so no prefix cache helps (save where said),
+each step computing one token per stream (speculation off: llama-bench does not speculate, and a
+model looping over a random prompt would flatter n-gram drafts; `rebar bench spec` measures it).
 
 - decode: one stream, a one-token prompt, `gen_tokens` greedy tokens with EOS ignored, the rate from
   the first token to the last; llama-bench's `tg` test (an empty context, one token at a time);
@@ -15,8 +15,9 @@ looping over a random prompt would flatter n-gram drafts; `rebar bench spec` mea
 - decode at depth (with `depth`): one stream generating `depth_gen_tokens` after a `depth`-token
   random prompt, each step attending over the whole context; llama-bench's `tg` with `-d depth`;
 - batched decode: `batch` streams of `batch_prompt_tokens`-token prompts each generating
-  `batch_gen_tokens`, decode tokens per second once every stream has its first token;
-  llama-batched-bench's S_TG for the same `-npl -npp -ntg`;
+  `batch_gen_tokens`, decode tokens per second once every stream has its first token, the
+  prompts prefilled beforehand (the streams then find them in the prefix cache and decode side by
+  side from the start); llama-batched-bench's S_TG for the same `-npl -npp -ntg`;
 - peak memory: the peak resident set of a fresh process that loads the model and generates a few
   tokens, against the file's size plus the KV cache it used plus 400 MiB;
 - HTTP: `concurrency` streaming chat requests at once (64-word prompts, `http_tokens` tokens each,
@@ -192,6 +193,10 @@ def measure_rebar(
         f"batch-{run}-{i}": random_prompt(allowed, config.batch_prompt_tokens, rng)
         for i in range(config.batch)
     }
+    # The prompts are prefilled once beforehand, so the timed streams find them in the prefix cache
+    # and decode side by side from their first steps, as llama-batched-bench's do (its S_TG is the
+    # decode alone); otherwise the first streams would be done before the last had prefilled.
+    _token_times(core, {f"{name}-prefill": prompt for name, prompt in streams.items()}, 1)
     per_stream = _token_times(core, streams, config.batch_gen_tokens).values()
     decode_start = max(t[1] for t in per_stream)  # every stream has its first token
     decode_end = max(t[-1] for t in per_stream)
