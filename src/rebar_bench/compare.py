@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -101,14 +101,13 @@ class CompareReport:
     threads: int
     rows: list[Row]
     notes: list[str]  # what the peer is, and why a figure is missing
-    kv_cache: str  # how each side stores keys and values
 
     def table(self) -> str:
         header = (
             f"{'figure':<44} {'rebar':>10} {'llama.cpp':>10} {'ratio':>7}  {'target':<10} result"
         )
         lines = [
-            f"model {self.model}, {self.threads} threads; {self.kv_cache}",
+            f"model {self.model}, {self.threads} threads",
             *self.notes,
             header,
             "-" * len(header),
@@ -304,7 +303,7 @@ def _serve_bench(url: str, config: CompareConfig) -> HttpFigures:
     )
 
 
-def engine_settings(config: CompareConfig) -> dict[str, object]:
+def engine_settings(config: CompareConfig) -> dict[str, Any]:
     """The `[engine]` settings rebar runs with besides its defaults."""
     return {} if config.kv_cache_dtype is None else {"kv_cache_dtype": config.kv_cache_dtype}
 
@@ -507,7 +506,7 @@ def run_compare(config: CompareConfig) -> CompareReport:
     kv_cache = f"KV cache: rebar {kv_cache_name(llm.engine.runner.kv_cache.dtype)}, llama.cpp " + (
         " ".join(cache_type_args(config.kv_cache_dtype)) or "its default (f16)"
     )
-    notes: list[str] = []
+    notes = [kv_cache]
     if path.suffix != ".gguf":
         notes.append(f"no llama.cpp figures: {path.name} is not a GGUF file")
     rebar_runs, peer_runs = alternate_runs(llm, config, path, notes)
@@ -527,7 +526,7 @@ def run_compare(config: CompareConfig) -> CompareReport:
             theirs = _peer(notes, "llama-server", lambda: measure_peer_http(path, config))
         http = (ours, theirs)
     rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http, depth)
-    return CompareReport(config.model, config.threads, rows, notes, kv_cache)
+    return CompareReport(config.model, config.threads, rows, notes)
 
 
 def kv_cache_name(dtype: torch.dtype) -> str:

@@ -10,10 +10,12 @@ is given back after the step (`commit_drafts`).
 While requests are decoding, and no fewer of them than requests with a prompt to prefill, prompt
 tokens (prefill, chunked or not) take at most `max_prefill_tokens_while_decoding` of a step: a long
 prompt then delays the others' next tokens by a short step at a time, not by a whole budget-sized
-chunk each; a burst of prompts (more of them than streams decoding) prefills at full speed. Measured on two cores, Gemma 3
-270M, one stream decoding while a 16,384-token prompt arrives: its inter-token time 5.0 s (median)
-with 2,048-token chunks, 0.51 s at 256 and 0.18 s at 64 (idle: ~10 ms); the prompt's own time to
-first token 40.7 s, 33.6 s and 43.0 s (docs/benchmarks.md).
+chunk each; a burst of prompts (more of them than streams decoding) prefills at full speed.
+Measured on two cores, Gemma 3 270M, one stream decoding while a 16,384-token prompt arrives: its
+inter-token time 5.0 s (median) with 2,048-token chunks, 0.51 s at 256 and 0.18 s at 64 (idle: ~10
+ms); the prompt's own time to first token 40.7 s, 33.6 s and 43.0 s. Sixteen 2,048-token SmolLM2
+prompts at once were all done in 66 s with the cap whenever anything decoded, 53-55 s with this
+rule, 48-50 s with no cap (docs/benchmarks.md).
 
 Running requests go first (oldest first), then waiting ones in arrival order. When
 the KV pool runs dry, the newest running request is preempted (its blocks freed, to be recomputed
