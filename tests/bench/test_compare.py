@@ -144,27 +144,22 @@ def _stand_in(folder: Path, name: str, output: str) -> Path:
     return path
 
 
+def small_config(folder: Path, **options) -> CompareConfig:
+    """A comparison small enough for a test, llama.cpp's tools stood in for in `folder`."""
+    tools = {
+        "llama-bench": str(_stand_in(folder, "llama-bench", LLAMA_BENCH_JSON)),
+        "llama-batched-bench": str(_stand_in(folder, "llama-batched-bench", BATCHED_BENCH_OUT)),
+    }
+    sizes = dict(prompt_tokens=64, gen_tokens=8, batch=4, batch_prompt_tokens=16)
+    sizes.update(batch_gen_tokens=6, depth=256, depth_gen_tokens=8)
+    return CompareConfig("smollm2", repeats=1, http=False, tools=tools, **{**sizes, **options})
+
+
 @requires_smollm2
 def test_small_real_comparison(tmp_path: Path) -> None:
     """rebar's side measured for real (defaults: quantized weights, the fused step), llama.cpp's
     read from its tools' output; no HTTP."""
-    tools = {
-        "llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
-        "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT)),
-    }
-    config = CompareConfig(
-        "smollm2",
-        repeats=1,
-        prompt_tokens=64,
-        gen_tokens=8,
-        batch=4,
-        batch_prompt_tokens=16,
-        batch_gen_tokens=6,
-        http=False,
-        depth=256,
-        depth_gen_tokens=8,
-        tools=tools,
-    )
+    config = small_config(tmp_path)
     report = compare.run_compare(config)
     rows = {r.figure.split(" (")[0]: r for r in report.rows}
     assert set(rows) == {
@@ -181,7 +176,7 @@ def test_small_real_comparison(tmp_path: Path) -> None:
     assert 100 < rows["peak resident MiB"].rebar < 2000
     assert report.notes == ["KV cache: rebar float16, llama.cpp its default (f16)"]
     assert json.loads(report.to_json())["rows"][0]["figure"].startswith("decode tok/s")
-    for tool in tools:
+    for tool in config.tools:
         assert "-ctk" not in (tmp_path / f"{tool}.args").read_text()
 
 
@@ -189,24 +184,7 @@ def test_small_real_comparison(tmp_path: Path) -> None:
 def test_an_8_bit_kv_cache_is_set_on_both_sides(tmp_path: Path) -> None:
     """`--kv-cache-dtype q8_0`: rebar's engine stores q8_0 blocks and every llama.cpp tool gets
     -ctk q8_0 -ctv q8_0."""
-    tools = {
-        "llama-bench": str(_stand_in(tmp_path, "llama-bench", LLAMA_BENCH_JSON)),
-        "llama-batched-bench": str(_stand_in(tmp_path, "llama-batched-bench", BATCHED_BENCH_OUT)),
-    }
-    config = CompareConfig(
-        "smollm2",
-        repeats=1,
-        prompt_tokens=16,
-        gen_tokens=4,
-        batch=2,
-        batch_prompt_tokens=8,
-        batch_gen_tokens=4,
-        http=False,
-        depth=256,
-        depth_gen_tokens=4,
-        kv_cache_dtype="q8_0",
-        tools=tools,
-    )
+    config = small_config(tmp_path, gen_tokens=4, batch=2, kv_cache_dtype="q8_0")
     report = compare.run_compare(config)
     assert "KV cache: rebar q8_0, llama.cpp -ctk q8_0 -ctv q8_0" in report.table()
     bench_runs = (tmp_path / "llama-bench.args").read_text().splitlines()
