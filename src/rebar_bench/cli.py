@@ -332,6 +332,14 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
         help="rebar's [engine] kv_cache_dtype, and llama.cpp's -ctk/-ctv to match "
         "(default: each one's own default, float16)",
     )
+    _add_targets_and_tools(compare)
+    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    compare.set_defaults(handler=cmd_bench_compare)
+
+
+def _add_targets_and_tools(compare: Any) -> None:
+    """The compare's ratio targets and the paths of llama.cpp's tools."""
     targets = ("decode", "prefill", "batched", "http", "depth")
     for name, default in ((name, 1.0) for name in targets):
         compare.add_argument(
@@ -346,9 +354,6 @@ def _add_compare_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
             default=None,
             help=f"path of {tool} (default: found, see rebar_bench.llamacpp)",
         )
-    compare.add_argument("--seed", type=int, default=0)
-    compare.add_argument("--json", default=None, help="also write the report as JSON to this file")
-    compare.set_defaults(handler=cmd_bench_compare)
 
 
 def _add_http_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
