@@ -9,8 +9,13 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
 - a fresh prompt (nothing cached) attends over its own K/V with `is_causal=True`, no gather;
 - a chunk that continues a cached context gathers that context and uses an explicit causal mask:
   one call over every key, as a fresh prompt's, so that a prefix-cache hit computes the numbers
-  the whole prompt would (splitting it into cached keys and the chunk's own, merged through
-  log-sum-exps, was faster but not equal to the bit, and changed greedy tokens);
+  the whole prompt would;
+- past the first KEY_TILE positions, a layer without a window (on the CPU) splits the keys into
+  tiles fixed at absolute positions: a query attends the whole tiles before its own in one
+  mask-free call and its own tile causally, merged through log-sum-exps. The split depends on the
+  query's position alone, so however a prompt's chunks were cut (a prefix-cache hit included) it
+  computes the same numbers (a split at the chunk's start, tried before, did not, and changed
+  greedy tokens);
 - under a sliding window, a long run of queries goes 256 at a time, each block over only the keys
   its window sees.
 
@@ -209,6 +214,8 @@ def _fresh_prefill(
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
     """A prompt with nothing cached: attend over its own K/V, no cache read at all."""
     query_len = q.shape[0]
+    if sliding_window is None and query_len > KEY_TILE and _tiles_apply(q):
+        return _key_tiles(q, k, v, 0, scale)
     mask = None
     if sliding_window is not None and query_len > sliding_window:
         if query_len > WINDOW_QUERY_BLOCK:
@@ -230,6 +237,7 @@ def _chunk_prefill(
     """A chunk continuing a cached context: gather the (windowed) context, explicit causal mask."""
     device = q.device
     first_query = context_len - q.shape[0]
+    tiled = sliding_window is None and context_len > KEY_TILE and _tiles_apply(q)
     key_start = _window_start(first_query, sliding_window)
     key_count = context_len - key_start
     slots, _ = _context_slots(
@@ -242,6 +250,8 @@ def _chunk_prefill(
     keys, values = _gather_kv(
         key_cache, value_cache, slots[0], q.dtype
     )  # [key_count, kv_heads, head_dim]
+    if tiled:
+        return _key_tiles(q, keys, values, first_query, scale)
     if sliding_window is not None and q.shape[0] > WINDOW_QUERY_BLOCK:
         return _windowed_blocks(q, keys, values, first_query, key_start, sliding_window, scale)
     mask = _causal_mask(
@@ -250,6 +260,72 @@ def _chunk_prefill(
         sliding_window,
     )
     return _sdpa(q, keys, values, mask, scale)
+
+
+# Keys past the first tile of this many positions go through _key_tiles (the default step budget,
+# so with it a chunk is one tile's queries, and a prompt within one tile takes the plain calls).
+KEY_TILE = 2048
+
+# SDPA's CPU flash-attention kernel, which also returns each query's log-sum-exp of scores (the
+# public call computes the same outputs but keeps that to itself).
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _tiles_apply(q: torch.Tensor) -> bool:
+    return _FLASH_CPU is not None and q.device.type == "cpu"
+
+
+def _key_tiles(
+    q: torch.Tensor,  # [t, num_heads, head_dim]: queries at positions first_query ...
+    keys: torch.Tensor,  # [first_query + t, num_kv_heads, head_dim]: every key from position 0
+    values: torch.Tensor,
+    first_query: int,
+    scale: float,
+) -> torch.Tensor:  # [t, num_heads, head_dim]
+    """Causal attention without a window, the keys in tiles of KEY_TILE from position 0: the
+    queries of each tile attend the whole tiles before it without a mask and their own causally,
+    merged through log-sum-exps (no [t, context] mask built or applied, no scores of keys a query
+    cannot see outside its own tile)."""
+    assert _FLASH_CPU is not None  # _tiles_apply
+    out = torch.empty_like(q)
+    begin = 0
+    while begin < q.shape[0]:
+        tile_start = (first_query + begin) // KEY_TILE * KEY_TILE
+        end = min(q.shape[0], tile_start + KEY_TILE - first_query)
+        queries = q[begin:end].transpose(0, 1)[None]  # [1, heads, n, d]
+        last_key = first_query + end
+        own_keys = keys[tile_start:last_key].transpose(0, 1)[None]
+        own_values = values[tile_start:last_key].transpose(0, 1)[None]
+        if first_query + begin == tile_start:  # the tile's first query on: a causal square
+            own, own_lse = _FLASH_CPU(queries, own_keys, own_values, 0.0, True, scale=scale)
+        else:
+            allowed = _causal_mask(
+                torch.arange(first_query + begin, last_key, device=q.device),
+                torch.arange(tile_start, last_key, device=q.device),
+                None,
+            )
+            mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+            mask.masked_fill_(~allowed, float("-inf"))
+            own, own_lse = _FLASH_CPU(
+                queries, own_keys, own_values, 0.0, False, attn_mask=mask, scale=scale
+            )
+        if tile_start > 0:
+            before, before_lse = _FLASH_CPU(
+                queries,
+                keys[:tile_start].transpose(0, 1)[None],
+                values[:tile_start].transpose(0, 1)[None],
+                0.0,
+                False,
+                scale=scale,
+            )
+            top = torch.maximum(before_lse, own_lse)
+            before_weight, own_weight = (before_lse - top).exp_(), (own_lse - top).exp_()
+            own = (before * before_weight[..., None] + own * own_weight[..., None]) / (
+                before_weight + own_weight
+            )[..., None]
+        out[begin:end] = own[0].transpose(0, 1)
+        begin = end
+    return out
 
 
 # A sliding-window layer attends a long run of queries in blocks of this many, each over only the
