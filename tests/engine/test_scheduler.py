@@ -212,6 +212,20 @@ def test_more_prompts_than_decoding_requests_prefill_at_full_speed() -> None:
     ]
 
 
+def test_requests_that_cannot_be_admitted_do_not_lift_the_cap() -> None:
+    """With every sequence slot taken, the waiting requests wait for a decoding one to finish: a
+    running prompt beside one decoding request keeps the cap however many wait."""
+    scheduler = Scheduler(SchedulerConfig(2, 64, 6), KVCacheManager(64, BLOCK, True))
+    scheduler.add_request(make_request("a", 10, max_new=40))
+    run_step(scheduler)
+    for name in "bcd":
+        scheduler.add_request(make_request(name, 20, first_token=100))
+    plan = run_step(scheduler)  # "b" takes the last slot; "c" and "d" cannot be admitted
+    assert [(s.request_id, len(s.token_ids)) for s in plan.scheduled] == [("a", 1), ("b", 6)]
+    plan = run_step(scheduler)
+    assert [(s.request_id, len(s.token_ids)) for s in plan.scheduled] == [("a", 1), ("b", 6)]
+
+
 def test_without_a_decoding_request_a_prompt_gets_the_whole_budget() -> None:
     scheduler = make_capped_scheduler(max_tokens=16)
     scheduler.add_request(make_request("a", 40))

@@ -225,10 +225,13 @@ class Scheduler:
         A prompt token computed now delays each decoding request's next token by its cost, and
         brings the first token of every prompt in line (itself and those queued behind it) that
         much sooner: the cap pays only while it spares at least as many requests as it holds back.
+        Waiting requests count only as far as there are free sequence slots to admit them: the
+        others wait for a decoding request to finish, not for the prompts.
         """
         limit = self.config.max_prefill_tokens_while_decoding
         decoding = sum(1 for r in self.running if not _is_prompt(r))
-        prompts = len(self.running) - decoding + len(self.waiting)
+        admissible = min(len(self.waiting), self.config.max_num_seqs - len(self.running))
+        prompts = len(self.running) - decoding + admissible
         if limit is None or decoding < prompts:
             return self.config.max_num_batched_tokens
         return limit
