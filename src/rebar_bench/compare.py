@@ -308,11 +308,18 @@ def engine_settings(config: CompareConfig) -> dict[str, Any]:
     return {} if config.kv_cache_dtype is None else {"kv_cache_dtype": config.kv_cache_dtype}
 
 
+def engine_env(config: CompareConfig) -> dict[str, str]:
+    """`engine_settings` as the REBAR_* environment variables `rebar serve` reads."""
+    from rebar.config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX
+
+    section = f"{ENV_PREFIX}ENGINE{ENV_NESTED_DELIMITER}"
+    return {section + name.upper(): str(value) for name, value in engine_settings(config).items()}
+
+
 def measure_rebar_http(model: str, config: CompareConfig) -> HttpFigures:
     """`rebar serve` with its defaults (only the thread count, a quiet log and `engine_settings`
     set) under the HTTP load."""
-    env = {f"REBAR_ENGINE__{k.upper()}": str(v) for k, v in engine_settings(config).items()}
-    with rebar_server_process(model, config.threads, env=env) as (url, _process):
+    with rebar_server_process(model, config.threads, env=engine_env(config)) as (url, _process):
         return _serve_bench(url, config)
 
 
@@ -496,6 +503,7 @@ def alternate_runs(
 def run_compare(config: CompareConfig) -> CompareReport:
     """rebar's and llama.cpp's runs alternate, one of each per repeat, so that this host's drift (it
     moves by 20-30% over minutes) falls on both alike; each figure is the median of its repeats."""
+    from rebar.kernels import kv_quant
     from rebar.llm import LLM
 
     torch.set_num_threads(config.threads)
@@ -503,8 +511,9 @@ def run_compare(config: CompareConfig) -> CompareReport:
     if llm.engine is None:
         raise ValueError(f"{config.model} is an embedding model; compare needs a generator")
     path = Path(llm.checkpoint.path)
-    kv_cache = f"KV cache: rebar {kv_cache_name(llm.engine.runner.kv_cache.dtype)}, llama.cpp " + (
-        " ".join(cache_type_args(config.kv_cache_dtype)) or "its default (f16)"
+    kv_cache = (
+        f"KV cache: rebar {kv_quant.setting_name(llm.engine.runner.kv_cache.dtype)}, llama.cpp "
+        + (" ".join(cache_type_args(config.kv_cache_dtype)) or "its default (f16)")
     )
     notes = [kv_cache]
     if path.suffix != ".gguf":
@@ -527,10 +536,3 @@ def run_compare(config: CompareConfig) -> CompareReport:
         http = (ours, theirs)
     rows = build_rows(config, medians(rebar_runs), bench, batched, memory, http, depth)
     return CompareReport(config.model, config.threads, rows, notes)
-
-
-def kv_cache_name(dtype: torch.dtype) -> str:
-    """`[engine] kv_cache_dtype`'s name for a cache of `dtype`."""
-    from rebar.kernels import kv_quant
-
-    return kv_quant.NAME if kv_quant.is_quantized(dtype) else str(dtype).removeprefix("torch.")

@@ -194,6 +194,25 @@ def test_an_8_bit_kv_cache_is_set_on_both_sides(tmp_path: Path) -> None:
 
 
 def test_each_kv_cache_dtype_maps_to_llama_cpp_cache_types() -> None:
+    from rebar.dtypes import DTYPE_NAMES
+    from rebar.kernels import kv_quant
+
+    # Every stored form rebar's setting names ("auto" aside) has its llama.cpp cache type.
+    assert set(llamacpp.CACHE_TYPES) == {*DTYPE_NAMES, kv_quant.NAME}
     assert llamacpp.cache_type_args(None) == []
     assert llamacpp.cache_type_args("float32") == ["-ctk", "f32", "-ctv", "f32"]
     assert llamacpp.cache_type_args("q8_0") == ["-ctk", "q8_0", "-ctv", "q8_0"]
+
+
+def test_rebar_serve_reads_the_compare_engine_settings_from_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The HTTP figures' `rebar serve` gets `--kv-cache-dtype` through REBAR_* variables: read back
+    by rebar's own settings loader, they set the engine's kv_cache_dtype."""
+    from rebar.config.loading import load_settings
+
+    env = compare.engine_env(CompareConfig("smollm2", kv_cache_dtype="q8_0"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().engine.kv_cache_dtype == "q8_0"
+    assert compare.engine_env(CompareConfig("smollm2")) == {}

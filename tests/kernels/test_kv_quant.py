@@ -71,6 +71,8 @@ def test_storage_helpers_follow_the_dtype() -> None:
         and kv_quant.bytes_per_row(64, torch.uint8) == 68
     )
     assert kv_quant.row_width(64, torch.float16) == 64 and kv_quant.row_width(64, torch.uint8) == 68
+    names = [kv_quant.setting_name(d) for d in (torch.float16, torch.bfloat16, torch.uint8)]
+    assert names == ["float16", "bfloat16", "q8_0"]  # the values `kv_cache_dtype` takes
 
 
 @pytest.mark.parametrize("head_dim", [16, 40, 100])

@@ -36,6 +36,7 @@ from rebar.engine.spec.speculator import DraftCounts, Drafting, SequenceSpeculat
 from rebar.engine.step_execution import execute_isolated
 from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict
 from rebar.errors import InvalidRequestError
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import KVCache
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
@@ -473,7 +474,7 @@ def _kv_cache(
         config.block_size,
         num_blocks * config.block_size,
         kv_cache.num_bytes / 2**20,
-        kv_dtype,
+        kv_quant.setting_name(kv_dtype),
         kv_bytes_per_token(model_config, kv_dtype),
     )
     return kv_cache

@@ -26,6 +26,11 @@ def is_quantized(dtype: torch.dtype) -> bool:
     return dtype == STORAGE_DTYPE
 
 
+def setting_name(dtype: torch.dtype) -> str:
+    """`[engine] kv_cache_dtype`'s name for a cache stored as `dtype`."""
+    return NAME if is_quantized(dtype) else str(dtype).removeprefix("torch.")
+
+
 def row_bytes(head_dim: int) -> int:
     """Bytes of one head's row as Q8_0 blocks; the one check that the row is whole blocks
     (InvalidRequestError naming the setting, before any cache is sized or made)."""
