@@ -234,7 +234,9 @@ def _chunk_prefill(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """A chunk continuing a cached context: gather the (windowed) context, explicit causal mask."""
+    """A chunk continuing a cached context: gather the (windowed) context, then key tiles (no
+    window, past the first tile), windowed blocks (a long run under a window) or one call with an
+    explicit causal mask."""
     device = q.device
     first_query = context_len - q.shape[0]
     tiled = sliding_window is None and context_len > KEY_TILE and _tiles_apply(q)
