@@ -66,6 +66,10 @@ def test_rows_are_batch_invariant(kind: str) -> None:
     for i in (0, 1, 2, 3, 4, 5, 63, 64, 69):
         assert torch.equal(cpu_quant.linear_packed(x[i : i + 1], case.packed), batched[i : i + 1])
     assert torch.equal(cpu_quant.linear_packed(x[:5], case.packed), batched[:5])
+    # The prefill schedule takes tiles two at a time on AVX-512 (pair_dots.h): 64 rows against 40
+    # outputs (5 tiles) meet both the pairs and the last tile alone; one thread's share of the tiles
+    # (below) cuts the pairs elsewhere.
+    assert torch.equal(cpu_quant.linear_packed(x[:64], case.packed), batched[:64])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
