@@ -16,7 +16,7 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
   query's position alone, so however a prompt's chunks were cut (a prefix-cache hit included) it
   computes the same numbers (a split at the chunk's start, tried before, did not, and changed
   greedy tokens);
-- under a sliding window, a long run of queries goes 256 at a time, each block over only the keys
+- under a sliding window, a long run of queries goes 64 at a time, each block over only the keys
   its window sees.
 
 Padding never reads unused cache memory: every padded key position is redirected to a real token
@@ -31,6 +31,8 @@ same calls dispatch to SDPA's fused kernels.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -332,8 +334,9 @@ def _key_tiles(
 
 # A sliding-window layer attends a long run of queries in blocks of this many, each over only the
 # keys its window can see. One call over a 2,048-token chunk would score every query against all
-# 2,559 keys of the chunk and its window (Gemma 3's window is 512) and mask four in five away.
-WINDOW_QUERY_BLOCK = 256
+# 2,559 keys of the chunk and its window (Gemma 3's window is 512) and mask four in five away;
+# blocks of 64 score 575 keys a query (blocks of 256: 767, measured 16% slower with the masks below).
+WINDOW_QUERY_BLOCK = 64
 
 
 def _windowed_blocks(
@@ -345,21 +348,34 @@ def _windowed_blocks(
     sliding_window: int,
     scale: float,
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """Causal windowed attention, WINDOW_QUERY_BLOCK queries at a time over the keys they see."""
+    """Causal windowed attention, WINDOW_QUERY_BLOCK queries at a time over the keys they see.
+
+    Every block's mask is a slice of one additive mask made once per window: a block whose window
+    is whole (past the prompt's first positions) sees the same pattern of keys wherever it is."""
     out = torch.empty_like(q)
-    device = q.device
+    mask = _window_mask(sliding_window, q.dtype, q.device)
     for begin in range(0, q.shape[0], WINDOW_QUERY_BLOCK):
         end = min(q.shape[0], begin + WINDOW_QUERY_BLOCK)
-        first_key = max(key_start, _window_start(first_query + begin, sliding_window))
+        block = first_query + begin  # the block's first position
+        first_key = max(key_start, _window_start(block, sliding_window))
         last_key = first_query + end  # exclusive: the block's last query sees itself
-        mask = _causal_mask(
-            torch.arange(first_query + begin, first_query + end, device=device),
-            torch.arange(first_key, last_key, device=device),
-            sliding_window,
-        )
+        column = first_key - (block - sliding_window + 1)  # past 0 where the window is clipped
+        rows = mask[: end - begin, column : column + last_key - first_key]
         span = slice(first_key - key_start, last_key - key_start)
-        out[begin:end] = _sdpa(q[begin:end], keys[span], values[span], mask, scale)
+        out[begin:end] = _sdpa(q[begin:end], keys[span], values[span], rows, scale)
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _window_mask(sliding_window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[WINDOW_QUERY_BLOCK, sliding_window - 1 + WINDOW_QUERY_BLOCK] additive mask of a whole block:
+    row r (the block's r-th position) against the keys from sliding_window - 1 positions before the
+    block's first: 0 where the query sees the key (r <= column <= r + window - 1), else -inf."""
+    rows = torch.arange(WINDOW_QUERY_BLOCK, device=device)[:, None]
+    columns = torch.arange(sliding_window - 1 + WINDOW_QUERY_BLOCK, device=device)[None, :]
+    allowed = (columns >= rows) & (columns <= rows + sliding_window - 1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, float("-inf"))
 
 
 def _causal_mask(
