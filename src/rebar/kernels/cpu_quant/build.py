@@ -43,7 +43,15 @@ SOURCES = (
     "elementwise.cpp",
     "worker_pool.cpp",
 )
-HEADERS = ("kernels.h", "simd.h", "block_dots.h", "pair_dots.h", "decoder.h", "elementwise.h", "worker_pool.h")
+HEADERS = (
+    "kernels.h",
+    "simd.h",
+    "block_dots.h",
+    "pair_dots.h",
+    "decoder.h",
+    "elementwise.h",
+    "worker_pool.h",
+)
 # OpenMP only so that at::parallel_for (inline in torch's headers) runs large matmuls on torch's own
 # thread pool; the libgomp this links has torch's soname, so the process keeps one OpenMP runtime.
 BASE_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fopenmp")
