@@ -414,9 +414,9 @@ def test_long_prompts_in_key_tiles_match_dense_reference(
     """Past the first key tile a layer without a window merges a mask-free call over the whole
     tiles before a query's own with a causal one over its own tile (tiles of 128 here): a fresh
     prompt over five tiles, chunks starting inside a tile and at one's start, beside a decode row."""
-    from rebar.kernels import attention_batched
+    from rebar.kernels import prompt_attention
 
-    monkeypatch.setattr(attention_batched, "KEY_TILE", 128)
+    monkeypatch.setattr(prompt_attention, "KEY_TILE", 128)
     specs = [(600, 600), (300, 900), (256, 768), (1, 400), (100, 100)]
     step = make_step(specs, 8, 2, 16, seed=11)
     out = run_backend(backend, step, None)
@@ -431,13 +431,13 @@ def test_key_tiles_give_a_query_the_same_bits_however_its_prompt_was_cut(
     """Where the tiles split the keys depends on a query's position alone: a chunk after `cached`
     tokens (a prefix-cache hit inside a tile, at a tile's start, or after one token) computes
     exactly what the whole prompt's prefill did for the same positions."""
-    from rebar.kernels import attention_batched
+    from rebar.kernels import prompt_attention
 
-    monkeypatch.setattr(attention_batched, "KEY_TILE", 128)
+    monkeypatch.setattr(prompt_attention, "KEY_TILE", 128)
     generator = torch.Generator().manual_seed(3)
     q = torch.randn(700, 8, HEAD_DIM, generator=generator)
     keys = torch.randn(700, 2, HEAD_DIM, generator=generator)
     values = torch.randn(700, 2, HEAD_DIM, generator=generator)
-    whole = attention_batched._key_tiles(q, keys, values, 0, SCALE)
-    chunk = attention_batched._key_tiles(q[cached:], keys, values, cached, SCALE)
+    whole = prompt_attention.key_tiles(q, keys, values, 0, SCALE)
+    chunk = prompt_attention.key_tiles(q[cached:], keys, values, cached, SCALE)
     assert torch.equal(chunk, whole[cached:])

@@ -10,14 +10,10 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
 - a chunk that continues a cached context gathers that context and uses an explicit causal mask:
   one call over every key, as a fresh prompt's, so that a prefix-cache hit computes the numbers
   the whole prompt would;
-- past the first KEY_TILE positions, a layer without a window (on the CPU) splits the keys into
-  tiles fixed at absolute positions: a query attends the whole tiles before its own in one
-  mask-free call and its own tile causally, merged through log-sum-exps. The split depends on the
-  query's position alone, so however a prompt's chunks were cut (a prefix-cache hit included) it
-  computes the same numbers (a split at the chunk's start, tried before, did not, and changed
-  greedy tokens);
-- under a sliding window, a long run of queries goes 64 at a time, each block over only the keys
-  its window sees.
+- long runs of prompt tokens on the CPU take prompt_attention's schedules: key tiles fixed at
+  absolute positions past the first KEY_TILE positions of a layer without a window (the same
+  numbers however the prompt's chunks were cut; a split at the chunk's start, tried before, did
+  not, and changed greedy tokens), and windowed blocks of queries under a sliding window.
 
 Padding never reads unused cache memory: every padded key position is redirected to a real token
 of the same sequence (then masked out), because a masked position still multiplies its value by
@@ -32,13 +28,19 @@ same calls dispatch to SDPA's fused kernels.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from rebar.kernels import kv_quant
+from rebar.kernels import kv_quant, prompt_attention
 from rebar.kernels.attention import AttentionMetadata, DecodeSlots, as_stored, write_kv
+from rebar.kernels.prompt_attention import (
+    causal_mask,
+    key_tiles,
+    sdpa,
+    tiles_apply,
+    window_start,
+    windowed_blocks,
+)
 
 
 def batched_paged_attention(
@@ -98,13 +100,6 @@ def _token_starts(query_lens: tuple[int, ...]) -> list[int]:
         starts.append(total)
         total += n
     return starts
-
-
-def _window_start(first_query_pos: int, sliding_window: int | None) -> int:
-    """First key position any query from `first_query_pos` on may see (keys > pos - window)."""
-    if sliding_window is None:
-        return 0
-    return max(0, first_query_pos - sliding_window + 1)
 
 
 def _context_slots(
@@ -189,7 +184,7 @@ def _decode_slots(
     if cached is not None:
         return cached
     context_lens = [meta.context_lens[i] for i in seqs]
-    key_starts = [_window_start(c - 1, sliding_window) for c in context_lens]
+    key_starts = [window_start(c - 1, sliding_window) for c in context_lens]
     key_counts = [c - s for c, s in zip(context_lens, key_starts)]
     num_blocks = -(-(max(context_lens)) // block_size)
     tables = meta.block_tables[:, :num_blocks]
@@ -216,15 +211,15 @@ def _fresh_prefill(
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
     """A prompt with nothing cached: attend over its own K/V, no cache read at all."""
     query_len = q.shape[0]
-    if sliding_window is None and query_len > KEY_TILE and _tiles_apply(q):
-        return _key_tiles(q, k, v, 0, scale)
+    if sliding_window is None and query_len > prompt_attention.KEY_TILE and tiles_apply(q):
+        return key_tiles(q, k, v, 0, scale)
     mask = None
     if sliding_window is not None and query_len > sliding_window:
-        if query_len > WINDOW_QUERY_BLOCK:
-            return _windowed_blocks(q, k, v, 0, 0, sliding_window, scale)
+        if query_len > prompt_attention.WINDOW_QUERY_BLOCK:
+            return windowed_blocks(q, k, v, 0, 0, sliding_window, scale)
         positions = torch.arange(query_len, device=q.device)
-        mask = _causal_mask(positions, positions, sliding_window)
-    return _sdpa(q, k, v, mask, scale)
+        mask = causal_mask(positions, positions, sliding_window)
+    return sdpa(q, k, v, mask, scale)
 
 
 def _chunk_prefill(
@@ -241,8 +236,8 @@ def _chunk_prefill(
     explicit causal mask."""
     device = q.device
     first_query = context_len - q.shape[0]
-    tiled = sliding_window is None and context_len > KEY_TILE and _tiles_apply(q)
-    key_start = _window_start(first_query, sliding_window)
+    tiled = sliding_window is None and context_len > prompt_attention.KEY_TILE and tiles_apply(q)
+    key_start = window_start(first_query, sliding_window)
     key_count = context_len - key_start
     slots, _ = _context_slots(
         block_table[None, :],
@@ -255,153 +250,12 @@ def _chunk_prefill(
         key_cache, value_cache, slots[0], q.dtype
     )  # [key_count, kv_heads, head_dim]
     if tiled:
-        return _key_tiles(q, keys, values, first_query, scale)
-    if sliding_window is not None and q.shape[0] > WINDOW_QUERY_BLOCK:
-        return _windowed_blocks(q, keys, values, first_query, key_start, sliding_window, scale)
-    mask = _causal_mask(
+        return key_tiles(q, keys, values, first_query, scale)
+    if sliding_window is not None and q.shape[0] > prompt_attention.WINDOW_QUERY_BLOCK:
+        return windowed_blocks(q, keys, values, first_query, key_start, sliding_window, scale)
+    mask = causal_mask(
         torch.arange(first_query, context_len, device=device),
         torch.arange(key_start, context_len, device=device),
         sliding_window,
     )
-    return _sdpa(q, keys, values, mask, scale)
-
-
-# Keys past the first tile of this many positions go through _key_tiles (the default step budget,
-# so with it a chunk is one tile's queries, and a prompt within one tile takes the plain calls).
-KEY_TILE = 2048
-
-# SDPA's CPU flash-attention kernel, which also returns each query's log-sum-exp of scores (the
-# public call computes the same outputs but keeps that to itself).
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _tiles_apply(q: torch.Tensor) -> bool:
-    return _FLASH_CPU is not None and q.device.type == "cpu"
-
-
-def _key_tiles(
-    q: torch.Tensor,  # [t, num_heads, head_dim]: queries at positions first_query ...
-    keys: torch.Tensor,  # [first_query + t, num_kv_heads, head_dim]: every key from position 0
-    values: torch.Tensor,
-    first_query: int,
-    scale: float,
-) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """Causal attention without a window, the keys in tiles of KEY_TILE from position 0: the
-    queries of each tile attend the whole tiles before it without a mask and their own causally,
-    merged through log-sum-exps (no [t, context] mask built or applied, no scores of keys a query
-    cannot see outside its own tile)."""
-    assert _FLASH_CPU is not None  # _tiles_apply
-    out = torch.empty_like(q)
-    begin = 0
-    while begin < q.shape[0]:
-        tile_start = (first_query + begin) // KEY_TILE * KEY_TILE
-        end = min(q.shape[0], tile_start + KEY_TILE - first_query)
-        queries = q[begin:end].transpose(0, 1)[None]  # [1, heads, n, d]
-        last_key = first_query + end
-        own_keys = keys[tile_start:last_key].transpose(0, 1)[None]
-        own_values = values[tile_start:last_key].transpose(0, 1)[None]
-        if first_query + begin == tile_start:  # the tile's first query on: a causal square
-            own, own_lse = _FLASH_CPU(queries, own_keys, own_values, 0.0, True, scale=scale)
-        else:
-            allowed = _causal_mask(
-                torch.arange(first_query + begin, last_key, device=q.device),
-                torch.arange(tile_start, last_key, device=q.device),
-                None,
-            )
-            mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-            mask.masked_fill_(~allowed, float("-inf"))
-            own, own_lse = _FLASH_CPU(
-                queries, own_keys, own_values, 0.0, False, attn_mask=mask, scale=scale
-            )
-        if tile_start > 0:
-            before, before_lse = _FLASH_CPU(
-                queries,
-                keys[:tile_start].transpose(0, 1)[None],
-                values[:tile_start].transpose(0, 1)[None],
-                0.0,
-                False,
-                scale=scale,
-            )
-            top = torch.maximum(before_lse, own_lse)
-            before_weight, own_weight = (before_lse - top).exp_(), (own_lse - top).exp_()
-            own = (before * before_weight[..., None] + own * own_weight[..., None]) / (
-                before_weight + own_weight
-            )[..., None]
-        out[begin:end] = own[0].transpose(0, 1)
-        begin = end
-    return out
-
-
-# A sliding-window layer attends a long run of queries in blocks of this many, each over only the
-# keys its window can see. One call over a 2,048-token chunk would score every query against all
-# 2,559 keys of the chunk and its window (Gemma 3's window is 512) and mask four in five away;
-# blocks of 64 score 575 keys a query (blocks of 256: 767, and measured 16% slower).
-WINDOW_QUERY_BLOCK = 64
-
-
-def _windowed_blocks(
-    q: torch.Tensor,  # [t, num_heads, head_dim]: queries at positions first_query ...
-    keys: torch.Tensor,  # [s, num_kv_heads, head_dim]: keys at positions key_start ...
-    values: torch.Tensor,
-    first_query: int,
-    key_start: int,
-    sliding_window: int,
-    scale: float,
-) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """Causal windowed attention, WINDOW_QUERY_BLOCK queries at a time over the keys they see.
-
-    Every block's mask is a slice of one additive mask made once per window: a block whose window
-    is whole (past the prompt's first positions) sees the same pattern of keys wherever it is."""
-    out = torch.empty_like(q)
-    mask = _window_mask(sliding_window, q.dtype, q.device)
-    for begin in range(0, q.shape[0], WINDOW_QUERY_BLOCK):
-        end = min(q.shape[0], begin + WINDOW_QUERY_BLOCK)
-        block = first_query + begin  # the block's first position
-        first_key = max(key_start, _window_start(block, sliding_window))
-        last_key = first_query + end  # exclusive: the block's last query sees itself
-        column = first_key - (block - sliding_window + 1)  # past 0 where the window is clipped
-        rows = mask[: end - begin, column : column + last_key - first_key]
-        span = slice(first_key - key_start, last_key - key_start)
-        out[begin:end] = _sdpa(q[begin:end], keys[span], values[span], rows, scale)
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def _window_mask(sliding_window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[WINDOW_QUERY_BLOCK, sliding_window - 1 + WINDOW_QUERY_BLOCK] additive mask of a whole block:
-    row r (the block's r-th position) against the keys from sliding_window - 1 positions before the
-    block's first: 0 where the query sees the key (r <= column <= r + window - 1), else -inf."""
-    rows = torch.arange(WINDOW_QUERY_BLOCK, device=device)[:, None]
-    columns = torch.arange(sliding_window - 1 + WINDOW_QUERY_BLOCK, device=device)[None, :]
-    allowed = (columns >= rows) & (columns <= rows + sliding_window - 1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, float("-inf"))
-
-
-def _causal_mask(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int | None
-) -> torch.Tensor:
-    """[len(query_pos), len(key_pos)] bool, True where the query may attend to the key."""
-    allowed = key_pos[None, :] <= query_pos[:, None]
-    if sliding_window is not None:
-        allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
-    return allowed
-
-
-def _sdpa(
-    q: torch.Tensor,  # [t, num_heads, head_dim]
-    keys: torch.Tensor,  # [s, num_kv_heads, head_dim]
-    values: torch.Tensor,  # [s, num_kv_heads, head_dim]
-    mask: torch.Tensor | None,  # [t, s] bool, or None for plain causal with t == s
-    scale: float,
-) -> torch.Tensor:  # [t, num_heads, head_dim]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],  # [1, heads, t, d]: the 4-D form takes SDPA's fused CPU kernel
-        keys.transpose(0, 1)[None],
-        values.transpose(0, 1)[None],
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out[0].transpose(0, 1)
+    return sdpa(q, keys, values, mask, scale)
