@@ -249,12 +249,13 @@ def test_large_decode_batch_matches_dense_reference(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("sliding_window", [100, 256, 700])
+@pytest.mark.parametrize("sliding_window", [40, 100, 256, 700])
 def test_long_windowed_prompts_match_dense_reference(backend: str, sliding_window: int) -> None:
-    """Runs of queries longer than the batched backend's block of 256 (a fresh prompt, a chunk
-    after a cached context, each block then reading only the keys its window sees), windows shorter
-    and longer than that block, beside a decode row."""
-    specs = [(600, 600), (300, 900), (1, 400), (257, 257)]
+    """Runs of queries longer than the batched backend's block of 64 (a fresh prompt, a chunk
+    after a cached context, each block then reading only the keys its window sees, its mask a slice
+    of the window's one mask), windows shorter and longer than that block, a ragged last block,
+    beside a decode row."""
+    specs = [(600, 600), (300, 900), (1, 400), (257, 257), (77, 141)]
     step = make_step(specs, 8, 2, 16, seed=9)
     out = run_backend(backend, step, sliding_window)
     assert torch.isfinite(out).all()
