@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.model.llamacpp_agreement import top1_agreement
 
 FIXTURES = json.loads(
     (Path(__file__).parent.parent / "fixtures" / "gemma3_llamacpp_logits.json").read_text("utf-8")
@@ -35,18 +36,7 @@ def test_fixtures_were_made_from_the_bundled_file() -> None:
 
 
 def agreement(logits: list[torch.Tensor]) -> tuple[int, int, int, int]:
-    """(top-1 agreements, positions, agreements where llama.cpp is decisive, such positions)."""
-    agree = total = decisive_agree = decisive_total = 0
-    for case, rows in zip(FIXTURES["cases"], logits, strict=True):
-        assert rows.shape[0] == len(case["ids"])
-        predicted = rows.argmax(-1).tolist()
-        for ours, ids, values in zip(predicted, case["top5_ids"], case["top5_logprobs"]):
-            total += 1
-            agree += ours == ids[0]
-            if values[0] - values[1] >= DECISIVE_MARGIN:
-                decisive_total += 1
-                decisive_agree += ours == ids[0]
-    return agree, total, decisive_agree, decisive_total
+    return top1_agreement(FIXTURES["cases"], logits, "top5_logprobs", DECISIVE_MARGIN)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.model.llamacpp_agreement import top1_agreement
 
 FIXTURES = json.loads(
     (Path(__file__).parent.parent / "fixtures" / "smollm2_llamacpp.json").read_text(
@@ -58,16 +59,7 @@ def test_logit_prompts_tokenize_like_llamacpp(smollm2) -> None:
 
 
 def _agreement(our_logits: list) -> tuple[int, int, int, int]:
-    agree = total = decisive_agree = decisive_total = 0
-    for case, logits in zip(FIXTURES["logits"], our_logits):
-        predicted = logits.argmax(-1).tolist()
-        for ours, ids, values in zip(predicted, case["top5_ids"], case["top5_logits"]):
-            total += 1
-            agree += ours == ids[0]
-            if values[0] - values[1] >= DECISIVE_MARGIN:
-                decisive_total += 1
-                decisive_agree += ours == ids[0]
-    return agree, total, decisive_agree, decisive_total
+    return top1_agreement(FIXTURES["logits"], our_logits, "top5_logits", DECISIVE_MARGIN)
 
 
 def test_teacher_forced_top1_agrees_with_llamacpp(our_logits: list) -> None:
