@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import socket
 import subprocess
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import httpx
 
 from rebar.model.resolve import resolve_model_path
 from rebar_bench.llamacpp import LlamaServer, find_tool
+from rebar_bench.rebar_server import free_port
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QUESTIONS = [
@@ -69,12 +69,6 @@ PLAIN = [
     "Once upon a time, in a small village by the river,",
     "1, 2, 3, 4, 5,",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import socket
 import subprocess
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import httpx
 
 from rebar.model.resolve import resolve_model_path
 from rebar_bench.llamacpp import LlamaServer, find_tool
+from rebar_bench.rebar_server import free_port
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n{}"
 # (question, answer): the answer is teacher-forced, so its positions test the model mid-reply.
@@ -78,12 +78,6 @@ PLAIN = [
     "The train left the station at seven o'clock. By the time it reached the coast, the sun had",
 ]
 TOP = 5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def predictions(tool: Path, path: Path, text: str) -> dict:
