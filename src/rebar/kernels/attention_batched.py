@@ -31,13 +31,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rebar.kernels import kv_quant, prompt_attention
+from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, DecodeSlots, as_stored, write_kv
 from rebar.kernels.prompt_attention import (
     causal_mask,
     key_tiles,
     sdpa,
-    tiles_apply,
+    takes_key_tiles,
+    takes_windowed_blocks,
     window_start,
     windowed_blocks,
 )
@@ -211,11 +212,11 @@ def _fresh_prefill(
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
     """A prompt with nothing cached: attend over its own K/V, no cache read at all."""
     query_len = q.shape[0]
-    if sliding_window is None and query_len > prompt_attention.KEY_TILE and tiles_apply(q):
+    if takes_key_tiles(q, query_len, sliding_window):
         return key_tiles(q, k, v, 0, scale)
     mask = None
     if sliding_window is not None and query_len > sliding_window:
-        if query_len > prompt_attention.WINDOW_QUERY_BLOCK:
+        if takes_windowed_blocks(query_len):
             return windowed_blocks(q, k, v, 0, 0, sliding_window, scale)
         positions = torch.arange(query_len, device=q.device)
         mask = causal_mask(positions, positions, sliding_window)
@@ -236,7 +237,7 @@ def _chunk_prefill(
     explicit causal mask."""
     device = q.device
     first_query = context_len - q.shape[0]
-    tiled = sliding_window is None and context_len > prompt_attention.KEY_TILE and tiles_apply(q)
+    tiled = takes_key_tiles(q, context_len, sliding_window)
     key_start = window_start(first_query, sliding_window)
     key_count = context_len - key_start
     slots, _ = _context_slots(
@@ -251,7 +252,7 @@ def _chunk_prefill(
     )  # [key_count, kv_heads, head_dim]
     if tiled:
         return key_tiles(q, keys, values, first_query, scale)
-    if sliding_window is not None and q.shape[0] > prompt_attention.WINDOW_QUERY_BLOCK:
+    if sliding_window is not None and takes_windowed_blocks(q.shape[0]):
         return windowed_blocks(q, keys, values, first_query, key_start, sliding_window, scale)
     mask = causal_mask(
         torch.arange(first_query, context_len, device=device),

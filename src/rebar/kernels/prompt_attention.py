@@ -34,8 +34,16 @@ KEY_TILE = 2048
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def tiles_apply(q: torch.Tensor) -> bool:
-    return _FLASH_CPU is not None and q.device.type == "cpu"
+def takes_key_tiles(q: torch.Tensor, context_len: int, sliding_window: int | None) -> bool:
+    """Whether queries `q` of a context of `context_len` positions attend through key_tiles: a
+    layer without a window, past the first tile, on the CPU (where the flash kernel returns its
+    log-sum-exps)."""
+    return (
+        sliding_window is None
+        and context_len > KEY_TILE
+        and _FLASH_CPU is not None
+        and q.device.type == "cpu"
+    )
 
 
 def key_tiles(
@@ -49,7 +57,7 @@ def key_tiles(
     queries of each tile attend the whole tiles before it without a mask and their own causally,
     merged through log-sum-exps (no [t, context] mask built or applied, no scores of keys a query
     cannot see outside its own tile)."""
-    assert _FLASH_CPU is not None  # tiles_apply
+    assert _FLASH_CPU is not None  # takes_key_tiles
     out = torch.empty_like(q)
     begin = 0
     while begin < q.shape[0]:
@@ -96,6 +104,12 @@ def key_tiles(
 # 2,559 keys of the chunk and its window (Gemma 3's window is 512) and mask four in five away;
 # blocks of 64 score 575 keys a query (blocks of 256: 767, and measured 16% slower).
 WINDOW_QUERY_BLOCK = 64
+
+
+def takes_windowed_blocks(query_len: int) -> bool:
+    """Whether a run of `query_len` prompt queries under a sliding window attends through
+    windowed_blocks (a shorter one takes a single masked call)."""
+    return query_len > WINDOW_QUERY_BLOCK
 
 
 def windowed_blocks(
@@ -151,7 +165,7 @@ def sdpa(
     q: torch.Tensor,  # [t, num_heads, head_dim]
     keys: torch.Tensor,  # [s, num_kv_heads, head_dim]
     values: torch.Tensor,  # [s, num_kv_heads, head_dim]
-    mask: torch.Tensor | None,  # [t, s] bool, or None for plain causal with t == s
+    mask: torch.Tensor | None,  # [t, s] bool or additive float; None: plain causal, t == s
     scale: float,
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
     out = F.scaled_dot_product_attention(

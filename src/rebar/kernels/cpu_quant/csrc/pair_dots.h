@@ -4,8 +4,9 @@
 // Each lane does exactly what it does in block_dots.h's 256-bit arithmetic (the same integer dots,
 // then the same float steps in the same order), so an output gets the same bits whether its tile
 // went alone or in a pair. What a pair saves is per product: one broadcast of an activation dword,
-// one scale product and one accumulate serve 16 outputs instead of 8. On a compute-bound step
-// (prefill, many decode rows) that is most of the instructions beside the dot products themselves.
+// one scale product and one accumulate serve 16 outputs instead of 8. In the prefill schedule
+// (quant_gemm.cpp), whose steps are compute-bound, that is most of the instructions beside the dot
+// products themselves; the small-batch schedule measured slower with pairs (docs/kernels.md).
 #pragma once
 
 #include <immintrin.h>
