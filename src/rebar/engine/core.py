@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from rebar import heap
 from rebar.engine.admission import RequestChecker
 from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
@@ -77,6 +78,7 @@ class EngineCore:
         draft: DraftModel | None = None,
     ) -> None:
         """`draft`: the loaded `config.draft_model` (its vocabulary already checked), when set."""
+        heap.keep_freed_memory()  # each step's temporaries reused by the next (rebar.heap)
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = min(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rebar import heap
 from rebar.engine.core import EngineCore, EngineStats
 from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
 from rebar.engine.request import AdmittedRequest
@@ -116,7 +117,8 @@ class CoreLoop:
                 return
             for command in commands:
                 self._apply(command, delivery)
-            if self.core.has_unfinished_requests():
+            stepped = self.core.has_unfinished_requests()
+            if stepped:
                 try:
                     delivery.outputs += self.core.step()
                 except Exception:  # a bug in the step itself: fail what is in flight, keep serving
@@ -127,6 +129,8 @@ class CoreLoop:
             if self._profile is not None and self._profile.is_over():
                 self._end_profile(delivery)
             self._hand_on(delivery)
+            if stepped and not self.core.has_unfinished_requests():
+                heap.trim()  # gone idle, outputs delivered: the steps' freed temporaries go back
 
     def _hand_on(self, delivery: Delivery) -> None:
         if delivery or (self.with_stats and not self.core.has_unfinished_requests()):

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+from rebar import heap
 from rebar.engine.core import EngineCore
 from rebar.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 from rebar.engine.request import AdmittedRequest
@@ -27,6 +28,7 @@ def stream(core: EngineCore, admitted: Sequence[AdmittedRequest]) -> Iterator[Re
             for output in core.step():
                 if output.request_id in names:
                     yield replace(output, request_id=names[output.request_id])
+        heap.trim()  # idle: the steps' freed temporaries go back to the OS
     finally:
         for rid in request_ids:
             core.abort_request(rid)
