@@ -136,10 +136,19 @@ print(time.perf_counter() - started, rebar_bench.gate_measure.peak_private_kib()
 def peak_private_kib(status: str | None = None) -> int:
     """This process's peak resident KiB less the KiB still mapped from files, from
     /proc/self/status (or the `status` text given)."""
+    return _status_kib("VmHWM", status) - _status_kib("RssFile", status)
+
+
+def private_kib(status: str | None = None) -> int:
+    """This process's resident KiB now, less those mapped from files."""
+    return _status_kib("VmRSS", status) - _status_kib("RssFile", status)
+
+
+def _status_kib(field: str, status: str | None) -> int:
     if status is None:
         status = Path("/proc/self/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return int(fields["VmHWM"].split()[0]) - int(fields["RssFile"].split()[0])
+    return int(fields[field].split()[0])
 
 
 def _child(model: str, threads: int, load: bool) -> tuple[float, float]:
