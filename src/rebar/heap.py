@@ -1,6 +1,7 @@
-"""The C library's heap (glibc's malloc) as rebar's steps want it: freed temporaries kept for the
-next step while the engine works, given back to the operating system when it goes idle or after a
-model load. Elsewhere (musl, macOS) both calls do nothing.
+"""glibc's heap as the engine wants it: a step's freed temporaries kept for the next, given back to
+the OS when the engine goes idle or a model has loaded.
+
+Elsewhere (musl, macOS) both calls do nothing.
 
 glibc serves a block larger than its mmap threshold with a fresh mapping and unmaps it on free, so
 the next step's tensor of that size faults in every page again. The threshold slides up to 32 MiB

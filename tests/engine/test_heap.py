@@ -7,8 +7,6 @@ import asyncio
 import subprocess
 import sys
 
-import pytest
-
 from rebar import heap
 from rebar.engine import run
 from rebar.engine.async_engine import AsyncEngine
@@ -57,7 +55,6 @@ def temporaries(mode: str) -> tuple[bool, int, int]:
     return served_by_heap == "True", int(freed), int(trimmed)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_temporaries_stay_until_a_trim() -> None:
     # By default each gets its own mapping, gone (and faulted in afresh next time) once freed.
     served_by_heap, freed, _ = temporaries("default")
