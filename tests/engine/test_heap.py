@@ -63,6 +63,13 @@ def test_freed_temporaries_stay_until_a_trim() -> None:
     assert served_by_heap and freed < 8 and trimmed > 64
 
 
+def test_an_engine_keeps_freed_memory_for_its_steps(tmp_path, monkeypatch) -> None:
+    calls: list[bool] = []
+    monkeypatch.setattr(heap, "keep_freed_memory", lambda: calls.append(True) or True)
+    make_core(tmp_path)
+    assert calls == [True]
+
+
 def record_trims(monkeypatch, core) -> list[bool]:
     """From now on, each heap.trim call, recorded as whether `core` had nothing left to run then
     (its load has trimmed already: speculation's calibration does)."""
