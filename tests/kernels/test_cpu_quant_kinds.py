@@ -57,8 +57,8 @@ def test_packed_dequantize_is_the_weight(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_are_batch_invariant(kind: str) -> None:
-    """A row's bits do not depend on the batch, on the schedule (64+ rows take the prefill one) or
-    on the thread count."""
+    """A row's bits do not depend on the batch, on the schedule (32+ rows take the prefill one, on
+    rebar's worker pool under 64 rows and on torch's threads from 64 on) or on the thread count."""
     gen = torch.Generator().manual_seed(7)
     case = random_kind(kind, 40, 512, gen)
     x = random_activations(70, 512, gen)
@@ -66,6 +66,8 @@ def test_rows_are_batch_invariant(kind: str) -> None:
     for i in (0, 1, 2, 3, 4, 5, 63, 64, 69):
         assert torch.equal(cpu_quant.linear_packed(x[i : i + 1], case.packed), batched[i : i + 1])
     assert torch.equal(cpu_quant.linear_packed(x[:5], case.packed), batched[:5])
+    assert torch.equal(cpu_quant.linear_packed(x[:31], case.packed), batched[:31])  # small-batch
+    assert torch.equal(cpu_quant.linear_packed(x[:40], case.packed), batched[:40])  # worker pool
     # The prefill schedule takes tiles two at a time on AVX-512 (pair_dots.h): 64 rows against 40
     # outputs (5 tiles) meet both the pairs and the last tile alone; one thread's share of the tiles
     # (below) cuts the pairs elsewhere.

@@ -27,8 +27,9 @@ from rebar.kernels import cpu_quant
 
 # SmolLM2-135M's projections (out, in), plus odd sizes: a partial last tile of 8 output rows.
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (13, 576), (21, 64)]
-# 67 rows: the int4 prefill schedule (quant_gemm.cpp, from 64 rows on) with an odd last row.
-ROWS = [1, 3, 16, 67]
+# 33 rows: the prefill schedule (quant_gemm.cpp, from 32 rows on) on rebar's worker pool; 67: on
+# torch's threads (from 64), with an odd last row.
+ROWS = [1, 3, 16, 33, 67]
 ROUND_OFF = 1e-5
 
 
@@ -122,7 +123,7 @@ def test_rows_are_batch_invariant(kind: str) -> None:
         weight = random_int8(100, 576, 576, torch.float32, gen)
         packed = cpu_quant.pack_int8(weight.qweight, weight.scales, 576)
         linear = cpu_quant.linear_packed
-    x = random_activations(75, 576, gen)  # from 64 rows on, int4 takes its prefill schedule
+    x = random_activations(75, 576, gen)  # from 32 rows on, the prefill schedule
     batched = linear(x, packed)
     for i in range(len(x)):
         assert torch.equal(linear(x[i : i + 1], packed), batched[i : i + 1])

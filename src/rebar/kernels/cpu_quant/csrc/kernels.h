@@ -112,8 +112,10 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y,
                        int64_t tile_end);
 
 // linear_tile_range for many rows (quant_gemm.cpp): the same results, scheduled for compute-bound
-// batches; used from kGemmMinRows rows on.
-constexpr int64_t kGemmMinRows = 64;
+// batches; used from kGemmMinRows rows on. At 32 and 48 rows it was 10-30% faster than the
+// small-batch schedule on Gemma 3's and SmolLM2's layers and output heads; at 12-24 rows it was not
+// on every weight (docs/kernels.md, "Prefill").
+constexpr int64_t kGemmMinRows = 32;
 void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                      int64_t tile_end);
 
