@@ -6,8 +6,8 @@ Elsewhere (musl, macOS) both calls do nothing.
 glibc serves a block larger than its mmap threshold with a fresh mapping and unmaps it on free, so
 the next step's tensor of that size faults in every page again. The threshold slides up to 32 MiB
 as such blocks are freed, but trimming the heap's top and the order of a prefill's allocations kept
-pulling it back: a 16,384-token Gemma 3 prefill took 1.3-3.2 million page faults and 22.2-24.6 s,
-against ~0.48 million and 20.8-22.5 s with the threshold fixed at 32 MiB and no automatic trim
+pulling it back: a 16,384-token Gemma 3 prefill took 1.27-1.33 million page faults and 22.2-24.6 s,
+against 0.46-0.49 million and 20.8-22.5 s with the threshold fixed at 32 MiB and no automatic trim
 (three runs each, alternated; docs/benchmarks.md). Loading a model makes many temporaries too
 (decoding and repacking a tensor a few MiB at a time); without a trim, a 1 B model's load left ~130
 MiB of freed heap resident.
