@@ -3,12 +3,12 @@
     PYTHONPATH=src .venv/bin/python scripts/bench_long_prompt_neighbours.py [--model gemma3] \
         [--prompt-tokens 16384] [--threads 2] [--setting max_prefill_tokens_while_decoding=256]
 
-Loads the model with rebar's defaults (any `--setting name=value` of `[engine]` overrides one;
-`none` unsets it), starts one greedy stream on a short prompt (not speculating) and drives the
-engine step by step: first 60 steps with the stream alone (its idle gaps between tokens), then a
-prompt of random tokens (never in the prefix cache) arrives, and the stream's gaps are recorded
-until that prompt's first token. Prints the stream's median, 90th percentile and largest gap
-against its idle median, and the long prompt's time to first token.
+Loads the model with rebar's defaults and the `rebar` command's OpenMP setting (any `--setting
+name=value` of `[engine]` overrides one; `none` unsets it), starts one greedy stream on a short
+prompt (not speculating) and drives the engine step by step: first 60 steps with the stream alone
+(its idle gaps between tokens), then a prompt of random tokens (never in the prefix cache) arrives,
+and the stream's gaps are recorded until that prompt's first token. Prints the stream's median,
+90th percentile and largest gap against its idle median, and the long prompt's time to first token.
 """
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ import random
 import statistics
 import time
 
-import torch
+from rebar.openmp_env import shorten_openmp_spin
 
-from rebar.engine.sampling_params import SamplingParams
-from rebar.llm import LLM
+shorten_openmp_spin()  # before torch loads libgomp: what `make run` gets
+
+import torch  # noqa: E402
+
+from rebar.engine.sampling_params import SamplingParams  # noqa: E402
+from rebar.llm import LLM  # noqa: E402
 
 IDLE_STEPS = 60
 
