@@ -526,6 +526,32 @@ def test_runner_sends_the_decode_rows_of_a_mixed_step_through_the_fused_step() -
     assert runner.execute(three[:2]).shape == (2, model.config.vocab_size) and calls == [[40, 40]]
 
 
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [({}, True), ({"GOMP_SPINCOUNT": "30000"}, False), ({"OMP_WAIT_POLICY": "PASSIVE"}, False)],
+)
+def test_the_runner_warns_when_openmp_spin_is_left_at_its_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, env, warned
+) -> None:
+    """A program embedding rebar with libgomp's default busy-wait hears how to fix it once a fused
+    decode step is built; a setting of either variable (the rebar command's, or the user's) keeps
+    it quiet."""
+    from rebar.engine.runner import ModelRunner
+
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    model = quantized_model(num_layers=1)
+    with caplog.at_level("WARNING", logger="rebar.engine"):
+        runner = ModelRunner(model, model.config, new_cache(model), torch.device("cpu"))
+    assert runner.fused_decoder is not None
+    warnings = [r.getMessage() for r in caplog.records if "GOMP_SPINCOUNT" in r.getMessage()]
+    assert len(warnings) == (1 if warned else 0)
+    if warned:
+        assert "rebar.shorten_openmp_spin()" in warnings[0]
+
+
 def test_a_fused_step_is_one_range_in_a_profile() -> None:
     """Profiles (rebar profile, /admin/profile) show a fused decode step as one named range, where
     the model's own forward shows one per layer."""

@@ -14,6 +14,7 @@ from torch import nn
 from rebar.engine.scheduler import ScheduledRequest
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
 from rebar.model.config import ModelConfig
+from rebar.openmp_env import spin_left_at_default
 
 if TYPE_CHECKING:
     from rebar.model.fused_decode import FusedDecoder
@@ -54,6 +55,14 @@ class ModelRunner:
                 "fused CPU decode step on: decode steps of %s run in one C++ call",
                 "any size" if limit == math.inf else f"up to {limit} sequences",
             )
+            if spin_left_at_default():
+                logger.warning(
+                    "GOMP_SPINCOUNT and OMP_WAIT_POLICY are unset: torch's OpenMP threads "
+                    "busy-wait for milliseconds after each operator, on the cores the fused "
+                    "decode step uses, and decoding can run a third slower. Call "
+                    "rebar.shorten_openmp_spin() before importing torch (as the rebar command "
+                    "does) or set GOMP_SPINCOUNT (docs/kernels.md)."
+                )
         return outcome.decoder
 
     def _metadata(
