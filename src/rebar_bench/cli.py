@@ -409,7 +409,8 @@ def _add_gate_parser(bench: Any, positive_int: Callable[[str], int]) -> None:
             "weights, the fused decode step, the default thread count): cold start, prefill, "
             "decode, batched decode, p95 latency (each divided by a calibration run in the same "
             "process) and peak private memory, and fails on a figure beyond its tolerance of the "
-            "baseline."
+            "baseline (a run with one beyond it is followed by two more, and the medians of the "
+            "three are judged, as the baseline records them)."
         ),
         epilog=(
             "Re-baselining: on a quiet machine (nothing else running), at the commit to record, "

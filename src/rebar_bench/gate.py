@@ -27,8 +27,10 @@ baseline's instruction set, every single-stream decode row on the fused decode s
 greedy tokens for a fixed prompt as the baseline recorded; any difference fails it, however fast.
 
 Each figure is compared with a committed baseline (`perf/baseline.json`,
-`rebar_bench.gate_baseline`); one beyond its tolerance fails the gate and the output says which
-one and by how much. `run_noise` measures the spread the tolerances rest on.
+`rebar_bench.gate_baseline`). A run with a figure beyond its tolerance is followed by
+`baseline_runs - 1` more, and the gate fails when a figure's median over them (the statistic the
+baseline records) is still beyond it; the output says which one and by how much. `run_noise`
+measures the spread the tolerances rest on.
 
 Re-baselining (`update=True`) measures the same way and then judges the fresh figures against the
 current baseline: a regression (or changed greedy tokens) is refused unless `accept_regression`
@@ -176,6 +178,15 @@ def run_gate(
     wrong_path = [f for run in measurements for f in path_failures(run, comparable)]
     verdicts = [] if comparable is None else _verdicts(comparable, measurement)
     failed = [v for v in verdicts if not v.passed]
+    second_look = workload.baseline_runs > 1 and not update and not wrong_path
+    if failed and second_look and comparable is not None:
+        measurements += _second_look(model, workload, threads, failed)
+        measurement = Measurement.median(measurements)
+        _noise_table(measurements)
+        print(f"the median figures of {len(measurements)} runs:")
+        _report(measurement, threads)
+        wrong_path = [f for run in measurements for f in path_failures(run, comparable)]
+        failed = [v for v in _verdicts(comparable, measurement) if not v.passed]
     if update:
         return _rebaseline(
             baseline_path,
@@ -193,6 +204,30 @@ def run_gate(
         return 1
     print("performance gate passed")
     return 0
+
+
+def _second_look(
+    model: str, workload: Workload, threads: int, failed: list[Verdict]
+) -> list[Measurement]:
+    """The runs that join a judged run whose figures fell outside their tolerances: the figures are
+    then judged as the baseline's were recorded, the medians of `baseline_runs` runs.
+
+    This host's speed moves by up to 30% within minutes with no change in rebar (one CI gate read
+    +27% of a +30% tolerance on batched decode, gates on the same code minutes later +1% and +7%),
+    so one run caught at a bad moment fails a figure that the median of three does not; a real
+    regression moves every run, and their median with it. A wrong path (other kernels, decode rows
+    off the fused step, other greedy tokens) fails at once: more runs could not change it.
+    """
+    extra = workload.baseline_runs - 1
+    names = ", ".join(v.figure for v in failed)
+    print(
+        f"{names} beyond tolerance in one run: measuring {extra} more and judging the medians of "
+        f"{extra + 1} runs, as the baseline was recorded"
+    )
+    runs = [measure(model, workload, threads) for _ in range(extra)]
+    for run in runs:
+        _report(run, threads)
+    return runs
 
 
 def _comparable_baseline(

@@ -238,6 +238,69 @@ def test_the_same_figures_pass_and_a_regression_fails(
     assert "performance gate FAILED: decode is 30.0% above its baseline (limit 25%)" in out
 
 
+def judged_over_three_runs(copy_of: Path) -> Workload:
+    """The tiny workload with three runs to a baseline, and the copied baseline recorded for it."""
+    record = json.loads(copy_of.read_text())
+    record["workload"]["baseline_runs"] = 3
+    copy_of.write_text(json.dumps(record))
+    return replace(TINY, baseline_runs=3)
+
+
+def gate_measuring(monkeypatch, runs: list[Measurement]) -> list[Measurement]:
+    """`measure` hands out `runs` in order; returns the list of those it handed out."""
+    handed: list[Measurement] = []
+
+    def measure(model, workload, threads) -> Measurement:
+        handed.append(runs[len(handed)])
+        return handed[-1]
+
+    monkeypatch.setattr(gate, "measure", measure)
+    return handed
+
+
+def test_one_slow_run_is_judged_with_two_more_on_the_median_of_three(
+    tiny_model, copy_of, measured, monkeypatch, capsys
+) -> None:
+    workload = judged_over_three_runs(copy_of)
+    slow = slower(measured, "decode", 1.3)
+    handed = gate_measuring(monkeypatch, [slow, measured, measured])
+    assert gate.run_gate(tiny_model, copy_of, threads=1, workload=workload) == 0
+    out = capsys.readouterr().out
+    assert len(handed) == 3 and "performance gate passed" in out
+    assert "decode beyond tolerance in one run: measuring 2 more" in out
+    assert "the median figures of 3 runs:" in out
+
+
+def test_a_regression_in_most_runs_still_fails_after_the_second_look(
+    tiny_model, copy_of, measured, monkeypatch, capsys
+) -> None:
+    workload = judged_over_three_runs(copy_of)
+    slow = slower(measured, "decode", 1.3)
+    handed = gate_measuring(monkeypatch, [slow, measured, slow])
+    assert gate.run_gate(tiny_model, copy_of, threads=1, workload=workload) == 1
+    out = capsys.readouterr().out
+    assert len(handed) == 3
+    assert "performance gate FAILED: decode is 30.0% above its baseline (limit 25%)" in out
+
+
+def test_a_run_on_the_wrong_path_fails_without_a_second_look(
+    tiny_model, copy_of, measured, monkeypatch, capsys
+) -> None:
+    workload = judged_over_three_runs(copy_of)
+    wrong = replace(slower(measured, "decode", 1.3), path=replace(measured.path, kernels="x"))
+    handed = gate_measuring(monkeypatch, [wrong, measured, measured])
+    assert gate.run_gate(tiny_model, copy_of, threads=1, workload=workload) == 1
+    out = capsys.readouterr().out
+    assert len(handed) == 1 and "measuring" not in out and "the kernels ran x" in out
+
+
+def test_a_passing_run_is_measured_once(tiny_model, copy_of, measured, monkeypatch) -> None:
+    workload = judged_over_three_runs(copy_of)
+    handed = gate_measuring(monkeypatch, [measured, measured, measured])
+    assert gate.run_gate(tiny_model, copy_of, threads=1, workload=workload) == 0
+    assert len(handed) == 1
+
+
 def test_rebaselining_refuses_a_regression_without_a_stated_reason(
     tiny_model, copy_of, measured, monkeypatch, capsys
 ) -> None:
