@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rebar import SamplingParams
-from rebar.engine import sampler
+from rebar.engine import token_draw
 from rebar.engine.sampler import SampleRequest, make_generator, sample_batch
 
 LOGITS = torch.log(torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]))
@@ -419,7 +419,7 @@ def test_a_row_draws_the_same_tokens_from_its_candidates_or_its_whole_vocabulary
         return [sample_batch(logits, [row])[0].token_id for _ in range(50)]
 
     from_candidates = draws()
-    monkeypatch.setattr(sampler, "CANDIDATE_WIDTHS", (1,))  # no kept set fits: all go wide
+    monkeypatch.setattr(token_draw, "CANDIDATE_WIDTHS", (1,))  # no kept set fits: all go wide
     assert draws() == from_candidates
     assert len(set(from_candidates)) > 5
 
@@ -631,9 +631,9 @@ def test_whole_row_sums_are_the_same_bits_alone_or_in_a_batch() -> None:
     # top_p measures a row against its whole mass; a lone long row must add up exactly as it does
     # among others, or the nucleus boundary could move with the batch.
     values = (torch.randn(9, 49152 + 77, generator=torch.Generator().manual_seed(6)) * 3).exp()
-    together = sampler._row_sums(values)
+    together = token_draw.row_sums(values)
     for start, size in ((0, 1), (4, 1), (2, 3), (8, 1)):
-        alone = sampler._row_sums(values[start : start + size].clone())
+        alone = token_draw.row_sums(values[start : start + size].clone())
         assert torch.equal(alone, together[start : start + size])
     assert torch.allclose(together, values.double().sum(-1, keepdim=True), rtol=1e-12)
 

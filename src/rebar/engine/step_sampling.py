@@ -32,12 +32,12 @@ from rebar.engine.grammar import GrammarMatcher, StepMask, TokenMasks
 from rebar.engine.sampler import (
     SampledToken,
     SampleRequest,
-    advance_generator,
     distributions,
     sample_batch,
     token_logprobs,
 )
 from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.token_draw import advance_generator
 
 logger = logging.getLogger("rebar.engine")
 
