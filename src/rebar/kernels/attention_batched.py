@@ -9,7 +9,8 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
 - a fresh prompt (nothing cached) attends over its own K/V with `is_causal=True`, no gather;
 - a chunk that continues a cached context gathers that context and uses an explicit causal mask:
   one call over every key, as a fresh prompt's, so that a prefix-cache hit computes the numbers
-  the whole prompt would;
+  the whole prompt would from the same cached K/V (a fresh prompt's own K/V differ in their last
+  bits with its length: docs/kernels.md, "Prompt attention and the prefix cache");
 - long runs of prompt tokens on the CPU take prompt_attention's schedules: key tiles fixed at
   absolute positions past the first KEY_TILE positions of a layer without a window (the same
   numbers however the prompt's chunks were cut; a split at the chunk's start, tried before, did

@@ -5,7 +5,9 @@
   tiles fixed at absolute positions; a query attends the whole tiles before its own in one
   mask-free flash-attention call and its own tile causally, merged through log-sum-exps. The split
   depends on the query's position alone, so however a prompt's chunks were cut (a prefix-cache hit
-  included) it computes the same numbers.
+  included) it computes the same numbers from the same cached keys and values. (Those a fresh
+  prompt writes depend in their last bits on its length: docs/kernels.md, "Prompt attention and
+  the prefix cache".)
 - Windowed blocks (a sliding-window layer): WINDOW_QUERY_BLOCK queries at a time over only the keys
   their window sees, each block's mask a slice of one additive mask per window.
 """
