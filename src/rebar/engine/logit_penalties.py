@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from rebar.engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from rebar.engine.sampler import SampleRequest
+
+class PenalisedRow(Protocol):
+    """What the penalties read of a row (the sampler's SampleRequest is one)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
 
 
 def add_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
@@ -63,7 +73,7 @@ def _token_counts(
 
 
 def apply_penalties(
-    logits: torch.Tensor, requests: Sequence[SampleRequest], rows: Sequence[int]
+    logits: torch.Tensor, requests: Sequence[PenalisedRow], rows: Sequence[int]
 ) -> None:
     """Repetition (prompt and output), then presence and frequency (output only) penalties, in
     place.
