@@ -12,8 +12,8 @@ libgomp reads its settings once, when it is loaded, so this only works when call
 imported; a value the user set is kept. Importing rebar never calls it: the `rebar` command does,
 first thing, and a program embedding rebar calls it itself (or sets GOMP_SPINCOUNT) if it wants the
 same; the model runner warns when it builds the fused decode step with the spin left at its default
-(single-stream Gemma 3 decode through `LLM.generate` measured 82-88 tokens/s that way against
-126-140 with 30,000 loops, alternated twice).
+(single-stream Gemma 3 decode through `LLM.generate` measured 81.7-89.4 tokens/s that way against
+113.1-140.9 with 30,000 loops, three rounds alternated).
 """
 
 from __future__ import annotations

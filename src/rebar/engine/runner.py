@@ -59,7 +59,7 @@ class ModelRunner:
                 logger.warning(
                     "GOMP_SPINCOUNT and OMP_WAIT_POLICY are unset: torch's OpenMP threads "
                     "busy-wait for milliseconds after each operator, on the cores the fused "
-                    "decode step uses, and decoding can run a third slower. Call "
+                    "decode step uses, and decoding can run ~30% slower. Call "
                     "rebar.shorten_openmp_spin() before importing torch (as the rebar command "
                     "does) or set GOMP_SPINCOUNT (docs/kernels.md)."
                 )
