@@ -178,8 +178,8 @@ def run_gate(
     wrong_path = [f for run in measurements for f in path_failures(run, comparable)]
     verdicts = [] if comparable is None else _verdicts(comparable, measurement)
     failed = [v for v in verdicts if not v.passed]
-    second_look = workload.baseline_runs > 1 and not update and not wrong_path
-    if failed and second_look and comparable is not None:
+    may_look_again = workload.baseline_runs > 1 and not update and not wrong_path
+    if failed and may_look_again and comparable is not None:
         measurements += _second_look(model, workload, threads, failed)
         measurement = Measurement.median(measurements)
         _noise_table(measurements)
