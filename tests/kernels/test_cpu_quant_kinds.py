@@ -80,6 +80,35 @@ def test_rows_are_batch_invariant(kind: str) -> None:
         torch.set_num_threads(threads)
 
 
+def affine4(out_f: int, in_f: int, gen: torch.Generator, scales: torch.dtype, group: int = 32):
+    """A Q4_1-like weight (kAffine, 4-bit codes) with float16 or float32 scales per `group`."""
+    codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
+    groups = in_f // group
+    scale = (torch.rand(out_f, groups, generator=gen) * 0.02 + 0.001).to(scales)
+    offset = (torch.rand(out_f, groups, generator=gen) * -0.1).to(scales)
+    return cpu_quant.pack_affine(codes, 4, scale, offset, group)
+
+
+@pytest.mark.parametrize(
+    "kind", ["sym4", "sym5", "sym8", "affine5", "affine4", "affine4_f32", "affine4_g128"]
+)
+def test_rows_in_fours_of_tiles_are_batch_invariant(kind: str) -> None:
+    """From 6 rows the per-group kinds take four tiles against six rows at a time on AVX-512
+    (pair_rows.cpp): every row count from there to the prefill schedule's, with full groups of six
+    and each ragged end, gives each row the bits it gets alone. 37 tiles, split into chunks of 9
+    or 10 (4 chunks a thread), leave one or two of each chunk to the small-batch kernel."""
+    gen = torch.Generator().manual_seed(13)
+    if kind.startswith("affine4"):
+        scales = torch.float32 if kind.endswith("f32") else torch.float16
+        packed = affine4(296, 512, gen, scales, 128 if kind.endswith("g128") else 32)
+    else:
+        packed = random_kind(kind, 296, 512, gen).packed
+    x = random_activations(31, 512, gen)
+    alone = torch.cat([cpu_quant.linear_packed(x[i : i + 1], packed) for i in range(31)])
+    for rows in range(6, 32):
+        assert torch.equal(cpu_quant.linear_packed(x[:rows], packed), alone[:rows]), rows
+
+
 def test_bad_layouts_raise_value_errors() -> None:
     case = random_kind("super_sym6", 16, 256, torch.Generator().manual_seed(2))
     packed = case.packed

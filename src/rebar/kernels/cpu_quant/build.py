@@ -39,6 +39,7 @@ SOURCES = (
     "activation_quant.cpp",
     "quant_linear.cpp",
     "quant_gemm.cpp",
+    "pair_rows.cpp",
     "decoder.cpp",
     "elementwise.cpp",
     "worker_pool.cpp",

@@ -167,6 +167,7 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y,
     gemm_tile_range(x, w, y, tile_begin, tile_end);
     return;
   }
+  if (pair_rows_take(w, x.rows)) tile_begin = pair_rows_tiles(x, w, y, tile_begin, tile_end);
   const int64_t b = tile_begin, e = tile_end;
   switch (w.kind) {
     case WeightKind::kSym:
@@ -189,7 +190,11 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y,
 void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_t num_chunks) {
   int64_t total = 0;
   for (int j = 0; j < num_jobs; ++j) total += jobs[j].w->num_tiles;
-  const TileRange mine = thread_share(total, static_cast<int>(chunk), static_cast<int>(num_chunks));
+  // Chunks begin and end on fours of tiles, so that a job whose tiles come in fours (every model's
+  // here) gives pair_rows_tiles whole fours in each chunk; each tile's results are the same anyway.
+  constexpr int64_t kAlign = 4;
+  const TileRange fours = thread_share((total + kAlign - 1) / kAlign, static_cast<int>(chunk), static_cast<int>(num_chunks));
+  const TileRange mine{std::min(total, kAlign * fours.begin), std::min(total, kAlign * fours.end)};
   int64_t first = 0;
   for (int j = 0; j < num_jobs; ++j) {
     const LinearJob& job = jobs[j];
