@@ -89,14 +89,12 @@ def affine4(out_f: int, in_f: int, gen: torch.Generator, scales: torch.dtype, gr
     return cpu_quant.pack_affine(codes, 4, scale, offset, group)
 
 
-@pytest.mark.parametrize(
-    "kind", ["sym4", "sym5", "sym8", "affine5", "affine4", "affine4_f32", "affine4_g128"]
-)
+@pytest.mark.parametrize("kind", [*KINDS, "affine4", "affine4_f32", "affine4_g128"])
 def test_rows_in_fours_of_tiles_are_batch_invariant(kind: str) -> None:
-    """From 6 rows the per-group kinds take four tiles against six rows at a time on AVX-512
-    (pair_rows.cpp): every row count from there to the prefill schedule's, with full groups of six
-    and each ragged end, gives each row the bits it gets alone. 37 tiles, split into chunks of 9
-    or 10 (4 chunks a thread), leave one or two of each chunk to the small-batch kernel."""
+    """From 6 rows every kind takes four tiles against six rows at a time (four for super_sym6) on
+    AVX-512 (pair_rows.cpp): every row count from there to the prefill schedule's, with full groups
+    of rows and each ragged end, gives each row the bits it gets alone. 37 tiles, split into chunks
+    of 9 or 10 (4 chunks a thread), leave one or two of each chunk to the small-batch kernel."""
     gen = torch.Generator().manual_seed(13)
     if kind.startswith("affine4"):
         scales = torch.float32 if kind.endswith("f32") else torch.float16

@@ -119,8 +119,8 @@ constexpr int64_t kGemmMinRows = 32;
 void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin,
                      int64_t tile_end);
 
-// From this many rows (and below kGemmMinRows), AVX-512 builds compute the per-group kinds' tiles four
-// at a time against six rows at a time (pair_rows.cpp): the same results as the small-batch kernel.
+// From this many rows (and below kGemmMinRows), AVX-512 builds compute tiles four at a time against six
+// rows at a time (four for kSuperSym; pair_rows.cpp): the same results as the small-batch kernel.
 // Below it the small-batch kernel's single weight stream is as fast (the output head at 4 rows).
 constexpr int64_t kPairRowsMinRows = 6;
 // Whether pair_rows_tiles computes `w` at `rows` rows.
