@@ -22,7 +22,11 @@ FIXTURES = json.loads(
 DECISIVE_MARGIN = 0.5
 # Measured: the default path and the float reference path both follow llama.cpp's top-1 at 423 of
 # the 441 positions, and at all 316 decisive ones; every parting is where llama.cpp's own top two
-# lie within 0.5.
+# lie within 0.5. That was on the AMD EPYC the fixtures were made on; on an Intel Xeon (torch's
+# float32 kernels round otherwise) the default path follows at 422, the float path at 423.
+# NEAR_TIE_SLACK: how many more of the near-ties (never a decisive position) the float path may
+# win than the default path, the parting the machine's rounding alone moved.
+NEAR_TIE_SLACK = 1
 TOP1_FLOOR = 0.95
 DECISIVE_FLOOR = 0.99
 
@@ -63,11 +67,15 @@ def test_the_default_path_agrees_with_llamacpp_at_least_as_often_as_the_float_pa
     default_logits: list[torch.Tensor],
 ) -> None:
     """The default path (Q4_K / Q6_K / Q5_0 / Q8_0 kept as they are, activations rounded as llama.cpp
-    rounds them) must follow llama.cpp's top-1 at least as often as the float reference path."""
+    rounds them) must follow llama.cpp's top-1 as often as the float reference path: at every
+    decisive position the float path follows, and overall within NEAR_TIE_SLACK near-ties."""
     from rebar import LLM
 
     float_path = LLM(model="gemma3", dtype="float32", device="cpu", dequantize=True)
     float_logits = [float_path.logits(case["ids"]) for case in FIXTURES["cases"]]
-    default_agree, total, _, _ = agreement(default_logits)
-    float_agree, _, _, _ = agreement(float_logits)
-    assert default_agree >= float_agree, f"default {default_agree}, float {float_agree} of {total}"
+    default_agree, total, default_decisive, _ = agreement(default_logits)
+    float_agree, _, float_decisive, _ = agreement(float_logits)
+    assert default_decisive >= float_decisive, (default_decisive, float_decisive)
+    assert default_agree >= float_agree - NEAR_TIE_SLACK, (
+        f"default {default_agree}, float {float_agree} of {total}"
+    )

@@ -72,10 +72,12 @@ def test_generation_ends_at_the_end_of_turn(gemma3_tokenizer) -> None:
 # rebar 32), which moves single logits by up to ~1 here; at the partings seen, rebar's float32
 # reference (transformers' math to 2e-4) sides with rebar as often as with llama.cpp, its own gap
 # between the two candidates under 0.3. Since the Q5_0 / Q8_0 layers' activation scales are rounded
-# to float16 as llama.cpp's are, 7 of the 10 continuations are identical (5 before); of the three
-# partings, the widest is 0.55 at token 11 of the prime-number answer.
+# to float16 as llama.cpp's are, 7 of the 10 continuations are identical (5 before) on the AMD EPYC
+# the fixtures were made on; of the three partings, the widest is 0.55 at token 11 of the
+# prime-number answer. On an Intel Xeon (torch's float32 kernels round otherwise) 6 are, every
+# parting still a near-tie: the count guards against a drop, the near-tie check is the criterion.
 NEAR_TIE = 0.6
-IDENTICAL = 7
+IDENTICAL = 6
 
 
 def test_default_greedy_continuations_follow_llamacpps(gemma3) -> None:
