@@ -123,10 +123,9 @@ void gemm_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y, i
 // rows at a time (four for kSuperSym; pair_rows.cpp): the same results as the small-batch kernel.
 // Below it the small-batch kernel's single weight stream is as fast (the output head at 4 rows).
 constexpr int64_t kPairRowsMinRows = 6;
-// Whether pair_rows_tiles computes `w` at `rows` rows.
-bool pair_rows_take(const PackedWeights& w, int64_t rows);
-// Tiles from tile_begin on, four at a time while four remain before tile_end; returns the first tile
-// it left for the caller (at most three before tile_end).
+// From kPairRowsMinRows rows on AVX-512 builds, tiles from tile_begin on, four at a time while four
+// remain before tile_end; returns the first tile it left for the caller (tile_begin when it took none:
+// fewer rows or another build; else at most three before tile_end).
 int64_t pair_rows_tiles(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end);
 
 // The contiguous share [begin, end) of `count` items that thread `thread` of `num_threads` takes.

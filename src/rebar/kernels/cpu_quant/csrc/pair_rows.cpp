@@ -232,19 +232,9 @@ int64_t scaled_range(const QuantizedRows& x, const PackedWeights& w, float* y, i
 }  // namespace
 #endif
 
-bool pair_rows_take(const PackedWeights& w, int64_t rows) {
-#if defined(REBAR_PAIRED_TILES)
-  (void)w;
-  return rows >= kPairRowsMinRows;
-#else
-  (void)w;
-  (void)rows;
-  return false;
-#endif
-}
-
 int64_t pair_rows_tiles(const QuantizedRows& x, const PackedWeights& w, float* y, int64_t tile_begin, int64_t tile_end) {
 #if defined(REBAR_PAIRED_TILES)
+  if (x.rows < kPairRowsMinRows) return tile_begin;
   const int64_t b = tile_begin, e = tile_end;
   switch (w.kind) {
     case WeightKind::kSym:

@@ -167,7 +167,7 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y,
     gemm_tile_range(x, w, y, tile_begin, tile_end);
     return;
   }
-  if (pair_rows_take(w, x.rows)) tile_begin = pair_rows_tiles(x, w, y, tile_begin, tile_end);
+  tile_begin = pair_rows_tiles(x, w, y, tile_begin, tile_end);
   const int64_t b = tile_begin, e = tile_end;
   switch (w.kind) {
     case WeightKind::kSym:
