@@ -3,6 +3,7 @@ errors."""
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -13,6 +14,7 @@ from rebar.engine.engine_config import kv_bytes_per_token
 from rebar.engine.outputs import ENGINE_FAULT
 from rebar.engine.sampling_params import SamplingParams
 from rebar.errors import InvalidRequestError
+from rebar.kernels.best_logits import BestTokens
 from rebar.llm import engine_config
 from tiny_engine import VOCAB, make_core, run_to_completion, tiny_config, tokens_of
 
@@ -206,21 +208,27 @@ def test_a_failing_model_step_fails_its_batch_and_the_engine_recovers(
 ) -> None:
     core = make_core(tmp_path)
     core.add_request("a", [3, 4, 5, 6, 7], GREEDY)
-    real = core.runner.execute
-    monkeypatch.setattr(
-        core.runner, "execute", lambda items: (_ for _ in ()).throw(RuntimeError("device lost"))
-    )
-    (output,) = core.step()
+    with monkeypatch.context() as patch:
+        patch_model_steps(
+            patch, core.runner, lambda real, items: (_ for _ in ()).throw(RuntimeError("lost"))
+        )
+        (output,) = core.step()
     assert (
         output.finish_reason == "error" and output.error == ENGINE_FAULT
     )  # no exception text for clients
-    monkeypatch.setattr(core.runner, "execute", real)
     core.add_request("b", [3, 4, 5, 6, 7], GREEDY)
     out = run_to_completion(core)
     assert (
         out[("b", 0)][-1].num_cached_tokens == 0
     )  # the failed step's blocks were not left in the prefix cache
     assert out[("b", 0)][-1].finish_reason == "length"
+
+
+def patch_model_steps(monkeypatch, runner, replace) -> None:
+    """Send every model step, for logits or for greedy tokens alone, through
+    `replace(real, items)`, `real` being the runner's own method for that step."""
+    for name in ("execute", "execute_greedy"):
+        monkeypatch.setattr(runner, name, functools.partial(replace, getattr(runner, name)))
 
 
 def assert_all_blocks_idle(core) -> None:
@@ -294,6 +302,70 @@ def test_a_row_of_broken_model_logits_fails_that_request_alone(
     )  # its KV was not left cached
 
 
+def test_a_greedy_row_the_head_finds_no_token_for_fails_that_request_alone(
+    tmp_path, monkeypatch
+) -> None:
+    """Steps whose rows are all plain greedy get best tokens, not logits: a row whose best is not
+    valid (NaN or no finite value in its logits) fails its request alone there too."""
+    core = make_core(tmp_path)
+    core.add_request("good", [6, 7, 8], GREEDY)
+    core.add_request("bad", [3, 4, 5, 6, 7, 8, 9], GREEDY)
+    real = core.runner.execute_greedy
+    broken = []
+
+    def poisoned(items):
+        best = BestTokens(*(t.clone() for t in real(items)))
+        for row, request_id in enumerate(rows_of(items)):
+            if request_id == "bad" and core.scheduler.requests["bad"].num_output_tokens == 2:
+                best.valid[row] = False
+                broken.append(row)
+        return best
+
+    monkeypatch.setattr(core.runner, "execute_greedy", poisoned)
+    out = run_to_completion(core)
+    assert broken  # the greedy path ran
+    bad = out[("bad", 0)]
+    assert bad[-1].finish_reason == "error" and bad[-1].error == ENGINE_FAULT
+    assert tokens_of(bad) == alone(tmp_path, [3, 4, 5, 6, 7, 8, 9], GREEDY)[:2]
+    assert tokens_of(out[("good", 0)]) == alone(tmp_path, [6, 7, 8], GREEDY)
+    assert_all_blocks_idle(core)
+
+
+@pytest.mark.parametrize(
+    ("extra", "best_only"),
+    [
+        ({}, True),
+        ({"logprobs": 0}, False),
+        ({"logit_bias": {5: 2.0}}, False),
+        ({"repetition_penalty": 1.2}, False),
+        ({"temperature": 0.7, "seed": 1}, False),
+    ],
+)
+def test_steps_compute_logits_unless_every_row_needs_only_its_best_token(
+    tmp_path, monkeypatch, extra, best_only
+) -> None:
+    """The head skips the logits (execute_greedy) only in steps where every row is plain greedy
+    with nothing reported from its logits; one row that needs them (log-probabilities, a bias, a
+    penalty, a draw) gives the whole step logits, and the greedy rows' tokens do not change."""
+    core = make_core(tmp_path)
+    calls = {"execute": 0, "execute_greedy": 0}
+
+    def count(name, real, items):
+        calls[name] += 1
+        return real(items)
+
+    for name in calls:
+        monkeypatch.setattr(
+            core.runner, name, functools.partial(count, name, getattr(core.runner, name))
+        )
+    core.add_request("greedy", [3, 4, 5], GREEDY)
+    params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True, **extra}
+    core.add_request("other", [6, 7, 8], SamplingParams(**params))
+    out = run_to_completion(core)
+    assert (calls["execute"] == 0) == best_only and (calls["execute_greedy"] > 0) == best_only
+    assert tokens_of(out[("greedy", 0)]) == alone(tmp_path, [3, 4, 5], GREEDY)
+
+
 def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
     tmp_path, monkeypatch, caplog
 ) -> None:
@@ -304,9 +376,8 @@ def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
     for i, prompt in enumerate(batch):
         core.add_request(str(i), prompt, GREEDY)
     core.add_request("poison", [3] * 30, GREEDY)
-    real = core.runner.execute
 
-    def execute(items):
+    def execute(real, items):
         if (
             any(item.request_id == "poison" for item in items)
             and core.scheduler.requests["poison"].num_computed_tokens
@@ -314,7 +385,7 @@ def test_a_model_step_that_fails_because_of_one_request_fails_only_that_request(
             raise RuntimeError("CUDA error: an illegal memory access at 0xdeadbeef")
         return real(items)
 
-    monkeypatch.setattr(core.runner, "execute", execute)
+    patch_model_steps(monkeypatch, core.runner, execute)
     out = run_to_completion(core)
     poison = out[("poison", 0)][-1]
     assert poison.finish_reason == "error" and poison.error == ENGINE_FAULT
@@ -337,16 +408,15 @@ def test_a_request_reading_blocks_a_failed_request_was_to_write_fails_too(
     core.add_request("writer", prompt, GREEDY)
     core.add_request("reader", prompt, GREEDY)
     core.add_request("bystander", [5, 6, 7], GREEDY)
-    real = core.runner.execute
     calls = []
 
-    def execute(items):
+    def execute(real, items):
         calls.append(tuple(item.request_id for item in items))
         if "writer" in calls[-1]:
             raise RuntimeError("writer broke")
         return real(items)
 
-    monkeypatch.setattr(core.runner, "execute", execute)
+    patch_model_steps(monkeypatch, core.runner, execute)
     out = run_to_completion(core)
     assert out[("writer", 0)][-1].finish_reason == "error"
     (reader,) = out[("reader", 0)]

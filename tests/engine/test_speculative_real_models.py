@@ -100,3 +100,23 @@ def test_a_fresh_gemma3_with_the_defaults_stays_within_the_memory_bound(gemma3) 
     assert memory.peak_bytes <= memory.bound_bytes
     plain = measure_memory("gemma3", path, 2, {"speculative": False})
     assert memory.loaded_bytes - plain.loaded_bytes < 16 * 2**20, (memory, plain)
+
+
+def test_the_head_finding_greedy_tokens_alone_gives_the_tokens_of_the_logits(llm) -> None:
+    """Steps whose rows are all plain greedy skip the logits (the quantized head keeps each row's
+    best output as it computes them, kernels/best_outputs); asking for logprobs gives the same
+    steps logits: the tokens are equal, with and without drafts to check."""
+    head = llm.model.lm_head
+    assert head.decode_kernel_name == "native" and head.bias is None  # best_outputs' own path
+    prompts = [
+        llm.chat_prompt_ids([{"role": "user", "content": COPY}]),
+        llm.tokenize("One, two, three, four, five, six, seven, eight, nine, ten, one, two,"),
+        llm.tokenize("The history of the harbour town begins"),
+    ]
+    run(llm, False, prompts, SamplingParams(max_tokens=1, temperature=0))  # as above
+    with_logits = SamplingParams(max_tokens=64, temperature=0, logprobs=1, ignore_eos=True)
+    best_only = replace(with_logits, logprobs=None)
+    for speculate in (False, True):
+        reference, _ = run(llm, speculate, prompts, with_logits)
+        ours, _ = run(llm, speculate, prompts, best_only)
+        assert [o.token_ids for o in ours] == [r.token_ids for r in reference]

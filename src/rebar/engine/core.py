@@ -35,10 +35,11 @@ from rebar.engine.spec.build import build_speculator
 from rebar.engine.spec.draft_model import DraftModel
 from rebar.engine.spec.speculator import DraftCounts, Drafting, SequenceSpeculation, Speculator
 from rebar.engine.step_execution import execute_isolated
-from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict
+from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict, best_token_suffices
 from rebar.errors import InvalidRequestError
 from rebar.kernels import kv_quant
 from rebar.kernels.attention import KVCache
+from rebar.kernels.best_logits import BestTokens
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
 from rebar.timing import DurationHistogram, RequestTiming
@@ -269,15 +270,17 @@ class EngineCore:
         items = list(plan.scheduled)
         if self.speculator is not None and lookahead:
             items = self.speculator.attach_drafts(items, drafting)
-        logits, failed = execute_isolated(self.runner, items)
+        sampling = []
+        for item in items:
+            if item.sample:
+                request = self.scheduler.requests[item.request_id]
+                sampling.append((request, item, _sampling_row(request, item)))
+        greedy = all(best_token_suffices(row) for _, _, row in sampling)
+        scores, failed = execute_isolated(self.runner, items, greedy)
         outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
         self.scheduler.update_after_step(plan)
-        sampling = [
-            (self.scheduler.requests[item.request_id], item)
-            for item in items
-            if item.sample and item.request_id not in failed
-        ]
-        outputs += self._sample_and_append(sampling, logits)
+        sampling = [entry for entry in sampling if entry[1].request_id not in failed]
+        outputs += self._sample_and_append(sampling, scores)
         decode = all(len(item.token_ids) == 1 for item in plan.scheduled)
         self.step_seconds["decode" if decode else "prefill"].observe(time.monotonic() - started)
         return outputs
@@ -308,35 +311,18 @@ class EngineCore:
         )
 
     def _sample_and_append(
-        self, sampling: list[tuple[Request, ScheduledRequest]], logits: torch.Tensor
+        self,
+        sampling: list[tuple[Request, ScheduledRequest, SamplingRow]],
+        scores: torch.Tensor | BestTokens,
     ) -> list[RequestOutput]:
+        """Sample each item's rows from `scores`: the step's logits, or its rows' best tokens when
+        every row needs only those (`best_token_suffices`)."""
         if not sampling:
             return []
-        rows = []
-        for request, item in sampling:
-            state = state_of(request)
-            # Token histories are only read by penalties; copying them every step would cost
-            # O(length).
-            penalised = request.params.has_penalties
-            drawn = None if state.speculation is None else state.speculation.draft_probabilities
-            if drawn is not None and item.draft_token_ids:
-                drawn = drawn[: len(item.draft_token_ids)]
-            else:
-                drawn = None
-            rows.append(
-                SamplingRow(
-                    request.params,
-                    state.generator,
-                    request.prompt_token_ids if penalised else (),
-                    request.output_token_ids if penalised else (),
-                    state.matcher,
-                    item.draft_token_ids,
-                    drawn,
-                )
-            )
-        verdicts = self.step_sampler.sample(rows, logits)
+        rows = [row for _, _, row in sampling]
+        verdicts = self.step_sampler.sample(rows, scores)
         outputs = []
-        for (request, item), verdict in zip(sampling, verdicts):
+        for (request, item, _), verdict in zip(sampling, verdicts):
             outputs += self._apply_verdict(request, verdict)
             if item.num_lookahead:
                 self.scheduler.commit_drafts(request.request_id, verdict.num_accepted)
@@ -426,6 +412,27 @@ class EngineCore:
         assert set(self._children) == {
             state_of(r).parent_id for r in self.scheduler.requests.values()
         }
+
+
+def _sampling_row(request: Request, item: ScheduledRequest) -> SamplingRow:
+    """What `request` brings to the sampling of `item`'s rows."""
+    state = state_of(request)
+    # Token histories are only read by penalties; copying them every step would cost O(length).
+    penalised = request.params.has_penalties
+    drawn = None if state.speculation is None else state.speculation.draft_probabilities
+    if drawn is not None and item.draft_token_ids:
+        drawn = drawn[: len(item.draft_token_ids)]
+    else:
+        drawn = None
+    return SamplingRow(
+        request.params,
+        state.generator,
+        request.prompt_token_ids if penalised else (),
+        request.output_token_ids if penalised else (),
+        state.matcher,
+        item.draft_token_ids,
+        drawn,
+    )
 
 
 def _timing(request: Request) -> RequestTiming:

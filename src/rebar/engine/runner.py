@@ -1,5 +1,5 @@
 """Turn a scheduler's plain-data plan into tensors, run the model once, return logits to sample
-from."""
+from (or, for a step that samples greedily alone, each row's best token)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import nn
 
 from rebar.engine.scheduler import ScheduledRequest
 from rebar.kernels.attention import AttentionMetadata, KVCache, pad_block_tables
+from rebar.kernels.best_logits import BestTokens, best_logits
 from rebar.model.config import ModelConfig
 from rebar.openmp_env import spin_left_at_default
 
@@ -114,6 +115,27 @@ class ModelRunner:
         """Run one step; returns float32 logits on the CPU, in item order: for each item with
         `sample`, one row after its last token, preceded by one after each of its tokens before
         its drafts' end when it has drafts (1 + number of drafts rows: what each position samples).
+        """
+        hidden = self._sampled_hidden(items)
+        if hidden is None:
+            return torch.empty(0, self.config.vocab_size)
+        return self._logits(hidden)
+
+    @torch.inference_mode()
+    def execute_greedy(self, items: Sequence[ScheduledRequest]) -> BestTokens:
+        """Run one step; returns the greedy token of each row `execute` would return logits for
+        (`best_logits` of them), without those logits where the model's head can skip them."""
+        hidden = self._sampled_hidden(items)
+        if hidden is None:
+            return BestTokens.cat([])
+        best_tokens = getattr(self.model, "best_tokens", None)  # a model without: from its logits
+        if best_tokens is None:
+            return best_logits(self._logits(hidden))
+        token_ids, valid = best_tokens(hidden)
+        return BestTokens(token_ids.cpu(), valid.cpu())
+
+    def _sampled_hidden(self, items: Sequence[ScheduledRequest]) -> torch.Tensor | None:
+        """The final hidden states of the rows a step samples (see `execute`), None when none.
 
         Items adding one token (decode, and verification of drafts, whose tokens all become
         one-token rows) go through the fused decoder when there is one and it takes that many rows;
@@ -146,8 +168,8 @@ class ModelRunner:
                 if item.sample:
                     sampled[index] = hidden[end - 1 - len(item.draft_token_ids) : end]
         if not sampled:
-            return torch.empty(0, self.config.vocab_size)
-        return self._logits(torch.cat([sampled[i] for i in sorted(sampled)]))
+            return None
+        return torch.cat([sampled[i] for i in sorted(sampled)])
 
     @torch.inference_mode()
     def teacher_forced_logits(self, token_ids: list[int]) -> torch.Tensor:

@@ -120,7 +120,7 @@ def sample_batch(
     """
     if logits.dim() != 2 or logits.shape[0] != len(requests):
         raise ValueError(f"logits must be [{len(requests)}, vocab], got {list(logits.shape)}")
-    if mask is None and all(_is_plain_greedy(r.params) for r in requests):
+    if mask is None and all(is_plain_greedy(r.params) for r in requests):
         # Fast path: nothing to add, scale or draw.
         token_ids, valid = best_logits(logits)
     else:
@@ -171,7 +171,8 @@ def token_logprobs(
     return _logprobs(logits, token_ids, requests)
 
 
-def _is_plain_greedy(params: SamplingParams) -> bool:
+def is_plain_greedy(params: SamplingParams) -> bool:
+    """Greedy with nothing added to the logits first: the row's token is their argmax."""
     return params.greedy and params.logit_bias is None and not params.has_penalties
 
 

@@ -33,11 +33,13 @@ from rebar.engine.sampler import (
     SampledToken,
     SampleRequest,
     distributions,
+    is_plain_greedy,
     sample_batch,
     token_logprobs,
 )
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.token_draw import advance_generator
+from rebar.kernels.best_logits import BestTokens
 
 logger = logging.getLogger("rebar.engine")
 
@@ -76,8 +78,17 @@ class StepSampler:
     def __init__(self, token_masks: TokenMasks) -> None:
         self.token_masks = token_masks
 
-    def sample(self, sequences: Sequence[SamplingRow], logits: torch.Tensor) -> list[Verdict]:
-        """One verdict per sequence; `logits` has 1 + len(drafts) rows per sequence, in order."""
+    def sample(
+        self, sequences: Sequence[SamplingRow], logits: torch.Tensor | BestTokens
+    ) -> list[Verdict]:
+        """One verdict per sequence; `logits` has 1 + len(drafts) rows per sequence, in order (or,
+        when every sequence's `best_token_suffices`, each of those rows' best token)."""
+        if isinstance(logits, BestTokens):
+            assert all(best_token_suffices(s) for s in sequences)
+            return [
+                judge(s.draft_token_ids, sampled)
+                for s, sampled in zip(sequences, _rows_of(sequences, _best_sampled(logits)))
+            ]
         starts = [0]
         for sequence in sequences:
             starts.append(starts[-1] + 1 + len(sequence.draft_token_ids))
@@ -128,6 +139,39 @@ class StepSampler:
                 constrained.append((row, sequence.matcher, sequence.draft_token_ids))
             row += 1 + len(sequence.draft_token_ids)
         return self.token_masks.fill_with_drafts(constrained) if constrained else None
+
+
+def best_token_suffices(sequence: SamplingRow) -> bool:
+    """Whether every position of `sequence` takes the best token of the model's raw logits and
+    reports nothing else from them (plain greedy, no log-probabilities, no grammar, drafts proposed
+    with certainty): its step may then compute each row's best token alone."""
+    params = sequence.params
+    return (
+        is_plain_greedy(params)
+        and params.logprobs is None
+        and sequence.matcher is None
+        and sequence.draft_probabilities is None
+    )
+
+
+def _best_sampled(best: BestTokens) -> list[SampledToken | None]:
+    """`sample_batch`'s result for plain greedy rows whose best tokens are known."""
+    return [
+        SampledToken(t, None) if ok else None
+        for t, ok in zip(best.token_ids.tolist(), best.valid.tolist())
+    ]
+
+
+def _rows_of(
+    sequences: Sequence[SamplingRow], sampled: list[SampledToken | None]
+) -> list[list[SampledToken | None]]:
+    """`sampled` (1 + len(drafts) per sequence, in order) split by sequence."""
+    split, start = [], 0
+    for sequence in sequences:
+        end = start + 1 + len(sequence.draft_token_ids)
+        split.append(sampled[start:end])
+        start = end
+    return split
 
 
 def judge(draft_token_ids: tuple[int, ...], sampled: Sequence[SampledToken | None]) -> Verdict:

@@ -10,12 +10,30 @@ torch reference runs otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 
 from rebar.kernels.cpu_quant.build import loaded_extension
 
 
-def best_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class BestTokens(NamedTuple):
+    """Each row's greedy token and whether the row can be trusted (see `best_logits`)."""
+
+    token_ids: torch.Tensor  # int64 [rows]
+    valid: torch.Tensor  # bool [rows]
+
+    @classmethod
+    def cat(cls, parts: Sequence[BestTokens]) -> BestTokens:
+        """The rows of `parts`, in order."""
+        return cls(
+            torch.cat([p.token_ids for p in parts]) if parts else torch.empty(0, dtype=torch.long),
+            torch.cat([p.valid for p in parts]) if parts else torch.empty(0, dtype=torch.bool),
+        )
+
+
+def best_logits(logits: torch.Tensor) -> BestTokens:
     """For logits [rows, vocab]: (int64 [rows] the index of each row's first largest value, bool
     [rows] whether that value is finite and the row holds no NaN). Where the second is False the
     first is some index in [0, vocab): callers must not use it."""
@@ -27,10 +45,10 @@ def best_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         and logits.dim() == 2
         and logits.shape[1] > 0
     ):
-        return extension.best_logits(logits)
+        return BestTokens(*extension.best_logits(logits))
     return reference_best_logits(logits)
 
 
-def reference_best_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_best_logits(logits: torch.Tensor) -> BestTokens:
     """The same in torch, on any device (amax propagates NaN, so one check covers both)."""
-    return logits.argmax(-1), torch.isfinite(logits.amax(-1))
+    return BestTokens(logits.argmax(-1), torch.isfinite(logits.amax(-1)))

@@ -19,6 +19,7 @@ from torch import nn
 
 from rebar.kernels.attention import AttentionMetadata, KVCache
 from rebar.kernels.backends import AttentionBackend, get_attention_backend
+from rebar.kernels.best_logits import BestTokens, best_logits
 from rebar.kernels.cpu_elementwise import apply_rope, silu_and_mul
 from rebar.model import uninitialized
 from rebar.model.config import ModelConfig
@@ -206,3 +207,11 @@ class LlamaModel(nn.Module):
         if self.lm_head is None:  # tied to the input embedding
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
+
+    def best_tokens(self, hidden: torch.Tensor) -> BestTokens:
+        """Each row's greedy token, as `best_logits(self.compute_logits(hidden))` finds it; a
+        quantized head (a QuantLinear's `best_outputs`) finds it without writing the logits."""
+        best_outputs = getattr(self.lm_head, "best_outputs", None)
+        if best_outputs is not None:
+            return best_outputs(hidden)
+        return best_logits(self.compute_logits(hidden))

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rebar.kernels.best_logits import BestTokens, best_logits
 from rebar.weights.block_weight import BlockWeight, DecodedBlocks
 from rebar.weights.int_formats import QuantizedWeight, unpack_int4
 
@@ -145,6 +146,13 @@ class NativeMatmul:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x.float(), self.packed).to(x.dtype)
+
+    def best_outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For x [rows, in] float32: each row's first largest output of `self(x)` and whether it is
+        finite in a row without NaN, without writing the outputs."""
+        from rebar.kernels import cpu_quant
+
+        return cpu_quant.best_outputs(x, self.packed)
 
 
 class TritonMatmul:
@@ -345,6 +353,16 @@ class QuantLinear(nn.Module):
 
     def kernel_for(self, num_rows: int) -> LinearKernel:
         return next(choice.kernel for choice in self.kernels if num_rows <= choice.max_rows)
+
+    def best_outputs(self, x: torch.Tensor) -> BestTokens:
+        """Each row's first largest output, as `best_logits(self(x).float())` finds it: on
+        rebar's CPU kernel (float32 rows, no bias) without writing the outputs, which on a wide
+        vocabulary costs a share of an output head's time."""
+        rows = x.reshape(-1, self.in_features)
+        kernel = self.kernel_for(rows.shape[0])
+        if isinstance(kernel, NativeMatmul) and self.bias is None and rows.dtype == torch.float32:
+            return BestTokens(*kernel.best_outputs(rows))
+        return best_logits(self(rows).float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)

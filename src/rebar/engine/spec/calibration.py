@@ -3,8 +3,8 @@
 Only the shape of the curve matters to the draft-length policy (how much a step of r + 1 tokens
 costs against one of r), and that shape is the machine's and the model's: how far a step stays
 bound by reading the weights before arithmetic takes over. Each point is one sequence verifying
-r - 1 drafts over a short context, run exactly as the engine runs it (the same runner, kernels and
-logits), on KV blocks no request holds yet.
+r - 1 drafts over a short context, run exactly as the engine runs a greedy step (the same runner
+and kernels, each row's best token found by the head), on KV blocks no request holds yet.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from rebar import heap
 from rebar.engine.runner import ModelRunner
 from rebar.engine.scheduler import ScheduledRequest
 from rebar.engine.spec.policy import StepCost
-from rebar.kernels.best_logits import best_logits
 
 logger = logging.getLogger("rebar.engine")
 
@@ -44,7 +43,7 @@ def measure_step_cost(runner: ModelRunner, num_blocks: int, max_rows: int) -> St
             "calibration", (token,), context, blocks, True, rows - 1, (token,) * (rows - 1)
         )
         started = time.perf_counter()
-        best_logits(runner.execute([item]))
+        runner.execute_greedy([item])
         seconds = time.perf_counter() - started
         heap.trim()  # the step's logits (a MiB a row on a wide vocabulary) stay resident otherwise
         return seconds

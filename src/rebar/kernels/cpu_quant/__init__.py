@@ -47,6 +47,7 @@ __all__ = [
     "PackedQuant",
     "WeightKind",
     "available",
+    "best_outputs",
     "int4_linear",
     "int8_linear",
     "isa",
@@ -94,6 +95,16 @@ def linear_packed(x: torch.Tensor, packed: PackedQuant) -> torch.Tensor:
     Raises ValueError for a wrong dtype, device or width of x.
     """
     return _extension().linear_packed(x, packed.kernel_args())
+
+
+def best_outputs(x: torch.Tensor, packed: PackedQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """For x [rows, in] float32: what `best_logits(linear_packed(x, packed))` returns (each row's
+    first largest output, and whether it is finite in a row without NaN), computed without writing
+    the [rows, out] outputs.
+
+    Raises ValueError for a wrong dtype, device, shape or width of x.
+    """
+    return _extension().best_outputs(x, packed.kernel_args())
 
 
 def int4_linear(

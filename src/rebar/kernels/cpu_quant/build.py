@@ -40,6 +40,7 @@ SOURCES = (
     "quant_linear.cpp",
     "quant_gemm.cpp",
     "pair_rows.cpp",
+    "best_outputs.cpp",
     "decoder.cpp",
     "elementwise.cpp",
     "worker_pool.cpp",
@@ -50,6 +51,7 @@ HEADERS = (
     "block_dots.h",
     "pair_dots.h",
     "decoder.h",
+    "best_outputs.h",
     "elementwise.h",
     "worker_pool.h",
 )

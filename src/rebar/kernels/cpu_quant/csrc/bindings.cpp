@@ -14,6 +14,7 @@
 #include "decoder.h"
 #include "elementwise.h"
 #include "worker_pool.h"
+#include "best_outputs.h"
 #include "block_dots.h"
 #include "kernels.h"
 #include "simd.h"
@@ -163,16 +164,23 @@ int threads_for(const PackedWeights& w, int64_t rows) {
   return static_cast<int>(std::min<int64_t>(at::get_num_threads(), wanted));
 }
 
-void run_linear(const LinearJob& job, int64_t rows) {
+// Runs chunk(c, num_chunks) for each of the chunks one linear's tiles split into (linear_chunks), on
+// the pool its rows call for; returns how many chunks there were.
+int64_t run_linear_chunks(const LinearJob& job, int64_t rows, const std::function<void(int64_t, int64_t)>& chunk) {
   const int num_threads = threads_for(*job.w, rows);
+  const int64_t num_chunks = linear_chunks(&job, 1, num_threads);
   if (num_threads > 1 && rows >= kMinRowsForTorchPool) {
-    const int64_t num_chunks = linear_chunks(&job, 1, num_threads);
     at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) run_linear_chunk(&job, 1, chunk, num_chunks);
+      for (int64_t c = begin; c < end; ++c) chunk(c, num_chunks);
     });
   } else {
-    run_linears(&job, 1, num_threads);
+    WorkerPool::shared(num_threads).run(num_chunks, num_threads, [&](int64_t c) { chunk(c, num_chunks); });
   }
+  return num_chunks;
+}
+
+void run_linear(const LinearJob& job, int64_t rows) {
+  run_linear_chunks(job, rows, [&](int64_t c, int64_t num_chunks) { run_linear_chunk(&job, 1, c, num_chunks); });
 }
 
 at::Tensor linear_packed(const at::Tensor& x_in, const WeightArgs& weight) {
@@ -185,6 +193,39 @@ at::Tensor linear_packed(const at::Tensor& x_in, const WeightArgs& weight) {
     run_linear({&rows, &w, y.data_ptr<float>()}, rows.rows);
   }
   return y;
+}
+
+// Each row's first largest output of x @ w.T and whether it is finite with no NaN in the row, as
+// best_logits(linear_packed(x, w)) finds them, without writing the outputs: x [rows, in] float32 ->
+// (int64 [rows], bool [rows]).
+std::tuple<at::Tensor, at::Tensor> best_outputs_op(const at::Tensor& x_in, const WeightArgs& weight) {
+  int64_t in_features = 0;
+  const PackedWeights w = packed_view(weight, &in_features);
+  const at::Tensor x = checked_input(x_in, in_features);
+  TORCH_CHECK_VALUE(x.dim() == 2, "x must be [rows, ", in_features, "], got ", x.sizes());
+  const int64_t rows = x.size(0);
+  at::Tensor index = at::empty({rows}, x.options().dtype(at::kLong));
+  at::Tensor finite = at::empty({rows}, x.options().dtype(at::kBool));
+  if (rows == 0) return {index, finite};
+  const QuantizedRows q = quantize(x, w.num_blocks, blocks_per_sum(w), half_activation_scales(w));
+  const LinearJob job{&q, &w, nullptr};
+  const int64_t most_chunks = linear_chunks(&job, 1, at::get_num_threads());
+  std::vector<BestValue> chunk_bests(most_chunks * rows);
+  std::vector<float> buffers(most_chunks * best_outputs_buffer_floats(rows));
+  const int64_t num_chunks = run_linear_chunks(job, rows, [&](int64_t c, int64_t num_chunks) {
+    const TileRange tiles = chunk_tiles(w.num_tiles, c, num_chunks);
+    best_outputs_range(q, w, tiles.begin, tiles.end, buffers.data() + c * best_outputs_buffer_floats(rows),
+                       chunk_bests.data() + c * rows);
+  });
+  std::vector<BestValue> best(rows);
+  merge_best_outputs(chunk_bests.data(), num_chunks, rows, best.data());
+  int64_t* out = index.data_ptr<int64_t>();
+  bool* ok = finite.data_ptr<bool>();
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r] = best[r].index;
+    ok[r] = !best[r].nan && std::isfinite(best[r].value);
+  }
+  return {index, finite};
 }
 
 // For tests: the exact int8 activations and block scales the kernels compute with, as
@@ -476,6 +517,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", [] { return std::string(rebar_cpu_quant::isa_name()); }, "the integer instruction set built for");
   m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
   m.def("mask_logits_", &rebar_cpu_quant::mask_logits_op, "-inf where a row's token bitmask has a clear bit");
+  m.def("best_outputs", &rebar_cpu_quant::best_outputs_op,
+        "each row's argmax of x @ w.T and whether its best is finite, without writing the outputs");
   m.def("best_logits", &rebar_cpu_quant::best_logits_op, "each row's argmax and whether its best is finite");
   m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")

@@ -93,7 +93,7 @@ int64_t mask_logits(float* logits, const int32_t* bitmask, int64_t n) {
   return allowed;
 }
 
-int64_t best_logit(const float* logits, int64_t n, bool* finite) {
+BestValue best_value(const float* logits, int64_t n) {
   // Each lane keeps its first largest value and where it was (a strict comparison keeps the
   // first); of the lanes holding the overall best, the lowest index is the row's first.
   const float minus_inf = -std::numeric_limits<float>::infinity();
@@ -113,21 +113,25 @@ int64_t best_logit(const float* logits, int64_t n, bool* finite) {
   alignas(32) int32_t lane_where[8];
   _mm256_store_ps(lane_best, best);
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane_where), where);
-  bool nan = _mm256_movemask_ps(unordered) != 0;
-  float top = minus_inf;
-  int64_t at = 0;
+  BestValue out{0, minus_inf, _mm256_movemask_ps(unordered) != 0};
   for (int lane = 0; lane < 8; ++lane) {
-    if (lane_best[lane] > top || (lane_best[lane] == top && lane_where[lane] < at && top > minus_inf)) {
-      top = lane_best[lane];
-      at = lane_where[lane];
+    if (lane_best[lane] > out.value ||
+        (lane_best[lane] == out.value && lane_where[lane] < out.index && out.value > minus_inf)) {
+      out.value = lane_best[lane];
+      out.index = lane_where[lane];
     }
   }
   for (; i < n; ++i) {  // the tail, after every vector: later indices win only when larger
-    if (logits[i] != logits[i]) nan = true;
-    if (logits[i] > top) top = logits[i], at = i;
+    if (logits[i] != logits[i]) out.nan = true;
+    if (logits[i] > out.value) out.value = logits[i], out.index = i;
   }
-  *finite = !nan && std::isfinite(top);
-  return at;
+  return out;
+}
+
+int64_t best_logit(const float* logits, int64_t n, bool* finite) {
+  const BestValue best = best_value(logits, n);
+  *finite = !best.nan && std::isfinite(best.value);
+  return best.index;
 }
 
 }  // namespace rebar_cpu_quant

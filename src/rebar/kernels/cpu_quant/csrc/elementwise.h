@@ -25,6 +25,15 @@ namespace rebar_cpu_quant {
 // are filled at once: a grammar's mask is mostly one or the other. Returns how many stay allowed.
 int64_t mask_logits(float* logits, const int32_t* bitmask, int64_t n);
 
+// The first largest of logits[0, n) (torch.argmax's choice when there is no NaN): its index and value
+// (0 and -inf when every value is -inf or NaN), and whether any value is NaN.
+struct BestValue {
+  int64_t index;
+  float value;
+  bool nan;
+};
+BestValue best_value(const float* logits, int64_t n);
+
 // The index of the first largest of logits[0, n) (torch.argmax's choice), in one vectorised pass;
 // `finite` says whether that value is finite and the row holds no NaN (for a row holding NaN the
 // index is that of the largest of the other values, 0 if there are none).

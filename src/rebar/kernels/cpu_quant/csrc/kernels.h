@@ -138,4 +138,7 @@ inline TileRange thread_share(int64_t count, int thread, int num_threads) {
   return {begin, begin + base + (thread < extra ? 1 : 0)};
 }
 
+// The tiles chunk `chunk` of `num_chunks` takes of `total` laid end to end (run_linear_chunk's split).
+TileRange chunk_tiles(int64_t total, int64_t chunk, int64_t num_chunks);
+
 }  // namespace rebar_cpu_quant

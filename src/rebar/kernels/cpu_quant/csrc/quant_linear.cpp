@@ -185,16 +185,20 @@ void linear_tile_range(const QuantizedRows& x, const PackedWeights& w, float* y,
   }
 }
 
+TileRange chunk_tiles(int64_t total, int64_t chunk, int64_t num_chunks) {
+  // Chunks begin and end on fours of tiles, so that a job whose tiles come in fours (every model's
+  // here) gives pair_rows_tiles whole fours in each chunk; each tile's results are the same anyway.
+  constexpr int64_t kAlign = 4;
+  const TileRange fours = thread_share((total + kAlign - 1) / kAlign, static_cast<int>(chunk), static_cast<int>(num_chunks));
+  return {std::min(total, kAlign * fours.begin), std::min(total, kAlign * fours.end)};
+}
+
 // Chunk `chunk` of `num_chunks` of the jobs' tiles laid end to end: a contiguous range (one
 // sequential weight stream) that may span the end of one job and the start of the next.
 void run_linear_chunk(const LinearJob* jobs, int num_jobs, int64_t chunk, int64_t num_chunks) {
   int64_t total = 0;
   for (int j = 0; j < num_jobs; ++j) total += jobs[j].w->num_tiles;
-  // Chunks begin and end on fours of tiles, so that a job whose tiles come in fours (every model's
-  // here) gives pair_rows_tiles whole fours in each chunk; each tile's results are the same anyway.
-  constexpr int64_t kAlign = 4;
-  const TileRange fours = thread_share((total + kAlign - 1) / kAlign, static_cast<int>(chunk), static_cast<int>(num_chunks));
-  const TileRange mine{std::min(total, kAlign * fours.begin), std::min(total, kAlign * fours.end)};
+  const TileRange mine = chunk_tiles(total, chunk, num_chunks);
   int64_t first = 0;
   for (int j = 0; j < num_jobs; ++j) {
     const LinearJob& job = jobs[j];
