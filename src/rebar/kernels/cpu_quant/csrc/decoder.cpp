@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "elementwise.h"
 #include "simd.h"
@@ -132,6 +133,16 @@ struct AttentionPlan {
         }
       }
     }
+    // Items that read the same cache rows (a piece of one sequence's context seen by each of its
+    // rows in a step checking drafts, or a cached prefix that sequences share) run one after the
+    // other, so that after the first each finds the piece in cache rather than in memory. The
+    // order never changes what an item computes.
+    const auto first_block = [&](const AttendItem& item) {
+      return batch.block_tables[item.row * batch.table_width + item.begin / s.block_size];
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const AttendItem& a, const AttendItem& b) {
+      return std::make_tuple(first_block(a), a.begin, a.kv_head) < std::make_tuple(first_block(b), b.begin, b.kv_head);
+    });
     return num_pieces;
   }
 };
