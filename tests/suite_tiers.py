@@ -45,6 +45,7 @@ FULL_ONLY: dict[str, str] = {
     "engine/test_spec_draft_model.py": "draft models, with a chi-square over thousands of draws",
     "engine/test_spec_distribution.py": "chi-square checks over thousands of seeded draws",
     "engine/test_speculative_real_models.py": "SmolLM2 and Gemma 3 with and without speculation",
+    "engine/test_prefix_cache_exactness.py": "SmolLM2 and Gemma 3 cold, after hits and chunked",
     "engine/test_contract.py": "loads every bundled model to check its contract",
     "server/test_hostile_inputs.py": "one live server per attack's settings",
     "server/test_structured_outputs.py": "grammar-constrained generation through a live server",

@@ -25,6 +25,7 @@ from rebar.kernels.backends import (
     default_attention_backend,
     get_attention_backend,
 )
+from rebar.kernels.prompt_attention import causal_mask
 
 BACKENDS = ["torch", "batched"]
 HEAD_DIM = 16
@@ -417,6 +418,7 @@ def test_long_prompts_in_key_tiles_match_dense_reference(
     prompt over five tiles, chunks starting inside a tile and at one's start, beside a decode row."""
     from rebar.kernels import prompt_attention
 
+    monkeypatch.setattr(prompt_attention, "QUERY_BLOCK", 64)
     monkeypatch.setattr(prompt_attention, "KEY_TILE", 128)
     specs = [(600, 600), (300, 900), (256, 768), (1, 400), (100, 100)]
     step = make_step(specs, 8, 2, 16, seed=11)
@@ -425,20 +427,58 @@ def test_long_prompts_in_key_tiles_match_dense_reference(
     torch.testing.assert_close(out.double(), dense_attention(step, SCALE, None), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("cached", [300, 256, 1])
-def test_key_tiles_give_a_query_the_same_bits_however_its_prompt_was_cut(
-    cached: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(8, 2, 16), (9, 3, 64), (4, 1, 256)])
+@pytest.mark.parametrize("window", [None, 96])
+def test_a_query_gets_the_same_bits_however_its_prompt_was_cut_and_whatever_its_length(
+    window: int | None, heads: int, kv_heads: int, head_dim: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the tiles split the keys depends on a query's position alone: a chunk after `cached`
-    tokens (a prefix-cache hit inside a tile, at a tile's start, or after one token) computes
-    exactly what the whole prompt's prefill did for the same positions."""
+    """Each query attends in a call shaped by its absolute position alone: the rows a fresh prompt
+    of any length computes, and those of a chunk after any number of cached tokens ending
+    anywhere, are the bits the whole prompt computes for the same positions (blocks of 64 queries
+    in tiles of 256 keys here; a window of 96 in blocks of 16)."""
     from rebar.kernels import prompt_attention
 
-    monkeypatch.setattr(prompt_attention, "KEY_TILE", 128)
+    monkeypatch.setattr(prompt_attention, "QUERY_BLOCK", 64)
+    monkeypatch.setattr(prompt_attention, "KEY_TILE", 256)
+    monkeypatch.setattr(prompt_attention, "WINDOW_QUERY_BLOCK", 16)
     generator = torch.Generator().manual_seed(3)
-    q = torch.randn(700, 8, HEAD_DIM, generator=generator)
-    keys = torch.randn(700, 2, HEAD_DIM, generator=generator)
-    values = torch.randn(700, 2, HEAD_DIM, generator=generator)
-    whole = prompt_attention.key_tiles(q, keys, values, 0, SCALE)
-    chunk = prompt_attention.key_tiles(q[cached:], keys, values, cached, SCALE)
-    assert torch.equal(chunk, whole[cached:])
+    q = torch.randn(700, heads, head_dim, generator=generator)
+    keys = torch.randn(700, kv_heads, head_dim, generator=generator)
+    values = torch.randn(700, kv_heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+
+    def attend(first: int, end: int) -> torch.Tensor:
+        start = prompt_attention.window_start(first, window)
+        return prompt_attention.prompt_attention(
+            q[first:end], keys[start:end], values[start:end], first, start, scale, window
+        )
+
+    whole = attend(0, 700)
+    reference = dense_reference(q, keys, values, window, scale)
+    torch.testing.assert_close(whole, reference, atol=1e-5, rtol=0)
+    for length in (1, 2, 3, 5, 33, 63, 64, 100, 255, 256, 300, 511, 600):  # fresh prompts
+        assert torch.equal(attend(0, length), whole[:length]), length
+    for first, end in (
+        (300, 700),
+        (256, 700),
+        (1, 700),
+        (300, 301),
+        (300, 302),
+        (300, 333),
+        (17, 530),
+        (290, 295),
+        (699, 700),
+    ):
+        assert torch.equal(attend(first, end), whole[first:end]), (first, end)
+
+
+def dense_reference(q, keys, values, window, scale):
+    """Causal (windowed) attention of every position over the keys before it, in float64."""
+    positions = torch.arange(q.shape[0])
+    allowed = causal_mask(positions, positions, window)
+    group = q.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, 1).transpose(0, 1)
+    v = values.double().repeat_interleave(group, 1).transpose(0, 1)
+    scores = (q.double().transpose(0, 1) @ k.transpose(1, 2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1).float()

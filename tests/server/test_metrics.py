@@ -38,18 +38,25 @@ def chat(url: str, content: str, **extra) -> httpx.Response:
     return httpx.post(url + CHAT, json=body, timeout=120)
 
 
-def stream_usage(response: httpx.Response) -> tuple[dict, str]:
-    """(usage, finish_reason) from a streamed chat response."""
+def stream_usage(response: httpx.Response) -> tuple[dict, str, dict]:
+    """(usage, finish_reason, rebar's timing fields) from a streamed chat response."""
     import json
 
-    usage, reason = None, None
+    usage, reason, timing = None, None, None
     for block in response.text.split("\n\n"):
         if block.startswith("data: {"):
             chunk = json.loads(block[6:])
             usage = chunk.get("usage") or usage
+            timing = chunk.get("timing") or timing
             for choice in chunk["choices"]:
                 reason = choice.get("finish_reason") or reason
-    return usage, reason
+    return usage, reason, timing
+
+
+def timing_of(response: httpx.Response) -> dict[str, float]:
+    """The x-rebar-timing header's fields, by name."""
+    fields = (item.split("=") for item in response.headers["x-rebar-timing"].split(", "))
+    return {key: float(value) for key, value in fields}
 
 
 def test_scripted_traffic_moves_counters_exactly(server) -> None:
@@ -78,7 +85,7 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
         first.json()["choices"][0]["finish_reason"],
         second.json()["choices"][0]["finish_reason"],
     ]
-    stream_u, stream_reason = stream_usage(streamed)
+    stream_u, stream_reason, stream_timing = stream_usage(streamed)
     usages.append(stream_u)
     reasons.append(stream_reason)
 
@@ -136,15 +143,16 @@ def test_scripted_traffic_moves_counters_exactly(server) -> None:
     ):
         assert delta(after, histogram + "_count") == 3, histogram
         assert delta(after, histogram + "_bucket", le="+Inf") == 3, histogram
-    assert delta(after, "rebar_inter_token_latency_seconds_count") == sum(
-        u["completion_tokens"] - 1 for u in usages
+    # One request at a time: each prompt in one prefill step (which gives the first token), then
+    # one decode step per output, each the next token and any drafts kept before it.
+    kept = [timing_of(first), timing_of(second), stream_timing]
+    decode_steps = sum(
+        u["completion_tokens"] - 1 - k["accepted_draft_tokens"] for u, k in zip(usages, kept)
     )
-    # One request at a time: each prompt in one prefill step, then one decode step per token.
+    assert delta(after, "rebar_inter_token_latency_seconds_count") == decode_steps
     steps = "rebar_engine_step_seconds"
     assert delta(after, steps + "_count", kind="prefill", model="smollm2") == 3
-    assert delta(after, steps + "_count", kind="decode", model="smollm2") == sum(
-        u["completion_tokens"] - 1 for u in usages
-    )
+    assert delta(after, steps + "_count", kind="decode", model="smollm2") == decode_steps
     assert delta(after, steps + "_bucket", kind="decode", le="+Inf", model="smollm2") == delta(
         after, steps + "_count", kind="decode", model="smollm2"
     )

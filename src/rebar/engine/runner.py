@@ -83,6 +83,7 @@ class ModelRunner:
         query_lens: list[int] = []
         context_lens: list[int] = []
         tables: list[list[int]] = []
+        prompt_rows: set[int] = set()
         for item in items:
             tokens = item.token_ids + item.draft_token_ids
             ids.extend(tokens)
@@ -98,6 +99,8 @@ class ModelRunner:
                 context_lens.extend(range(item.start_position + 1, end + 1))
                 tables.extend([list(item.block_ids)] * len(tokens))
             else:
+                if item.prompt and len(tokens) == 1:
+                    prompt_rows.add(len(query_lens))
                 query_lens.append(len(tokens))
                 context_lens.append(end)
                 tables.append(list(item.block_ids))
@@ -106,6 +109,7 @@ class ModelRunner:
             context_lens=tuple(context_lens),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             block_tables=pad_block_tables(tables, self.device),
+            prompt_rows=frozenset(prompt_rows),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
@@ -139,11 +143,11 @@ class ModelRunner:
 
         Items adding one token (decode, and verification of drafts, whose tokens all become
         one-token rows) go through the fused decoder when there is one and it takes that many rows;
-        prompt chunks go through the model beside them. Sequences are independent, so the two
-        passes compute what one would, and a decode row's numbers do not depend on whether a
-        prefill shares its step.
+        prompt chunks (a prompt's lone last token too) go through the model beside them. Sequences
+        are independent, so the two passes compute what one would, and a decode row's numbers do
+        not depend on whether a prefill shares its step.
         """
-        rows = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
+        rows = [i for i, item in enumerate(items) if len(item.token_ids) == 1 and not item.prompt]
         num_rows = sum(items[i].num_rows for i in rows)
         if self.fused_decoder is None or not 0 < num_rows <= self.fused_decoder.max_rows:
             rows = []

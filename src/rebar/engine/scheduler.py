@@ -67,6 +67,10 @@ class ScheduledRequest:
     `num_lookahead` slots after them hold blocks for draft tokens; the engine fills
     `draft_token_ids` (at most that many) before the model runs, and then every draft token is
     computed too and sampled after, each as its own one-token row.
+
+    `prompt`: the tokens are the prompt's, computed as the whole prompt would compute them (a
+    single one too: never as a decode row), so a prompt's numbers do not depend on how it was cut
+    into chunks or how much of it a prefix-cache hit supplied.
     """
 
     request_id: str
@@ -76,6 +80,7 @@ class ScheduledRequest:
     sample: bool
     num_lookahead: int = 0
     draft_token_ids: tuple[int, ...] = ()
+    prompt: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -194,7 +199,11 @@ class Scheduler:
             asked = lookahead.get(item.request_id, 0)
             room = request.max_total_tokens - request.num_tokens - 1
             num_lookahead = min(asked, budget, room)
-            decoding = len(item.token_ids) == 1 and item.start_position + 1 == request.num_tokens
+            decoding = (
+                len(item.token_ids) == 1
+                and item.start_position + 1 == request.num_tokens
+                and not item.prompt
+            )
             if (
                 num_lookahead > 0
                 and decoding
@@ -265,6 +274,7 @@ class Scheduler:
             block_ids=tuple(self.kv.block_ids(request.request_id)),
             sample=end == request.num_tokens,
             num_lookahead=num_lookahead,
+            prompt=start < request.num_prompt_tokens,
         )
 
     def update_after_step(self, output: SchedulerOutput) -> None:

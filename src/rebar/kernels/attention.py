@@ -50,6 +50,9 @@ class AttentionMetadata:
     block_tables: (
         torch.Tensor
     )  # [num_seqs, max_blocks_per_seq] int64, padded with 0 past each sequence's blocks
+    # Sequences whose one new token is a prompt's (attended as a prompt chunk, not a decode row);
+    # a sequence with more new tokens is a prompt chunk anyway.
+    prompt_rows: frozenset[int] = frozenset()
     # What backends derive from the fields above on a step's first layer (the only mutable part).
     scratch: StepScratch = field(default_factory=StepScratch, compare=False, repr=False)
 

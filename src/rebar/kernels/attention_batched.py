@@ -6,15 +6,11 @@ Same contract as the reference `rebar.kernels.attention.paged_attention`, differ
   cache into a padded [num_decode, max_context, kv_heads, head_dim] batch and run ONE
   `scaled_dot_product_attention` call with a key-padding mask (only the last `sliding_window`
   positions are gathered when a window is set);
-- a fresh prompt (nothing cached) attends over its own K/V with `is_causal=True`, no gather;
-- a chunk that continues a cached context gathers that context and uses an explicit causal mask:
-  one call over every key, as a fresh prompt's, so that a prefix-cache hit computes the numbers
-  the whole prompt would from the same cached K/V (a fresh prompt's own K/V differ in their last
-  bits with its length: docs/kernels.md, "Prompt attention and the prefix cache");
-- long runs of prompt tokens on the CPU take prompt_attention's schedules: key tiles fixed at
-  absolute positions past the first KEY_TILE positions of a layer without a window (the same
-  numbers however the prompt's chunks were cut; a split at the chunk's start, tried before, did
-  not, and changed greedy tokens), and windowed blocks of queries under a sliding window.
+- a run of prompt tokens attends through `prompt_attention`: over its own K/V when nothing is
+  cached (no gather), else over the (windowed) context gathered from the cache, in calls whose
+  shapes depend on each query's absolute position alone, so that a query gets the same bits however
+  its prompt was cut into chunks and whatever the prompt's length (a prefix-cache hit computes what
+  the whole prompt would cold).
 
 Padding never reads unused cache memory: every padded key position is redirected to a real token
 of the same sequence (then masked out), because a masked position still multiplies its value by
@@ -34,15 +30,7 @@ import torch.nn.functional as F
 
 from rebar.kernels import kv_quant
 from rebar.kernels.attention import AttentionMetadata, DecodeSlots, as_stored, write_kv
-from rebar.kernels.prompt_attention import (
-    causal_mask,
-    key_tiles,
-    sdpa,
-    takes_key_tiles,
-    takes_windowed_blocks,
-    window_start,
-    windowed_blocks,
-)
+from rebar.kernels.prompt_attention import prompt_attention, window_start
 
 
 def batched_paged_attention(
@@ -64,7 +52,7 @@ def batched_paged_attention(
     if not meta.query_lens:
         return torch.empty_like(q)
     starts = _token_starts(meta.query_lens)
-    decode_seqs = [i for i, n in enumerate(meta.query_lens) if n == 1]
+    decode_seqs = [i for i, n in enumerate(meta.query_lens) if n == 1 and i not in meta.prompt_rows]
     if len(decode_seqs) == len(meta.query_lens):  # pure decode step: the whole batch in one call
         return _decode(q, key_cache, value_cache, meta, decode_seqs, scale, sliding_window)
 
@@ -81,8 +69,9 @@ def batched_paged_attention(
             sliding_window,
         )
         out.index_copy_(0, rows, decoded)
+    decode_rows = set(decode_seqs)
     for seq, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
-        if query_len == 1:
+        if seq in decode_rows:
             continue
         span = slice(starts[seq], starts[seq] + query_len)
         if context_len == query_len:
@@ -212,16 +201,7 @@ def _fresh_prefill(
     sliding_window: int | None,
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
     """A prompt with nothing cached: attend over its own K/V, no cache read at all."""
-    query_len = q.shape[0]
-    if takes_key_tiles(q, query_len, sliding_window):
-        return key_tiles(q, k, v, 0, scale)
-    mask = None
-    if sliding_window is not None and query_len > sliding_window:
-        if takes_windowed_blocks(query_len):
-            return windowed_blocks(q, k, v, 0, 0, sliding_window, scale)
-        positions = torch.arange(query_len, device=q.device)
-        mask = causal_mask(positions, positions, sliding_window)
-    return sdpa(q, k, v, mask, scale)
+    return prompt_attention(q, k, v, 0, 0, scale, sliding_window)
 
 
 def _chunk_prefill(
@@ -233,31 +213,19 @@ def _chunk_prefill(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # [t, num_heads, head_dim]
-    """A chunk continuing a cached context: gather the (windowed) context, then key tiles (no
-    window, past the first tile), windowed blocks (a long run under a window) or one call with an
-    explicit causal mask."""
-    device = q.device
+    """A chunk continuing a cached context: gather the (windowed) context, then attend as the
+    whole prompt would have."""
     first_query = context_len - q.shape[0]
-    tiled = takes_key_tiles(q, context_len, sliding_window)
     key_start = window_start(first_query, sliding_window)
     key_count = context_len - key_start
     slots, _ = _context_slots(
         block_table[None, :],
         key_cache.shape[1],
-        torch.tensor([key_start], dtype=torch.long, device=device),
-        torch.tensor([key_count], dtype=torch.long, device=device),
+        torch.tensor([key_start], dtype=torch.long, device=q.device),
+        torch.tensor([key_count], dtype=torch.long, device=q.device),
         key_count,
     )
     keys, values = _gather_kv(
         key_cache, value_cache, slots[0], q.dtype
     )  # [key_count, kv_heads, head_dim]
-    if tiled:
-        return key_tiles(q, keys, values, first_query, scale)
-    if sliding_window is not None and takes_windowed_blocks(q.shape[0]):
-        return windowed_blocks(q, keys, values, first_query, key_start, sliding_window, scale)
-    mask = causal_mask(
-        torch.arange(first_query, context_len, device=device),
-        torch.arange(key_start, context_len, device=device),
-        sliding_window,
-    )
-    return sdpa(q, keys, values, mask, scale)
+    return prompt_attention(q, keys, values, first_query, key_start, scale, sliding_window)
