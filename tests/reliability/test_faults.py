@@ -59,6 +59,14 @@ class PoisonedRunner:
         return getattr(self.runner, name)
 
     def execute(self, items):
+        self._fail_if_poisoned(items)
+        return self.runner.execute(items)
+
+    def execute_greedy(self, items):  # a step whose rows are all plain greedy
+        self._fail_if_poisoned(items)
+        return self.runner.execute_greedy(items)
+
+    def _fail_if_poisoned(self, items) -> None:
         for item in items:
             ids = list(item.token_ids)
             if any(ids[i : i + len(self.marker)] == self.marker for i in range(len(ids))):
@@ -66,7 +74,6 @@ class PoisonedRunner:
         if any(item.request_id in self.poisoned for item in items):
             self.num_faults += 1
             raise RuntimeError(f"injected fault at {SECRET}")
-        return self.runner.execute(items)
 
 
 def test_an_engine_fault_fails_its_request_alone_with_a_clean_500(server) -> None:
