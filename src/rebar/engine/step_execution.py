@@ -32,7 +32,7 @@ def execute_isolated(
             "model step failed for requests %s; running each alone",
             [i.request_id for i in items],
         )
-    rows: list = []
+    rows: list = []  # each item's logits, or its best tokens with `greedy`
     failed: list[str] = []
     unwritten: set[int] = set()  # blocks whose K/V a failed item was to write this step
     for item in items:

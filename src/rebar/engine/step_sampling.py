@@ -116,19 +116,16 @@ class StepSampler:
             for i, s in enumerate(sequences)
             if s.draft_token_ids and s.generator is not None and not s.params.greedy
         }
-        sampled = _sample_isolated(logits, rows, mask)
+        sampled = _rows_of(sequences, _sample_isolated(logits, rows, mask))
         verdicts: list[Verdict] = []
-        start = 0
-        for i, sequence in enumerate(sequences):
-            end = start + 1 + len(sequence.draft_token_ids)
-            verdict = judge(sequence.draft_token_ids, sampled[start:end])
-            if i in saved and len(verdict.tokens) < end - start:
+        for i, (sequence, positions) in enumerate(zip(sequences, sampled)):
+            verdict = judge(sequence.draft_token_ids, positions)
+            if i in saved and len(verdict.tokens) < len(positions):
                 generator = sequence.generator
                 assert generator is not None
                 generator.set_state(saved[i])
                 advance_generator(generator, len(verdict.tokens))
             verdicts.append(verdict)
-            start = end
         return verdicts
 
     def _masks(self, sequences: Sequence[SamplingRow]) -> StepMask | None:

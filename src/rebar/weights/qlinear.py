@@ -142,6 +142,7 @@ class NativeMatmul:
         from rebar.kernels import cpu_quant
 
         self._linear = cpu_quant.linear_packed
+        self._best_outputs = cpu_quant.best_outputs
         self.packed: PackedQuant = pack_for_cpu(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,9 +151,7 @@ class NativeMatmul:
     def best_outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For x [rows, in] float32: each row's first largest output of `self(x)` and whether it is
         finite in a row without NaN, without writing the outputs."""
-        from rebar.kernels import cpu_quant
-
-        return cpu_quant.best_outputs(x, self.packed)
+        return self._best_outputs(x, self.packed)
 
 
 class TritonMatmul:
