@@ -41,6 +41,27 @@ def cache_type_args(kv_cache_dtype: str | None) -> list[str]:
     return ["-ctk", kind, "-ctv", kind]
 
 
+# For each architecture whose GGUF files carry no chat template and that rebar renders with a
+# default of its own (rebar.model.loader.gguf_families.DEFAULT_TEMPLATES), llama.cpp's built-in
+# template of the same format (its `--chat-template` name). Without it llama-server falls back to
+# ChatML, whose markers a Gemma vocabulary splits into plain text: the peer would answer another
+# prompt.
+BUILT_IN_TEMPLATES = {"gemma3": "gemma"}
+
+
+def chat_template_args(gguf: Path) -> list[str]:
+    """llama-server options that make it render a chat into the tokens rebar renders for `gguf`:
+    none when the file carries its own template (both render that one)."""
+    from rebar.model.loader.gguf_reader import GGUFFile
+
+    metadata = GGUFFile(gguf).metadata
+    if metadata.get("tokenizer.chat_template"):
+        return []
+    name = BUILT_IN_TEMPLATES.get(str(metadata.get("general.architecture")))
+    # A named built-in template is one of llama.cpp's own renderers, not a Jinja source.
+    return ["--no-jinja", "--chat-template", name] if name else []
+
+
 class PeerUnavailable(RuntimeError):
     """A llama.cpp tool is missing or failed; the message says which and why."""
 
@@ -235,7 +256,8 @@ def parse_batched_bench(text: str) -> BatchedFigures:
 
 class LlamaServer:
     """`llama-server` on loopback with `parallel` slots (its continuous batching), each of
-    `slot_context` tokens; `extra_args` go to its command line as given (`--spec-type ...`)."""
+    `slot_context` tokens, rendering chats as rebar does (`chat_template_args`); `extra_args` go to
+    its command line as given (`--spec-type ...`)."""
 
     def __init__(
         self,
@@ -265,6 +287,7 @@ class LlamaServer:
             "--port",
             str(port),
             "--no-webui",
+            *chat_template_args(model),
             *extra_args,
         ]
         self._process = subprocess.Popen(

@@ -13,6 +13,11 @@ over the rounds:
 - llama-server `-np 1` without speculation, and with each `--spec-type` given (its n-gram types,
   their own default settings), for 1 stream; the best n-gram type is the peer.
 
+Every server must render each request into the same prompt tokens (checked before the first
+round): llama-server gets rebar's template format for a GGUF file without one
+(`rebar_bench.llamacpp.chat_template_args`); otherwise it would fall back to ChatML, and answer
+another question.
+
 Each server answers every grounded request (rewrite a function with a variable renamed, extract
 the sentences that mention something, summarise a passage) and a free-form chat question, one
 stream at a time: output tokens per second from the first streamed token to the last. rebar's
@@ -30,7 +35,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -188,6 +193,43 @@ def warm_up(url: str) -> str:
     return model
 
 
+def rendered_prompt(url: str, model: str, message: str, llama_server: bool) -> tuple[int, ...]:
+    """The tokens the server at `url` turns a one-message chat into, through its own chat template:
+    rebar's `/tokenize` takes the messages; llama-server renders with `/apply-template`, then
+    tokenizes as its chat completions do (special tokens added and parsed)."""
+    messages = [{"role": "user", "content": message}]
+
+    def post(path: str, body: dict) -> dict:
+        response = httpx.post(url + path, json=body, timeout=60)
+        response.raise_for_status()
+        return response.json()
+
+    if not llama_server:
+        return tuple(post("/tokenize", {"model": model, "messages": messages})["tokens"])
+    prompt = post("/apply-template", {"messages": messages})["prompt"]
+    body = {"content": prompt, "add_special": True, "parse_special": True}
+    return tuple(post("/tokenize", body)["tokens"])
+
+
+def check_same_prompts(
+    served: dict[str, tuple[str, str]], peers: Collection[str], requests: Sequence[SpecRequest]
+) -> None:
+    """Raises unless every server (name -> its url and served name; `peers` name the llama-servers)
+    turns each request into the same tokens: a server rendering another prompt answers another
+    question, and its speed says nothing about the same request's."""
+    for request in requests:
+        rendered = {
+            name: rendered_prompt(url, model, request.message, name in peers)
+            for name, (url, model) in served.items()
+        }
+        if len(set(rendered.values())) > 1:
+            counts = ", ".join(f"{name} {len(tokens)}" for name, tokens in rendered.items())
+            raise RuntimeError(
+                f"the servers render the {request.kind} request into different prompts (tokens: "
+                f"{counts}); the figures would compare answers to different questions"
+            )
+
+
 def rotated(names: Sequence[str], by: int) -> list[str]:
     """`names` starting at position `by` (mod its length): each round leads with another server."""
     by %= max(len(names), 1)
@@ -241,6 +283,7 @@ def measure_model(config: SpecBenchConfig, model: str, notes: list[str]) -> dict
         for name, args in peers.items():
             servers[name] = stack.enter_context(llama_server_at(tool, gguf, config.threads, args))
         served = {name: (url, warm_up(url)) for name, url in servers.items()}
+        check_same_prompts(served, peers, [*GROUNDED, *CHAT])
         for round_index in range(config.rounds):
             interleave(served, requests, config, figures, round_index)
             batch_pairs(served, config, figures, round_index)
