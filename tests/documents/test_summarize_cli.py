@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from tests.documents.files import pdf_bytes
 from tests.suite_tiers import limit
@@ -83,8 +82,8 @@ def test_a_bad_file_is_refused_before_the_model_loads(tmp_path) -> None:
 def test_ctrl_c_cancels_cleanly(tmp_path) -> None:
     path = tmp_path / "long.pdf"
     path.write_bytes(pdf_bytes([page for _, pages in CHAPTERS for page in pages]))
-    # Every chapter: enough work that the summary cannot be done before the signal lands (with
-    # four, it was seen to finish within the wait).
+    # Every chapter: many chunks, so the signal lands after the first is summarised and long
+    # before the final summary writes anything to stdout.
     settings = {"REBAR_DOCUMENTS__MAX_CHUNK_TOKENS": "200", "REBAR_DOCUMENTS__SUMMARY_TOKENS": "64"}
     process = subprocess.Popen(
         [*REBAR, str(path), *SMALL],
@@ -94,10 +93,11 @@ def test_ctrl_c_cancels_cleanly(tmp_path) -> None:
         env=env(tmp_path, **settings),
     )
     assert process.stderr is not None
-    for line in process.stderr:  # the plan is printed once the model has loaded
-        if "chunk(s)" in line:
+    planned = False
+    for line in process.stderr:
+        planned = planned or "chunk(s)" in line  # the plan, once the model has loaded
+        if planned and "] chunk " in line:  # a chunk's summary is done: requests are in flight
             break
-    time.sleep(0.5)  # the chunks' requests are in the engine
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=HANG_S)
     assert process.returncode == 130, stderr
