@@ -91,6 +91,9 @@ def test_ctrl_c_cancels_cleanly(tmp_path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env(tmp_path, **settings),
+        # Ctrl-C as a terminal's foreground command gets it: a suite started in the background
+        # (`make test &`) passes SIGINT down ignored, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stderr is not None
     planned = False
