@@ -24,7 +24,8 @@ stream at a time: output tokens per second from the first streamed token to the 
 servers also answer `batch` free-form chats at once: aggregate output tokens per second, in
 `batch_pairs` back-to-back pairs a round (one batch with speculation, one without, the order
 alternating); that row's ratio is the median of the pairs' own ratios, as a batch takes several
-seconds and the host's speed drifts within them. A
+seconds and the host's speed drifts within them. The details give the draft tokens the batches
+checked: where there were none, both servers did the same work and the row is the host's noise. A
 random-weight model (`big_model`) runs the free-form chats (its drafts rarely hold), and with a
 `draft_model` the same big model is drafted by a second model: tokens must equal rebar's without
 speculation (greedy), and the acceptance is what it is.
@@ -131,7 +132,17 @@ def stream_chat(
     return Answer(count, "".join(text), rate, drafted, accepted)
 
 
-def many_chats(url: str, model: str, count: int, tokens: int, ignore_eos: bool) -> float:
+@dataclass(frozen=True)
+class Batch:
+    """Chats answered at once: aggregate output tokens/s, and the draft tokens the server checked
+    and kept over them (None when it does not report them)."""
+
+    tokens_per_s: float
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+def many_chats(url: str, model: str, count: int, tokens: int, ignore_eos: bool) -> Batch:
     """`count` free-form chats at once; aggregate output tokens/s over the whole batch."""
     started = time.perf_counter()
 
@@ -140,7 +151,10 @@ def many_chats(url: str, model: str, count: int, tokens: int, ignore_eos: bool) 
 
     with ThreadPoolExecutor(count) as pool:
         answers = list(pool.map(one, range(count)))
-    return sum(a.tokens for a in answers) / (time.perf_counter() - started)
+    rate = sum(a.tokens for a in answers) / (time.perf_counter() - started)
+    if any(a.drafted is None or a.accepted is None for a in answers):
+        return Batch(rate)
+    return Batch(rate, sum(a.drafted or 0 for a in answers), sum(a.accepted or 0 for a in answers))
 
 
 @dataclass
@@ -148,7 +162,17 @@ class ServerFigures:
     """What one server configuration did over the rounds, by request kind."""
 
     answers: dict[str, list[Answer]] = field(default_factory=dict)
-    batch_tokens_per_s: list[float] = field(default_factory=list)  # in order, paired by index
+    batches: list[Batch] = field(default_factory=list)  # in order, paired by index
+
+    @property
+    def batch_tokens_per_s(self) -> list[float]:
+        return [batch.tokens_per_s for batch in self.batches]
+
+    def batch_acceptance(self) -> tuple[int, int] | None:
+        """Draft tokens checked and kept over every batch; None where not reported."""
+        if not self.batches or any(b.drafted is None for b in self.batches):
+            return None
+        return sum(b.drafted or 0 for b in self.batches), sum(b.accepted or 0 for b in self.batches)
 
     def rate(self, kind: str) -> float | None:
         runs = self.answers.get(kind)
@@ -301,7 +325,7 @@ def batch_pairs(
     for pair in range(config.batch_pairs):
         for name in rotated([REBAR, REBAR_PLAIN], round_index + pair):
             url, served_as = servers[name]
-            figures.setdefault(name, ServerFigures()).batch_tokens_per_s.append(
+            figures.setdefault(name, ServerFigures()).batches.append(
                 many_chats(url, served_as, config.batch, config.tokens, config.ignore_eos)
             )
 
@@ -378,6 +402,10 @@ def detail_lines(model: str, figures: dict[str, ServerFigures]) -> list[str]:
             else "   -"
         )
         lines.append(f"{name:<32}{rates}{share}")
+    batched = figures.get(REBAR, ServerFigures()).batch_acceptance()
+    if batched is not None:
+        # Nothing drafted: both servers did the same work, and the batch row is the host's noise.
+        lines.append(f"{REBAR}, batches of streams: kept / drafted {batched[1]}/{batched[0]}")
     return lines
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 from rebar_bench import spec_bench
 from rebar_bench.spec_bench import (
     Answer,
+    Batch,
     ServerFigures,
     SpecBenchConfig,
     batch_pairs,
+    detail_lines,
     interleave,
+    many_chats,
     paired,
     rotated,
 )
@@ -55,7 +58,7 @@ def test_batches_run_in_pairs_whose_first_alternates(monkeypatch) -> None:
 
     def batch(url, model, count, tokens, ignore_eos):
         calls.append((url, count, tokens))
-        return float(len(calls))
+        return Batch(float(len(calls)))
 
     monkeypatch.setattr(spec_bench, "many_chats", batch)
     servers = {spec_bench.REBAR: ("http://on", "m"), spec_bench.REBAR_PLAIN: ("http://off", "m")}
@@ -97,3 +100,27 @@ def test_batches_are_judged_by_the_ratios_of_their_pairs() -> None:
     slower = paired("16 streams", [0.95 * x for x in plain], plain, 0.97)
     assert slower.ratio is not None and abs(slower.ratio - 0.95) < 1e-12 and not slower.passed
     assert paired("16 streams", [], [], 0.97).passed is None
+
+
+def test_a_batch_counts_the_drafts_of_all_its_chats(monkeypatch) -> None:
+    answers = iter([Answer(10, "a", 5.0, 4, 3), Answer(20, "b", 5.0, 0, 0)])
+    monkeypatch.setattr(spec_bench, "stream_chat", lambda *args: next(answers))
+    batch = many_chats("http://on", "m", 2, 32, False)
+    assert (batch.drafted, batch.accepted) == (4, 3) and batch.tokens_per_s > 0
+    unreported = iter([Answer(10, "a", 5.0, 4, 3), Answer(20, "b", 5.0)])
+    monkeypatch.setattr(spec_bench, "stream_chat", lambda *args: next(unreported))
+    assert many_chats("http://off", "m", 2, 32, False).drafted is None
+
+
+def test_the_details_say_what_the_batches_drafted() -> None:
+    # A batch row with nothing drafted compares two servers doing the same work: the details say so.
+    figures = {
+        spec_bench.REBAR: ServerFigures(batches=[Batch(500.0, 0, 0), Batch(480.0, 6, 5)]),
+        spec_bench.REBAR_PLAIN: ServerFigures(batches=[Batch(505.0), Batch(470.0)]),
+    }
+    lines = detail_lines("smollm2", figures)
+    assert lines[-1] == "rebar, batches of streams: kept / drafted 5/6"
+    assert figures[spec_bench.REBAR].batch_tokens_per_s == [500.0, 480.0]
+    assert figures[spec_bench.REBAR_PLAIN].batch_acceptance() is None
+    quiet = detail_lines("smollm2", {spec_bench.REBAR: ServerFigures()})
+    assert not any("batches" in line for line in quiet)
