@@ -3,9 +3,8 @@ fixture (dev tool): the benchmarks send both servers the same chat requests, so 
 into the same prompt.
 
 The server starts as the benchmarks start it (`rebar_bench.llamacpp.LlamaServer`, whose template
-options come from `chat_template_args`); each conversation goes through its `/apply-template`, and
-the text through its `/tokenize` as its chat completions tokenize it (special tokens added and
-parsed).
+options come from `chat_template_args`); each conversation is rendered and tokenized as its chat
+completions do (`rebar_bench.llamacpp.rendered_chat`).
 
     PYTHONPATH=src python scripts/make_llamacpp_template_fixtures.py --model gemma3 \
         --out tests/fixtures/gemma3_llamacpp_chat_template.json
@@ -21,10 +20,8 @@ import json
 import subprocess
 from pathlib import Path
 
-import httpx
-
 from rebar.model.resolve import resolve_model_path
-from rebar_bench.llamacpp import LlamaServer, chat_template_args, find_tool
+from rebar_bench.llamacpp import LlamaServer, chat_template_args, find_tool, rendered_chat
 from rebar_bench.rebar_server import free_port
 from rebar_bench.spec_prompts import CHAT, GROUNDED
 
@@ -55,14 +52,7 @@ def main() -> None:
     cases = []
     with LlamaServer(tool, path, threads=2, port=free_port(), parallel=1) as server:
         for messages in CONVERSATIONS:
-            prompt = httpx.post(
-                server.url + "/apply-template", json={"messages": messages}, timeout=60
-            ).json()["prompt"]
-            ids = httpx.post(
-                server.url + "/tokenize",
-                json={"content": prompt, "add_special": True, "parse_special": True},
-                timeout=60,
-            ).json()["tokens"]
+            prompt, ids = rendered_chat(server.url, messages)
             cases.append({"messages": messages, "prompt": prompt, "ids": ids})
     lines = version.stderr.strip().splitlines()
     out = {

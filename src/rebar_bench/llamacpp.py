@@ -11,6 +11,7 @@ for itself (rebar.openmp_env), which would slow llama.cpp's own OpenMP threads.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -18,7 +19,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +53,38 @@ BUILT_IN_TEMPLATES = {"gemma3": "gemma"}
 def chat_template_args(gguf: Path) -> list[str]:
     """llama-server options that make it render a chat into the tokens rebar renders for `gguf`:
     none when the file carries its own template (both render that one)."""
+    template, architecture = _template_and_architecture(gguf)
+    name = None if template else BUILT_IN_TEMPLATES.get(architecture)
+    # A named built-in template is one of llama.cpp's own renderers, not a Jinja source.
+    return ["--no-jinja", "--chat-template", name] if name else []
+
+
+@functools.lru_cache(maxsize=16)
+def _template_and_architecture(gguf: Path) -> tuple[str, str]:
+    """The file's chat template ("" when none) and architecture, read once per path: a Gemma
+    file's metadata (its 262,144-entry vocabulary) takes ~1.5 s to parse, and a bench starts
+    several servers on one file."""
     from rebar.model.loader.gguf_reader import GGUFFile
 
     metadata = GGUFFile(gguf).metadata
-    if metadata.get("tokenizer.chat_template"):
-        return []
-    name = BUILT_IN_TEMPLATES.get(str(metadata.get("general.architecture")))
-    # A named built-in template is one of llama.cpp's own renderers, not a Jinja source.
-    return ["--no-jinja", "--chat-template", name] if name else []
+    return str(metadata.get("tokenizer.chat_template") or ""), str(
+        metadata.get("general.architecture")
+    )
+
+
+def rendered_chat(url: str, messages: Sequence[Mapping[str, str]]) -> tuple[str, list[int]]:
+    """The prompt the llama-server at `url` renders `messages` into (`/apply-template`), and its
+    tokens as the server's chat completions tokenize it (special tokens added and parsed)."""
+    import httpx
+
+    def post(path: str, body: dict) -> dict:
+        response = httpx.post(url + path, json=body, timeout=60)
+        response.raise_for_status()
+        return response.json()
+
+    prompt = post("/apply-template", {"messages": list(messages)})["prompt"]
+    body = {"content": prompt, "add_special": True, "parse_special": True}
+    return prompt, post("/tokenize", body)["tokens"]
 
 
 class PeerUnavailable(RuntimeError):

@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 
 from rebar_bench.compare import CompareReport, Row, compared
-from rebar_bench.llamacpp import LlamaServer, PeerUnavailable, find_tool
+from rebar_bench.llamacpp import LlamaServer, PeerUnavailable, find_tool, rendered_chat
 from rebar_bench.rebar_server import free_port, rebar_server_process
 from rebar_bench.spec_prompts import CHAT, GROUNDED, SpecRequest
 
@@ -218,21 +218,17 @@ def warm_up(url: str) -> str:
 
 
 def rendered_prompt(url: str, model: str, message: str, llama_server: bool) -> tuple[int, ...]:
-    """The tokens the server at `url` turns a one-message chat into, through its own chat template:
-    rebar's `/tokenize` takes the messages; llama-server renders with `/apply-template`, then
-    tokenizes as its chat completions do (special tokens added and parsed)."""
+    """The tokens the server at `url` turns a one-message chat into, through its own chat template
+    (rebar's `/tokenize` takes the messages; llama-server's: `rendered_chat`). rebar's ids are bare:
+    for a model whose BOS rebar adds outside its template, the check stops at the first token
+    rather than passing wrongly."""
     messages = [{"role": "user", "content": message}]
-
-    def post(path: str, body: dict) -> dict:
-        response = httpx.post(url + path, json=body, timeout=60)
-        response.raise_for_status()
-        return response.json()
-
-    if not llama_server:
-        return tuple(post("/tokenize", {"model": model, "messages": messages})["tokens"])
-    prompt = post("/apply-template", {"messages": messages})["prompt"]
-    body = {"content": prompt, "add_special": True, "parse_special": True}
-    return tuple(post("/tokenize", body)["tokens"])
+    if llama_server:
+        return tuple(rendered_chat(url, messages)[1])
+    body = {"model": model, "messages": messages}
+    response = httpx.post(url + "/tokenize", json=body, timeout=60)
+    response.raise_for_status()
+    return tuple(response.json()["tokens"])
 
 
 def check_same_prompts(

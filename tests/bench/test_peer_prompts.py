@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from markers import requires_gemma3, requires_smollm2
 from rebar_bench import spec_bench
-from rebar_bench.llamacpp import BUILT_IN_TEMPLATES, chat_template_args
-from rebar_bench.spec_bench import check_same_prompts
+from rebar_bench.llamacpp import BUILT_IN_TEMPLATES, chat_template_args, rendered_chat
+from rebar_bench.spec_bench import check_same_prompts, rendered_prompt
 from rebar_bench.spec_prompts import SpecRequest
 
 FIXTURE = json.loads(
@@ -80,3 +81,46 @@ def test_servers_rendering_a_request_differently_stop_the_bench(monkeypatch) -> 
     assert asked == [("http://a", "first", False), ("http://b", "first", True)]
     with pytest.raises(RuntimeError, match=r"rename request into different prompts.*rebar 2"):
         check_same_prompts(served, {"llama-server"}, [*first, SpecRequest("rename", "second")])
+
+
+def test_rebar_renders_for_the_check_the_tokens_its_chat_completions_generate_from(
+    served_models,
+) -> None:
+    from live_server import server_settings, serving_models
+
+    messages = [{"role": "user", "content": "Rewrite this function, please."}]
+    with serving_models(served_models, server_settings()) as (url, _app):
+        tokens = rendered_prompt(url, "", messages[0]["content"], llama_server=False)
+    # What the chat completions prompt is: BOS added as they add it.
+    assert tokens == tuple(served_models.chat.text.chat_prompt_ids(messages))
+
+
+def test_llama_servers_prompt_is_tokenized_as_its_chat_completions_tokenize_it(monkeypatch) -> None:
+    sent: list[tuple[str, dict]] = []
+
+    class Reply:
+        def __init__(self, body: dict) -> None:
+            self.body = body
+
+        def raise_for_status(self) -> None:
+            pass
+
+        def json(self) -> dict:
+            return self.body
+
+    def post(url: str, json: dict, timeout: float) -> Reply:
+        sent.append((url, json))
+        return Reply(
+            {"prompt": "<turn>hi"} if url.endswith("/apply-template") else {"tokens": [2, 7]}
+        )
+
+    monkeypatch.setattr(httpx, "post", post)
+    messages = [{"role": "user", "content": "hi"}]
+    assert rendered_chat("http://peer", messages) == ("<turn>hi", [2, 7])
+    assert sent == [
+        ("http://peer/apply-template", {"messages": messages}),
+        (
+            "http://peer/tokenize",
+            {"content": "<turn>hi", "add_special": True, "parse_special": True},
+        ),
+    ]
