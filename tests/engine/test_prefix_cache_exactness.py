@@ -63,17 +63,30 @@ def test_a_prefix_hit_of_any_length_gives_the_cold_prompts_bits(llm) -> None:
         assert (tokens, logprobs) == cold[:2], cached  # equal floats
 
 
-def test_a_prompt_chunked_beside_a_decoding_stream_gives_its_cold_bits(llm) -> None:
-    """While another request decodes, a prompt takes at most max_prefill_tokens_while_decoding
-    tokens a step (64): its chunks are cut at other places than a prompt alone is."""
+@pytest.mark.parametrize("on_its_thread", [True, False])
+def test_a_prompt_chunked_beside_a_decoding_stream_gives_its_cold_bits(
+    llm, monkeypatch, on_its_thread
+) -> None:
+    """While another request decodes, a prompt computes all but its last token in a chunk on a
+    thread of its own (prefill_beside_decode), or, without, takes at most
+    max_prefill_tokens_while_decoding tokens a step (64): either way its chunks are cut at other
+    places than a prompt alone is."""
     core = llm.engine
+    if not on_its_thread:
+        monkeypatch.setattr(core, "beside", None)
     prompt = prompt_of(llm)
     cold = answer(core, "alone", prompt, "alone")
     stream = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    core.add_request("stream", llm.tokenize("Tell me a story."), stream, cache_salt="stream")
+    salt = f"stream-{on_its_thread}"
+    core.add_request("stream", llm.tokenize("Tell me a story."), stream, cache_salt=salt)
     core.step()
     core.step()
-    assert answer(core, "chunked", prompt, "chunked")[:2] == cold[:2]
+    chunks = core.stats().step_seconds.get("prefill_beside")
+    before = 0 if chunks is None else chunks.num
+    assert answer(core, "chunked", prompt, f"chunked-{on_its_thread}")[:2] == cold[:2]
+    chunks = core.stats().step_seconds.get("prefill_beside")
+    assert (chunks is not None and chunks.num == before + 1) == on_its_thread
+    run_to_completion(core)
 
 
 class CountingDecoder:

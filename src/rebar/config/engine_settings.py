@@ -35,6 +35,13 @@ class EngineSettings(Section):
         "of them than requests with a prompt to prefill, so a long prompt delays the others' next "
         "tokens by a short step at a time (a burst of more prompts prefills at full speed).",
     )
+    prefill_beside_decode: bool = Field(
+        True,
+        description="On the CPU, a prompt longer than max_prefill_tokens_while_decoding that "
+        "arrives while requests decode prefills on a thread of its own beside their steps, in "
+        "chunks of up to max_num_batched_tokens, sharing the cores with them instead of adding its "
+        "chunks to their steps (docs/benchmarks.md); off: in the steps, capped per step.",
+    )
     max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = Field(
         None,
         description="Longest prompt + completion in tokens; unset: the model's context window.",

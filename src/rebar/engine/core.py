@@ -1,7 +1,8 @@
 """The engine core: requests in, one batched model step at a time, incremental outputs out.
 
-Synchronous and single-threaded by design; `AsyncEngine` runs it in its own thread and `LLM`
-steps it directly. Every way a request can end goes through `_finish`.
+Synchronous by design; `AsyncEngine` runs it in its own thread and `LLM` steps it directly. The
+one computation beside its steps is a long prompt's chunk (`PrefillBeside`), which the scheduler
+keeps apart from them. Every way a request can end goes through `_finish`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -17,54 +18,41 @@ from torch import nn
 from rebar import heap
 from rebar.engine.admission import RequestChecker
 from rebar.engine.detokenizer import IncrementalDetokenizer
-from rebar.engine.engine_config import EngineConfig, kv_bytes_per_token, num_kv_blocks
+from rebar.engine.engine_config import EngineConfig
 from rebar.engine.grammar import Grammars, TokenMasks
 from rebar.engine.kv_cache_manager import KVCacheManager
+from rebar.engine.kv_cache_setup import build_kv_cache
 from rebar.engine.outputs import (
     DEADLINE_EXCEEDED,
     ENGINE_FAULT,
     RequestOutput,
 )
+from rebar.engine.prefill_beside import PrefillBeside
 from rebar.engine.request import AdmittedRequest, Request, RequestStatus
 from rebar.engine.runner import ModelRunner
 from rebar.engine.sampler import SampledToken, make_generator
 from rebar.engine.sampling_params import SamplingParams
 from rebar.engine.scheduler import ScheduledRequest, Scheduler, SchedulerConfig
-from rebar.engine.sequence_state import EngineSideState, append_token, state_of
+from rebar.engine.sequence_state import (
+    EngineSideState,
+    append_token,
+    request_timing,
+    sampling_row,
+    state_of,
+)
 from rebar.engine.spec.build import build_speculator
 from rebar.engine.spec.draft_model import DraftModel
-from rebar.engine.spec.speculator import DraftCounts, Drafting, SequenceSpeculation, Speculator
+from rebar.engine.spec.speculator import Drafting, SequenceSpeculation, Speculator
+from rebar.engine.stats import EngineStats
 from rebar.engine.step_execution import execute_isolated
 from rebar.engine.step_sampling import SamplingRow, StepSampler, Verdict, best_token_suffices
 from rebar.errors import InvalidRequestError
-from rebar.kernels import kv_quant
-from rebar.kernels.attention import KVCache
 from rebar.kernels.best_logits import BestTokens
 from rebar.model.config import ModelConfig
 from rebar.model.tokenizer import Tokenizer
-from rebar.timing import DurationHistogram, RequestTiming
+from rebar.timing import DurationHistogram
 
 logger = logging.getLogger("rebar.engine")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_blocks: int
-    kv_usage: float
-    num_prefix_queries: int
-    num_prefix_hits: int
-    num_preemptions: int
-    num_requests_added: int  # every accepted request (an n > 1 request counts once)
-    # Durations of whole steps (schedule, model, sampling, outputs) by kind: "decode" when every
-    # scheduled request computed one token, else "prefill" (prompt tokens in the step).
-    step_seconds: dict[str, DurationHistogram] = field(default_factory=dict)
-    # Per step with grammar-constrained rows: filling and applying their token masks.
-    grammar_mask_seconds: DurationHistogram | None = None
-    # Speculative decoding, by drafter name: draft tokens checked and kept.
-    drafts: dict[str, DraftCounts] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -86,7 +74,7 @@ class EngineCore:
             config.max_model_len or model_config.max_position_embeddings,
             model_config.max_position_embeddings,
         )
-        kv_cache = _kv_cache(config, model_config, dtype, device, self.max_model_len, draft)
+        kv_cache = build_kv_cache(config, model_config, dtype, device, self.max_model_len, draft)
         num_blocks = kv_cache.num_blocks
         self.runner = ModelRunner(
             model, model_config, kv_cache, device, fused_decode=config.fused_decode
@@ -95,12 +83,20 @@ class EngineCore:
             num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
+        # Threads share the CPU's cores; an accelerator would run the two one after the other.
+        self.beside = (
+            PrefillBeside(self.runner)
+            if config.prefill_beside_decode and device.type == "cpu"
+            else None
+        )
         self._children: dict[str, list[str]] = {}  # caller's id -> ids of its scheduler requests
         self.grammars = Grammars(tokenizer, model_config.vocab_size)
         self.token_masks = TokenMasks(model_config.vocab_size)
         self.checker = RequestChecker(tokenizer.vocab_size, self.max_model_len, self.grammars)
         self.num_requests_added = 0
         self.step_seconds = {kind: DurationHistogram.empty() for kind in ("decode", "prefill")}
+        if self.beside is not None:
+            self.step_seconds["prefill_beside"] = self.beside.seconds
         self.step_sampler = StepSampler(self.token_masks)
         self.speculator: Speculator | None = (
             build_speculator(config, self.runner, num_blocks, draft) if config.speculative else None
@@ -149,8 +145,11 @@ class EngineCore:
         params = admitted.params
         children = []
         for index in range(params.n):
+            child_id = _child_id(request_id, index, params.n)
+            if self.beside is not None and self.beside.computing(child_id):
+                # A finished request of this id still has a chunk in flight: its blocks go first.
+                self._land_beside(timeout=None)
             child_params = params if params.n == 1 else params.child(index)
-            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
             state = EngineSideState(
                 parent_id=request_id,
                 index=index,
@@ -244,25 +243,34 @@ class EngineCore:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             error=request.error,
-            timing=_timing(request) if finished else None,
+            timing=request_timing(request) if finished else None,
         )
 
     # ----- one step ------------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        """Whether a step has work: requests, or a chunk beside whose blocks a step must collect."""
+        return self.scheduler.num_unfinished > 0 or (self.beside is not None and self.beside.busy)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample, and report what every touched request produced."""
-        outputs = self._expire_deadlines()
+        """Schedule, run the model once, sample, and report what every touched request produced.
+
+        A step with nothing to run while a prompt chunk computes beside waits a little for it."""
+        outputs = self._expire_deadlines() + self._land_beside()
         drafting = self._drafting()
         lookahead = None
         if self.speculator is not None and drafting:
             base_rows, running = self.scheduler.running_rows(), self.scheduler.running
             lookahead = self.speculator.lookahead(list(drafting.values()), base_rows, len(running))
-        plan = self.scheduler.schedule(lookahead)
-        if plan.is_empty:
-            return outputs
+        beside = self.beside
+        plan = self.scheduler.schedule(lookahead, background=beside is not None and not beside.busy)
         started = time.monotonic()
+        if plan.background is not None:
+            assert beside is not None  # the scheduler starts a chunk only when asked to
+            request = self.scheduler.requests[plan.background.request_id]
+            request.scheduled_time = request.scheduled_time or started
+            beside.start(plan.background)
+        if plan.is_empty:
+            return outputs + self._land_beside(timeout=0.05)
         for item in plan.scheduled:
             request = self.scheduler.requests[item.request_id]
             if request.scheduled_time is None:
@@ -274,7 +282,7 @@ class EngineCore:
         for item in items:
             if item.sample:
                 request = self.scheduler.requests[item.request_id]
-                sampling.append((request, item, _sampling_row(request, item)))
+                sampling.append((request, item, sampling_row(request, item)))
         greedy = all(best_token_suffices(row) for _, _, row in sampling)
         scores, failed = execute_isolated(self.runner, items, greedy)
         outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
@@ -284,6 +292,16 @@ class EngineCore:
         decode = all(len(item.token_ids) == 1 for item in plan.scheduled)
         self.step_seconds["decode" if decode else "prefill"].observe(time.monotonic() - started)
         return outputs
+
+    def _land_beside(self, timeout: float | None = 0.0) -> list[RequestOutput]:
+        """Collect the prompt chunk computed beside the steps, if done (waiting up to `timeout`
+        seconds, None: until it is): its request is scheduled again, or fails if it raised."""
+        landed = None if self.beside is None else self.beside.landed(timeout)
+        if landed is None:
+            return []
+        _, error = landed
+        request = self.scheduler.land(failed=error is not None)
+        return [] if request is None or error is None else [self._fail(request)]
 
     def _drafting(self) -> dict[str, Drafting]:
         """The running requests that take part in speculation, by id."""
@@ -414,76 +432,6 @@ class EngineCore:
         }
 
 
-def _sampling_row(request: Request, item: ScheduledRequest) -> SamplingRow:
-    """What `request` brings to the sampling of `item`'s rows."""
-    state = state_of(request)
-    # Token histories are only read by penalties; copying them every step would cost O(length).
-    penalised = request.params.has_penalties
-    drawn = None if state.speculation is None else state.speculation.draft_probabilities
-    if drawn is not None and item.draft_token_ids:
-        drawn = drawn[: len(item.draft_token_ids)]
-    else:
-        drawn = None
-    return SamplingRow(
-        request.params,
-        state.generator,
-        request.prompt_token_ids if penalised else (),
-        request.output_token_ids if penalised else (),
-        state.matcher,
-        item.draft_token_ids,
-        drawn,
-    )
-
-
-def _timing(request: Request) -> RequestTiming:
-    assert request.finished_time is not None, "timing is reported once the request finished"
-    speculation = state_of(request).speculation
-    return RequestTiming(
-        request.arrival_time,
-        request.scheduled_time,
-        request.first_token_time,
-        request.finished_time,
-        0 if speculation is None else speculation.num_drafted,
-        0 if speculation is None else speculation.num_accepted,
-    )
-
-
-def _kv_cache(
-    config: EngineConfig,
-    model_config: ModelConfig,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
-    draft: DraftModel | None,
-) -> KVCache:
-    """The engine's KV cache, sized by `config` (a draft model's own cache shares the budget);
-    raises InvalidRequestError when it cannot hold one sequence of `max_model_len` tokens."""
-    kv_dtype = config.kv_dtype(dtype, device)
-    num_blocks = num_kv_blocks(
-        config, model_config, kv_dtype, device, None if draft is None else draft.config
-    )
-    if num_blocks * config.block_size < max_model_len:
-        raise InvalidRequestError(
-            f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
-            f"max_model_len={max_model_len}; raise kv_cache_memory or lower max_model_len",
-            "kv_cache_memory",
-        )
-    kv_cache = KVCache(
-        model_config.num_layers,
-        num_blocks,
-        config.block_size,
-        model_config.num_kv_heads,
-        model_config.head_dim,
-        kv_dtype,
-        device,
-    )
-    logger.info(
-        "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %d bytes/token)",
-        num_blocks,
-        config.block_size,
-        num_blocks * config.block_size,
-        kv_cache.num_bytes / 2**20,
-        kv_quant.setting_name(kv_dtype),
-        kv_bytes_per_token(model_config, kv_dtype),
-    )
-    return kv_cache
+def _child_id(request_id: str, index: int, n: int) -> str:
+    """The scheduler's id of choice `index` of a request with `n` choices."""
+    return request_id if n == 1 else f"{request_id}#{index}"

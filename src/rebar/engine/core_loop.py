@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rebar import heap
-from rebar.engine.core import EngineCore, EngineStats
+from rebar.engine.core import EngineCore
 from rebar.engine.outputs import ENGINE_FAULT, ENGINE_SHUTDOWN, RequestOutput
 from rebar.engine.request import AdmittedRequest
+from rebar.engine.stats import EngineStats
 from rebar.errors import RebarError
 from rebar.obs.profiling import ProfileResult, ProfileSession
 

@@ -21,7 +21,6 @@ from multiprocessing.connection import Connection
 
 from rebar.engine.admission import RequestChecker
 from rebar.engine.async_engine import EngineFront, EngineUnavailableError
-from rebar.engine.core import EngineStats
 from rebar.engine.core_loop import Command, CoreLoop, Delivery, Stop
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.grammar import Grammars
@@ -29,6 +28,7 @@ from rebar.engine.model_text import ModelText
 from rebar.engine.prompt import Prompt, prompt_token_ids
 from rebar.engine.request import AdmittedRequest
 from rebar.engine.sampling_params import SamplingParams
+from rebar.engine.stats import EngineStats
 from rebar.errors import ConfigError, ModelNotFoundError, RebarError
 
 logger = logging.getLogger("rebar.engine")

@@ -69,6 +69,7 @@ class KVCacheManager:
         num_new_tokens: int,
         cached_prefix: list[int] | None = None,
         num_lookahead: int = 0,
+        publish: bool = True,
     ) -> bool:
         """Make room for `num_new_tokens` more tokens of `request`; False (and no change) if the
         pool is short.
@@ -76,7 +77,9 @@ class KVCacheManager:
         `cached_prefix` (from find_cached_prefix, only for a request holding no blocks) is shared
         first. `num_lookahead` more slots follow for draft tokens: they get blocks, but only blocks
         full of the request's own tokens are published in the prefix cache, never one a draft
-        token fills (`trim` gives back what rejected drafts held).
+        token fills (`trim` gives back what rejected drafts held). The blocks the new tokens fill
+        are published now (the step that computes them runs before any later request reads them),
+        or with `publish=False` only by a later `publish`, for tokens computed beside the steps.
         """
         cached_prefix = cached_prefix or []
         held = self._blocks.get(request.request_id, [])
@@ -95,11 +98,11 @@ class KVCacheManager:
         blocks = self._blocks.setdefault(request.request_id, held)
         blocks.extend(cached_prefix)
         blocks.extend(self.pool.allocate(num_new_blocks))
-        self._register_full_blocks(request, num_computed + num_new_tokens)
+        self.publish(request, num_computed + num_new_tokens if publish else num_computed)
         return True
 
-    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Publish blocks that become full once this step's tokens are written."""
+    def publish(self, request: Request, num_tokens: int) -> None:
+        """Publish the request's blocks that its first `num_tokens` tokens fill."""
         if not self.enable_prefix_caching:
             return
         blocks = self._blocks[request.request_id]

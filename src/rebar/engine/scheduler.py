@@ -17,6 +17,13 @@ ms); the prompt's own time to first token 40.7 s, 33.6 s and 43.0 s. Sixteen 2,0
 prompts at once were all done in 66 s with the cap whenever anything decoded, 53-55 s with this
 rule, 48-50 s with no cap (docs/benchmarks.md).
 
+With `background` (the engine's `prefill_beside_decode`), such a capped prompt longer than the cap
+computes instead on a thread of its own beside the steps, one chunk at a time (`in_flight`, up to
+`max_num_batched_tokens` tokens), all but its last token, which a step computes and samples after
+as usual: the decoding requests' steps then share the cores with the prompt rather than wait for its
+chunks. A request in flight is not scheduled, preempted or freed until its chunk lands (`land`),
+and its chunk's blocks are published in the prefix cache only then.
+
 Running requests go first (oldest first), then waiting ones in arrival order. When
 the KV pool runs dry, the newest running request is preempted (its blocks freed, to be recomputed
 later), so the oldest always make progress and nothing starves.
@@ -93,9 +100,12 @@ class SchedulerOutput:
     """One step's plan: what the model computes, in order. Preemptions show on the requests."""
 
     scheduled: tuple[ScheduledRequest, ...]
+    # A prompt chunk to compute beside this step and the next ones, until it lands (`land`).
+    background: ScheduledRequest | None = None
 
     @property
     def is_empty(self) -> bool:
+        """Nothing for this step's model pass (a chunk may still start beside it)."""
         return not self.scheduled
 
 
@@ -107,6 +117,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.in_flight: ScheduledRequest | None = None  # the prompt chunk computing beside steps
+        # The in-flight chunk's request when it finished before the chunk landed, and whether its
+        # published blocks stay cached: its blocks are freed when the chunk lands.
+        self._finished_in_flight: tuple[Request, bool] | None = None
 
     # ----- queue management ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -128,26 +142,63 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        self.kv.free(request, keep_cached=keep_cached)
+        if self._is_in_flight(request):  # its chunk still writes its blocks: freed when it lands
+            self._finished_in_flight = (request, keep_cached)
+        else:
+            self.kv.free(request, keep_cached=keep_cached)
         return request
+
+    def land(self, failed: bool = False) -> Request | None:
+        """The chunk in flight is computed (or, `failed`, it raised): its request counts its tokens
+        as computed and publishes their blocks. Returns the request if still live (the caller fails
+        it when `failed`), None when it finished meanwhile (its blocks are freed now)."""
+        item = self.in_flight
+        assert item is not None, "no prompt chunk in flight"
+        self.in_flight = None
+        if self._finished_in_flight is not None:
+            request, keep_cached = self._finished_in_flight
+            self._finished_in_flight = None
+            self.kv.free(request, keep_cached=keep_cached and not failed)
+            return None
+        request = self.requests[item.request_id]
+        if not failed:
+            request.num_computed_tokens = item.start_position + len(item.token_ids)
+            self.kv.publish(request, request.num_computed_tokens)
+        return request
+
+    def _is_in_flight(self, request: Request) -> bool:
+        return self.in_flight is not None and self.in_flight.request_id == request.request_id
 
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
 
     # ----- one step --------------------------------------------------------------------------
-    def schedule(self, lookahead: Mapping[str, int] | None = None) -> SchedulerOutput:
+    def schedule(
+        self, lookahead: Mapping[str, int] | None = None, background: bool = False
+    ) -> SchedulerOutput:
         """This step's plan. `lookahead` asks, by request id, for draft slots after a decoding
         request's next token: granted last, from the budget and free blocks every running and
-        admitted request left over (fewer or none when short), so drafts never displace anyone."""
+        admitted request left over (fewer or none when short), so drafts never displace anyone.
+        `background`: a prompt chunk may start beside the step (see the module's docstring)."""
         budget = self.config.max_num_batched_tokens
-        prompt_budget = self._prompt_budget()
+        capped = self._prompts_capped()
+        prompt_budget = self._prompt_budget(capped)
+        may_start = background and capped and self.in_flight is None
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        started: ScheduledRequest | None = None  # a chunk put in flight this step
 
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
+            if self._is_in_flight(request):
+                index += 1  # its chunk computes beside this step
+                continue
+            if may_start and self._start_beside(request):
+                started, may_start = self.in_flight, False
+                index += 1
+                continue
             num_new = _share(request, budget, prompt_budget)
             if num_new == 0:
                 index += 1  # a prompt past this step's prompt budget: its turn comes later
@@ -171,8 +222,9 @@ class Scheduler:
             request = self.waiting[0]
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
-            num_new = min(request.num_tokens - num_cached_tokens, budget, prompt_budget)
-            if not self.kv.allocate(request, num_new, cached):
+            beside = self._beside_length(request.num_tokens - num_cached_tokens) if may_start else 0
+            num_new = beside or min(request.num_tokens - num_cached_tokens, budget, prompt_budget)
+            if not self.kv.allocate(request, num_new, cached, publish=not beside):
                 break  # FCFS: the head waits for blocks; later requests do not jump it
             self.waiting.popleft()
             if request.status == RequestStatus.WAITING:
@@ -180,12 +232,34 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if beside:
+                started = self.in_flight = self._scheduled(request, num_new)
+                may_start = False
+                continue
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
             prompt_budget -= num_new
         if lookahead:
             scheduled = self._with_lookahead(scheduled, lookahead, budget)
-        return SchedulerOutput(tuple(scheduled))
+        return SchedulerOutput(tuple(scheduled), started)
+
+    def _beside_length(self, num_left: int) -> int:
+        """Tokens of a prompt with `num_left` to compute that a chunk beside the steps takes: all
+        but the last (a step samples after it), at most a step's budget; 0 when what a step takes
+        of a prompt while others decode would cover them anyway."""
+        limit = self.config.max_prefill_tokens_while_decoding
+        if limit is None or num_left - 1 <= limit:
+            return 0
+        return min(num_left - 1, self.config.max_num_batched_tokens)
+
+    def _start_beside(self, request: Request) -> bool:
+        """Put the next chunk of a running prompt in flight, if long enough and its blocks are free
+        (nobody is preempted for it)."""
+        length = self._beside_length(request.num_tokens - request.num_computed_tokens)
+        if not length or not self.kv.allocate(request, length, publish=False):
+            return False
+        self.in_flight = self._scheduled(request, length)
+        return True
 
     def _with_lookahead(
         self, scheduled: list[ScheduledRequest], lookahead: Mapping[str, int], budget: int
@@ -217,8 +291,11 @@ class Scheduler:
     def running_rows(self) -> int:
         """Tokens the running requests would compute this step before any draft slot (what
         `schedule` gives them, preemptions aside): the speculator's base for a step's cost."""
-        budget, prompt_budget, rows = self.config.max_num_batched_tokens, self._prompt_budget(), 0
+        budget, rows = self.config.max_num_batched_tokens, 0
+        prompt_budget = self._prompt_budget(self._prompts_capped())
         for request in self.running:
+            if self._is_in_flight(request):
+                continue
             num_new = _share(request, budget, prompt_budget)
             rows += num_new
             budget -= num_new
@@ -226,10 +303,16 @@ class Scheduler:
                 prompt_budget -= num_new
         return rows
 
-    def _prompt_budget(self) -> int:
-        """Prompt tokens this step may compute: the configured limit while requests decoding (one
-        new token to compute) are at least as many as those with a prompt still to prefill, else
-        the whole step's budget.
+    def _prompt_budget(self, capped: bool) -> int:
+        """Prompt tokens this step may compute: the configured limit when `capped`
+        (`_prompts_capped`), else the whole step's budget."""
+        limit = self.config.max_prefill_tokens_while_decoding
+        return limit if capped and limit is not None else self.config.max_num_batched_tokens
+
+    def _prompts_capped(self) -> bool:
+        """Whether a limit on prompt tokens per step is set and applies: while requests decoding
+        (one new token to compute) are at least as many as those with a prompt still to prefill
+        (one in flight included).
 
         A prompt token computed now delays each decoding request's next token by its cost, and
         brings the first token of every prompt in line (itself and those queued behind it) that
@@ -237,17 +320,17 @@ class Scheduler:
         Waiting requests count only as far as there are free sequence slots to admit them: the
         others wait for a decoding request to finish, not for the prompts.
         """
-        limit = self.config.max_prefill_tokens_while_decoding
+        if self.config.max_prefill_tokens_while_decoding is None:
+            return False
         decoding = sum(1 for r in self.running if not _is_prompt(r))
         admissible = min(len(self.waiting), self.config.max_num_seqs - len(self.running))
-        prompts = len(self.running) - decoding + admissible
-        if limit is None or decoding < prompts:
-            return self.config.max_num_batched_tokens
-        return limit
+        return decoding >= len(self.running) - decoding + admissible
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
         while not self.kv.allocate(request, num_new):
-            victim = self.running.pop()  # the newest running request
+            # The newest running request, but not one whose chunk is in flight (it lands first).
+            victim = next(r for r in reversed(self.running) if not self._is_in_flight(r))
+            self.running.remove(victim)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is request:
@@ -304,12 +387,16 @@ class Scheduler:
             r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting
         )
         assert all(not self.kv.block_ids(r.request_id) for r in self.waiting)
-        # Between steps a running request holds exactly the blocks its computed tokens fill: no
-        # block a rejected draft used outlives its step.
+        # Between steps a running request holds exactly the blocks its computed tokens fill (and
+        # those of its chunk in flight): no block a rejected draft used outlives its step.
         for r in self.running:
             held = len(self.kv.block_ids(r.request_id))
-            assert held == blocks_needed(r.num_computed_tokens, self.kv.block_size), (
-                f"{r.request_id} holds {held} blocks for {r.num_computed_tokens} computed tokens"
+            computed = r.num_computed_tokens
+            if self._is_in_flight(r):
+                assert self.in_flight is not None
+                computed = self.in_flight.start_position + len(self.in_flight.token_ids)
+            assert held == blocks_needed(computed, self.kv.block_size), (
+                f"{r.request_id} holds {held} blocks for {computed} computed tokens"
             )
         assert len(self.running) <= self.config.max_num_seqs
         self.kv.check_integrity()

@@ -3,7 +3,8 @@
 A `Request` is what the scheduler sees (tokens, blocks); its `EngineSideState` holds what only the
 core needs: the sampler's generator, the detokenizer, the grammar matcher, pending logprobs and
 its speculation. `append_token` is the one place a token is appended and checked against every way
-a request can stop.
+a request can stop. `sampling_row` and `request_timing` read a request with its state for the
+sampler and for its final output.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from rebar.engine.detokenizer import IncrementalDetokenizer
 from rebar.engine.grammar import GrammarMatcher
 from rebar.engine.request import Request, RequestStatus
 from rebar.engine.sampler import SampledToken
+from rebar.engine.scheduler import ScheduledRequest
 from rebar.engine.spec.speculator import SequenceSpeculation
+from rebar.engine.step_sampling import SamplingRow
+from rebar.timing import RequestTiming
 
 logger = logging.getLogger("rebar.engine")
 
@@ -91,3 +95,37 @@ def state_of(request: Request) -> EngineSideState:
     state = request.state
     assert isinstance(state, EngineSideState), f"{request.request_id} was not queued by this core"
     return state
+
+
+def sampling_row(request: Request, item: ScheduledRequest) -> SamplingRow:
+    """What `request` brings to the sampling of `item`'s rows."""
+    state = state_of(request)
+    # Token histories are only read by penalties; copying them every step would cost O(length).
+    penalised = request.params.has_penalties
+    drawn = None if state.speculation is None else state.speculation.draft_probabilities
+    if drawn is not None and item.draft_token_ids:
+        drawn = drawn[: len(item.draft_token_ids)]
+    else:
+        drawn = None
+    return SamplingRow(
+        request.params,
+        state.generator,
+        request.prompt_token_ids if penalised else (),
+        request.output_token_ids if penalised else (),
+        state.matcher,
+        item.draft_token_ids,
+        drawn,
+    )
+
+
+def request_timing(request: Request) -> RequestTiming:
+    assert request.finished_time is not None, "timing is reported once the request finished"
+    speculation = state_of(request).speculation
+    return RequestTiming(
+        request.arrival_time,
+        request.scheduled_time,
+        request.first_token_time,
+        request.finished_time,
+        0 if speculation is None else speculation.num_drafted,
+        0 if speculation is None else speculation.num_accepted,
+    )

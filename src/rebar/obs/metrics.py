@@ -345,7 +345,8 @@ class StateCollector(Collector):
         steps = HistogramMetricFamily(
             "rebar_engine_step_seconds",
             "Engine step durations (schedule, model, sampling, outputs); kind=decode when every "
-            "scheduled request computed one token, else prefill.",
+            "scheduled request computed one token, else prefill; kind=prefill_beside: prompt "
+            "chunks computed on their own thread beside the steps (prefill_beside_decode).",
             labels=["model", "kind"],
         )
         drafts = _DraftFamilies()
