@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rebar.engine.engine_config import EngineConfig
 from rebar.engine.kv_cache_manager import KVCacheManager, blocks_needed
@@ -93,6 +93,25 @@ class ScheduledRequest:
     def num_rows(self) -> int:
         """Tokens the model computes for this item: its own and its drafts."""
         return len(self.token_ids) + len(self.draft_token_ids)
+
+
+@dataclass
+class _Plan:
+    """A step's plan while `Scheduler.schedule` builds it: what is left of its budgets, and
+    whether a chunk may still start beside it (`may_start`) or did (`started`)."""
+
+    budget: int
+    prompt_budget: int
+    may_start: bool
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    started: ScheduledRequest | None = None
+
+    def take(self, item: ScheduledRequest, prompt: bool) -> None:
+        self.scheduled.append(item)
+        self.budget -= len(item.token_ids)
+        if prompt:
+            self.prompt_budget -= len(item.token_ids)
 
 
 @dataclass(frozen=True)
@@ -181,51 +200,56 @@ class Scheduler:
         request's next token: granted last, from the budget and free blocks every running and
         admitted request left over (fewer or none when short), so drafts never displace anyone.
         `background`: a prompt chunk may start beside the step (see the module's docstring)."""
-        budget = self.config.max_num_batched_tokens
         capped = self._prompts_capped()
-        prompt_budget = self._prompt_budget(capped)
-        may_start = background and capped and self.in_flight is None
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[str] = []
-        started: ScheduledRequest | None = None  # a chunk put in flight this step
+        plan = _Plan(
+            self.config.max_num_batched_tokens,
+            self._prompt_budget(capped),
+            may_start=background and capped and self.in_flight is None,
+        )
+        self._schedule_running(plan)
+        if not plan.preempted:  # admit waiting requests only when nobody had to give way
+            self._admit_waiting(plan)
+        scheduled = plan.scheduled
+        if lookahead:
+            scheduled = self._with_lookahead(scheduled, lookahead, plan.budget)
+        return SchedulerOutput(tuple(scheduled), plan.started)
 
+    def _schedule_running(self, plan: _Plan) -> None:
+        """The running requests' shares of the step, oldest first, preempting the newest when the
+        pool runs dry."""
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and plan.budget > 0:
             request = self.running[index]
-            if self._is_in_flight(request):
-                index += 1  # its chunk computes beside this step
-                continue
-            if may_start and self._start_beside(request):
-                started, may_start = self.in_flight, False
-                index += 1
-                continue
-            num_new = _share(request, budget, prompt_budget)
-            if num_new == 0:
-                index += 1  # a prompt past this step's prompt budget: its turn comes later
-                continue
-            if _is_prompt(request):
-                prompt_budget -= num_new
-            if not self._allocate_or_preempt(request, num_new, preempted):
-                break  # the request itself was preempted: everything after it is gone too
-            scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
             index += 1
+            if self._is_in_flight(request):
+                continue  # its chunk computes beside this step
+            if plan.may_start and self._start_beside(request):
+                plan.started, plan.may_start = self.in_flight, False
+                continue
+            num_new = _share(request, plan.budget, plan.prompt_budget)
+            if num_new == 0:
+                continue  # a prompt past this step's prompt budget: its turn comes later
+            if not self._allocate_or_preempt(request, num_new, plan.preempted):
+                return  # the request itself was preempted: everything after it is gone too
+            plan.take(self._scheduled(request, num_new), _is_prompt(request))
 
-        # Admit waiting requests only when nothing had to be preempted this step.
+    def _admit_waiting(self, plan: _Plan) -> None:
+        """Waiting requests in arrival order, while the step's budgets, the sequence limit and the
+        pool have room (a prefix-cache hit counts as computed)."""
         while (
             self.waiting
-            and not preempted
-            and budget > 0
-            and prompt_budget > 0
+            and plan.budget > 0
+            and plan.prompt_budget > 0
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
-            beside = self._beside_length(request.num_tokens - num_cached_tokens) if may_start else 0
-            num_new = beside or min(request.num_tokens - num_cached_tokens, budget, prompt_budget)
+            num_left = request.num_tokens - num_cached_tokens
+            beside = self._beside_length(num_left) if plan.may_start else 0
+            num_new = beside or min(num_left, plan.budget, plan.prompt_budget)
             if not self.kv.allocate(request, num_new, cached, publish=not beside):
-                break  # FCFS: the head waits for blocks; later requests do not jump it
+                return  # FCFS: the head waits for blocks; later requests do not jump it
             self.waiting.popleft()
             if request.status == RequestStatus.WAITING:
                 request.num_cached_tokens = num_cached_tokens
@@ -233,15 +257,10 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if beside:
-                started = self.in_flight = self._scheduled(request, num_new)
-                may_start = False
-                continue
-            scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
-            prompt_budget -= num_new
-        if lookahead:
-            scheduled = self._with_lookahead(scheduled, lookahead, budget)
-        return SchedulerOutput(tuple(scheduled), started)
+                plan.started = self.in_flight = self._scheduled(request, num_new)
+                plan.may_start = False
+            else:
+                plan.take(self._scheduled(request, num_new), prompt=True)
 
     def _beside_length(self, num_left: int) -> int:
         """Tokens of a prompt with `num_left` to compute that a chunk beside the steps takes: all
