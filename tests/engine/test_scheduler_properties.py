@@ -1,5 +1,6 @@
-"""Property-based: random add / step / abort / finish sequences keep the scheduler and pool
-consistent, every request eventually finishes, and every block returns to the pool."""
+"""Property-based: random add / step / abort / finish sequences, with and without prompt chunks
+beside the steps landing (or failing) at random times, keep the scheduler and pool consistent,
+every request eventually finishes, and every block returns to the pool."""
 
 from __future__ import annotations
 
@@ -28,16 +29,28 @@ actions = st.lists(
         st.tuples(st.just("step"), st.integers(0, VOCAB - 1)),
         st.tuples(st.just("abort"), st.integers(0, 50)),
         st.tuples(st.just("finish"), st.integers(0, 50)),
+        st.tuples(st.just("land"), st.booleans()),
     ),
     min_size=10,
     max_size=120,
 )
 
 
-def advance(scheduler: Scheduler, token: int) -> None:
+def land(scheduler: Scheduler, failed: bool = False) -> None:
+    """The chunk beside the steps, if any, is done (or raised: its request fails, as the engine
+    core fails it)."""
+    if scheduler.in_flight is None:
+        return
+    event("a chunk beside the steps")
+    request = scheduler.land(failed)
+    if failed and request is not None:
+        scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR, False)
+
+
+def advance(scheduler: Scheduler, token: int, background: bool = False) -> None:
     """One engine step without a model: compute what was planned, sample `token`, stop at
     max_total_tokens."""
-    plan = scheduler.schedule()
+    plan = scheduler.schedule(background=background)
     scheduler.update_after_step(plan)
     for item in plan.scheduled:
         request = scheduler.requests[item.request_id]
@@ -54,17 +67,46 @@ def advance(scheduler: Scheduler, token: int) -> None:
     num_blocks=st.integers(8, 16),
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 40),
-    prompt_cap=st.one_of(st.none(), st.integers(1, 40)),
+    prompt_cap=st.one_of(st.none(), st.integers(1, 4), st.integers(1, 40)),
     prefix=st.booleans(),
+    background=st.booleans(),
 )
 def test_random_traffic_keeps_invariants_and_returns_every_block(
-    actions, num_blocks, max_num_seqs, budget, prompt_cap, prefix
+    actions, num_blocks, max_num_seqs, budget, prompt_cap, prefix, background
 ) -> None:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs, budget, prompt_cap),
         KVCacheManager(num_blocks, BLOCK, prefix),
     )
     added: list[str] = []
+    run_actions(scheduler, actions, added, num_blocks, background)
+    drain(scheduler, num_blocks, added, background)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    actions=actions,
+    num_blocks=st.integers(16, 40),
+    max_num_seqs=st.integers(2, 6),
+    budget=st.integers(8, 40),
+    prompt_cap=st.integers(1, 4),
+)
+def test_random_traffic_beside_a_decoding_stream_keeps_invariants(
+    actions, num_blocks, max_num_seqs, budget, prompt_cap
+) -> None:
+    """As above, with a stream decoding from the start and a small prompt cap, so that most
+    prompts go beside the steps."""
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs, budget, prompt_cap), KVCacheManager(num_blocks, BLOCK, True)
+    )
+    scheduler.add_request(Request("stream", [5], SamplingParams(max_tokens=40), 41))
+    advance(scheduler, 0, True)
+    added = ["stream"]
+    run_actions(scheduler, actions, added, num_blocks, True)
+    drain(scheduler, num_blocks, added, True)
+
+
+def run_actions(scheduler, actions, added: list[str], num_blocks: int, background: bool) -> None:
     for action in actions:
         kind = action[0]
         if kind == "add":
@@ -79,7 +121,9 @@ def test_random_traffic_keeps_invariants_and_returns_every_block(
             )
             added.append(request_id)
         elif kind == "step":
-            advance(scheduler, action[1])
+            advance(scheduler, action[1], background)
+        elif kind == "land":
+            land(scheduler, failed=action[1])
         elif added:
             status = (
                 RequestStatus.FINISHED_ABORTED
@@ -89,12 +133,17 @@ def test_random_traffic_keeps_invariants_and_returns_every_block(
             scheduler.finish_request(added[action[1] % len(added)], status)
         scheduler.check_integrity()
 
-    # Drain: every request must finish (no starvation, no livelock) within a generous bound.
+
+def drain(scheduler, num_blocks: int, added: list[str], background: bool) -> None:
+    """Every request must finish (no starvation, no livelock) within a generous bound, and every
+    block return to the pool."""
     for _ in range(2000):
         if not scheduler.num_unfinished:
             break
-        advance(scheduler, 0)
+        land(scheduler)
+        advance(scheduler, 0, background)
         scheduler.check_integrity()
+    land(scheduler)  # a finished request's chunk may still be in flight
     assert scheduler.num_unfinished == 0
     event(f"preemptions: {'some' if scheduler.num_preemptions else 'none'}")
     event(f"prefix hits: {'some' if scheduler.kv.pool.num_prefix_hits else 'none'}")
@@ -125,13 +174,19 @@ class KVContents:
             assert held == list(block.token_ids), f"cached block {block.block_id} holds {held}"
 
 
-def advance_with_drafts(scheduler: Scheduler, contents: KVContents, rng) -> None:
+def advance_with_drafts(
+    scheduler: Scheduler, contents: KVContents, rng, background: bool = False
+) -> None:
     """A step where every decoding request asks for draft slots; a random prefix of each one's
-    drafts is kept, then one more token, as the verdict on real drafts would."""
+    drafts is kept, then one more token, as the verdict on real drafts would. A chunk beside the
+    steps lands now and then, its K/V written only then."""
     from dataclasses import replace
 
+    if scheduler.in_flight is not None and rng.random() < 0.5:
+        contents.write(scheduler.in_flight)
+        land(scheduler)
     lookahead = {r.request_id: rng.randrange(0, 6) for r in scheduler.running}
-    plan = scheduler.schedule(lookahead)
+    plan = scheduler.schedule(lookahead, background)
     items = [
         replace(
             item,
@@ -169,11 +224,12 @@ def advance_with_drafts(scheduler: Scheduler, contents: KVContents, rng) -> None
     num_blocks=st.integers(8, 16),
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 40),
-    prompt_cap=st.one_of(st.none(), st.integers(1, 40)),
+    prompt_cap=st.one_of(st.none(), st.integers(1, 4), st.integers(1, 40)),
     seed=st.integers(0, 2**16),
+    background=st.booleans(),
 )
 def test_draft_slots_leave_exact_accounting_and_an_honest_prefix_cache(
-    prompts_and_lengths, num_blocks, max_num_seqs, budget, prompt_cap, seed
+    prompts_and_lengths, num_blocks, max_num_seqs, budget, prompt_cap, seed, background
 ) -> None:
     """Requests decode with draft slots and random verdicts (with preemptions when the pool runs
     dry): between steps each running request holds exactly the blocks of its computed tokens
@@ -193,8 +249,9 @@ def test_draft_slots_leave_exact_accounting_and_an_honest_prefix_cache(
     for _ in range(2000):
         if not scheduler.num_unfinished:
             break
-        advance_with_drafts(scheduler, contents, rng)
+        advance_with_drafts(scheduler, contents, rng, background)
         scheduler.check_integrity()
         contents.check_cached_blocks(scheduler.kv.pool)
+    land(scheduler)
     assert scheduler.num_unfinished == 0
     assert scheduler.kv.pool.num_free_blocks == num_blocks
