@@ -1,6 +1,6 @@
-"""What a decoding stream's step time would be if a long prompt prefilled in a thread of its own
-beside it, instead of in chunks inside the stream's steps (a measurement for the engine's design;
-the engine does not do this yet).
+"""A decoding stream's step time while a long prompt prefills in a thread of its own beside it,
+measured on `ModelRunner` alone: the design measurement behind the engine's `prefill_beside_decode`
+(scripts/bench_long_prompt_neighbours.py measures the engine itself).
 
     PYTHONPATH=src .venv/bin/python scripts/bench_prefill_beside_decode_threads.py \
         [--model gemma3] [--prompt-tokens 16384] [--chunk 2048] [--nice 0]

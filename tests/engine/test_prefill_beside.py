@@ -4,11 +4,16 @@ tiny random model: the same tokens as in the steps, and every way such a request
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
 import time
 
+import pytest
+
 from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT
+from rebar.engine.prefill_beside import NICENESS
 from rebar.engine.sampling_params import SamplingParams
 from tiny_engine import VOCAB, make_core, run_to_completion, tokens_of
 
@@ -64,10 +69,12 @@ class HeldChunks:
 
     def __init__(self, monkeypatch, runner, fail: bool = False) -> None:
         self.release, self.started, self.fail = threading.Event(), threading.Event(), fail
+        self.niceness: int | None = None  # the chunk thread's
         inner = runner.execute
 
         def execute(items):
             if threading.current_thread().name == CHUNK_THREAD:
+                self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
                 self.started.set()
                 assert self.release.wait(30), "the test never released the chunk"
                 if self.fail:
@@ -161,3 +168,13 @@ def test_a_deadline_passing_in_flight_times_the_request_out(tmp_path, monkeypatc
     held.release.set()
     run_to_completion(core)
     assert core.kv_manager.pool.num_free_blocks == NUM_BLOCKS
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have their own nice level on Linux")
+def test_the_chunk_runs_at_a_lower_priority_than_the_steps(tmp_path, monkeypatch) -> None:
+    core = core_with_a_stream(tmp_path)
+    held = HeldChunks(monkeypatch, core.runner)
+    held.release.set()
+    core.add_request("long", long_prompt(), GREEDY)
+    run_to_completion(core)
+    assert held.niceness == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS

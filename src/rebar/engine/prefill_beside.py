@@ -27,12 +27,13 @@ from rebar.timing import DurationHistogram
 logger = logging.getLogger("rebar.engine")
 
 # The chunk's thread runs at this nice level above the engine's (Linux: per thread), so that the
-# scheduler of the operating system gives a decode step the cores a little more often than the
-# chunk. Measured on two cores, Gemma 3 270M, one stream beside a 16,384-token prompt
-# (scripts/bench_long_prompt_neighbours.py, one run each): nice 0, the stream's median gap 2.03x
-# its idle one, the prompt's first token after 49.6 s; nice 2, 1.66x and 56.3 s; nice 4, 1.57x and
-# 65.5 s.
-NICENESS = 2
+# scheduler of the operating system gives a decode step the cores more often than the chunk: the
+# stream's pace against the prompt's. Measured on two cores, Gemma 3 270M, one stream beside a
+# 16,384-token prompt (scripts/bench_long_prompt_neighbours.py, 2026-12-06; the stream's median gap
+# against its idle one, the prompt's first token): nice 0: 2.03x, 49.6 s; 2: 1.66-1.99x, 55-56 s;
+# 3: 1.57-1.69x, 60 s; 4: 1.57-1.58x, 64-65 s; 6: 1.41-1.45x, 77 s (in the steps instead: ~11x,
+# 34 s).
+NICENESS = 4
 
 
 class PrefillBeside:
