@@ -20,10 +20,14 @@ import random
 import statistics
 import time
 
-import torch
+from rebar.openmp_env import shorten_openmp_spin
 
-from rebar.engine.sampling_params import SamplingParams
-from rebar.llm import LLM
+shorten_openmp_spin()  # before torch loads libgomp: what `make run` gets
+
+import torch  # noqa: E402
+
+from rebar.engine.sampling_params import SamplingParams  # noqa: E402
+from rebar.llm import LLM  # noqa: E402
 
 
 def main() -> None:

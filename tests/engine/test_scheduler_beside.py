@@ -151,3 +151,25 @@ def test_a_request_in_flight_is_never_the_one_preempted() -> None:
     assert scheduler.num_preemptions == 1
     assert scheduler.land() is scheduler.requests["long"]
     scheduler.check_integrity()
+
+
+def test_other_long_prompts_wait_for_the_thread_rather_than_slow_the_steps() -> None:
+    scheduler = make_scheduler()
+    decoding_stream(scheduler)
+    scheduler.add_request(make_request("stream2", 4, first_token=2000))
+    step(scheduler)  # two streams decoding: two prompts are still capped
+    scheduler.add_request(make_request("a", 30))
+    scheduler.add_request(make_request("b", 30, first_token=500))
+    plan = step(scheduler)
+    assert plan.background is not None and plan.background.request_id == "a"
+    assert [i.request_id for i in plan.scheduled] == ["stream", "stream2"]
+    assert "b" not in scheduler.requests or scheduler.requests["b"].num_computed_tokens == 0
+    assert [i.request_id for i in step(scheduler).scheduled] == ["stream", "stream2"]
+    scheduler.land()
+    plan = step(scheduler)  # a's last token in the step; b's chunk goes beside
+    assert [(i.request_id, len(i.token_ids)) for i in plan.scheduled] == [
+        ("stream", 1),
+        ("stream2", 1),
+        ("a", 1),
+    ]
+    assert plan.background is not None and plan.background.request_id == "b"

@@ -21,8 +21,9 @@ With `background` (the engine's `prefill_beside_decode`), such a capped prompt l
 computes instead on a thread of its own beside the steps, one chunk at a time (`in_flight`, up to
 `max_num_batched_tokens` tokens), all but its last token, which a step computes and samples after
 as usual: the decoding requests' steps then share the cores with the prompt rather than wait for its
-chunks. A request in flight is not scheduled, preempted or freed until its chunk lands (`land`),
-and its chunk's blocks are published in the prefix cache only then.
+chunks. Other long prompts wait for the thread meanwhile (in the steps they would slow every
+decoding request twice over). A request in flight is not scheduled, preempted or freed until its
+chunk lands (`land`), and its chunk's blocks are published in the prefix cache only then.
 
 Running requests go first (oldest first), then waiting ones in arrival order. When
 the KV pool runs dry, the newest running request is preempted (its blocks freed, to be recomputed
@@ -98,11 +99,11 @@ class ScheduledRequest:
 @dataclass
 class _Plan:
     """A step's plan while `Scheduler.schedule` builds it: what is left of its budgets, and
-    whether a chunk may still start beside it (`may_start`) or did (`started`)."""
+    whether long prompts go beside the steps (`beside`) and which chunk started this step."""
 
     budget: int
     prompt_budget: int
-    may_start: bool
+    beside: bool
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     started: ScheduledRequest | None = None
@@ -204,7 +205,7 @@ class Scheduler:
         plan = _Plan(
             self.config.max_num_batched_tokens,
             self._prompt_budget(capped),
-            may_start=background and capped and self.in_flight is None,
+            beside=background and capped,
         )
         self._schedule_running(plan)
         if not plan.preempted:  # admit waiting requests only when nobody had to give way
@@ -223,9 +224,15 @@ class Scheduler:
             index += 1
             if self._is_in_flight(request):
                 continue  # its chunk computes beside this step
-            if plan.may_start and self._start_beside(request):
-                plan.started, plan.may_start = self.in_flight, False
-                continue
+            if plan.beside and self._beside_length(
+                request.num_tokens - request.num_computed_tokens
+            ):
+                if self.in_flight is not None:
+                    continue  # a long prompt waits for the thread, not to slow the steps
+                if self._start_beside(request):
+                    plan.started = self.in_flight
+                    continue
+                # Too few free blocks for a whole chunk: a share of the step, as without.
             num_new = _share(request, plan.budget, plan.prompt_budget)
             if num_new == 0:
                 continue  # a prompt past this step's prompt budget: its turn comes later
@@ -246,7 +253,9 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
             num_left = request.num_tokens - num_cached_tokens
-            beside = self._beside_length(num_left) if plan.may_start else 0
+            beside = self._beside_length(num_left) if plan.beside else 0
+            if beside and self.in_flight is not None:
+                return  # the head waits for the thread; later requests do not jump it
             num_new = beside or min(num_left, plan.budget, plan.prompt_budget)
             if not self.kv.allocate(request, num_new, cached, publish=not beside):
                 return  # FCFS: the head waits for blocks; later requests do not jump it
@@ -258,7 +267,6 @@ class Scheduler:
             self.running.append(request)
             if beside:
                 plan.started = self.in_flight = self._scheduled(request, num_new)
-                plan.may_start = False
             else:
                 plan.take(self._scheduled(request, num_new), prompt=True)
 
