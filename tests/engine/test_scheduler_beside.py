@@ -173,3 +173,22 @@ def test_other_long_prompts_wait_for_the_thread_rather_than_slow_the_steps() -> 
         ("a", 1),
     ]
     assert plan.background is not None and plan.background.request_id == "b"
+
+
+def test_while_a_chunk_is_in_flight_no_long_prompt_runs_in_the_steps_even_uncapped() -> None:
+    scheduler = make_scheduler()
+    decoding_stream(scheduler)
+    scheduler.add_request(make_request("long", 100))
+    assert step(scheduler).background is not None
+    scheduler.add_request(make_request("a", 30, first_token=500))  # now prompts outnumber streams
+    scheduler.add_request(make_request("b", 5, first_token=700))  # short, but behind a (FCFS)
+    plan = step(scheduler)
+    assert [(i.request_id, len(i.token_ids)) for i in plan.scheduled] == [("stream", 1)]
+    assert plan.background is None
+    scheduler.land()
+    plan = step(scheduler)  # the chunk landed: prompts outnumbering streams run at full budget
+    assert [(i.request_id, len(i.token_ids)) for i in plan.scheduled] == [
+        ("stream", 1),
+        ("long", 100 - STEP),
+        ("a", STEP - 1 - (100 - STEP)),
+    ]

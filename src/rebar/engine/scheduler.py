@@ -21,9 +21,10 @@ With `background` (the engine's `prefill_beside_decode`), such a capped prompt l
 computes instead on a thread of its own beside the steps, one chunk at a time (`in_flight`, up to
 `max_num_batched_tokens` tokens), all but its last token, which a step computes and samples after
 as usual: the decoding requests' steps then share the cores with the prompt rather than wait for its
-chunks. Other long prompts wait for the thread meanwhile (in the steps they would slow every
-decoding request twice over). A request in flight is not scheduled, preempted or freed until its
-chunk lands (`land`), and its chunk's blocks are published in the prefix cache only then.
+chunks. Other long prompts wait for the thread meanwhile, capped or not (in the steps they would
+slow every decoding request twice over: the step's prompt work and the thread's share the cores).
+A request in flight is not scheduled, preempted or freed until its chunk lands (`land`), and its
+chunk's blocks are published in the prefix cache only then.
 
 Running requests go first (oldest first), then waiting ones in arrival order. When
 the KV pool runs dry, the newest running request is preempted (its blocks freed, to be recomputed
@@ -99,11 +100,13 @@ class ScheduledRequest:
 @dataclass
 class _Plan:
     """A step's plan while `Scheduler.schedule` builds it: what is left of its budgets, and
-    whether long prompts go beside the steps (`beside`) and which chunk started this step."""
+    whether chunks go beside the steps (`background`), whether the prompt cap applies (`capped`:
+    then a long prompt's chunk may start beside) and which chunk started this step."""
 
     budget: int
     prompt_budget: int
-    beside: bool
+    background: bool
+    capped: bool
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     started: ScheduledRequest | None = None
@@ -205,7 +208,8 @@ class Scheduler:
         plan = _Plan(
             self.config.max_num_batched_tokens,
             self._prompt_budget(capped),
-            beside=background and capped,
+            background=background,
+            capped=capped,
         )
         self._schedule_running(plan)
         if not plan.preempted:  # admit waiting requests only when nobody had to give way
@@ -224,15 +228,16 @@ class Scheduler:
             index += 1
             if self._is_in_flight(request):
                 continue  # its chunk computes beside this step
-            if plan.beside and self._beside_length(
+            if plan.background and self._beside_length(
                 request.num_tokens - request.num_computed_tokens
             ):
                 if self.in_flight is not None:
                     continue  # a long prompt waits for the thread, not to slow the steps
-                if self._start_beside(request):
+                if plan.capped and self._start_beside(request):
                     plan.started = self.in_flight
                     continue
-                # Too few free blocks for a whole chunk: a share of the step, as without.
+                # Not capped (prompts outnumber the decoding requests), or too few free blocks for
+                # a whole chunk: a share of the step, as without.
             num_new = _share(request, plan.budget, plan.prompt_budget)
             if num_new == 0:
                 continue  # a prompt past this step's prompt budget: its turn comes later
@@ -253,9 +258,10 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
             num_left = request.num_tokens - num_cached_tokens
-            beside = self._beside_length(num_left) if plan.beside else 0
+            beside = self._beside_length(num_left) if plan.background else 0
             if beside and self.in_flight is not None:
                 return  # the head waits for the thread; later requests do not jump it
+            beside = beside if plan.capped else 0
             num_new = beside or min(num_left, plan.budget, plan.prompt_budget)
             if not self.kv.allocate(request, num_new, cached, publish=not beside):
                 return  # FCFS: the head waits for blocks; later requests do not jump it
