@@ -1,14 +1,16 @@
 """A decoding stream's inter-token time while a long prompt prefills beside it.
 
     PYTHONPATH=src .venv/bin/python scripts/bench_long_prompt_neighbours.py [--model gemma3] \
-        [--prompt-tokens 16384] [--threads 2] [--setting max_prefill_tokens_while_decoding=256]
+        [--prompt-tokens 16384] [--streams 1] [--threads 2] \
+        [--setting max_prefill_tokens_while_decoding=256]
 
 Loads the model with rebar's defaults and the `rebar` command's OpenMP setting (any `--setting
 name=value` of `[engine]` overrides one; `none` unsets it), starts one greedy stream on a short
-prompt (not speculating) and drives the engine step by step: first 60 steps with the stream alone
-(its idle gaps between tokens), then a prompt of random tokens (never in the prefix cache) arrives,
-and the stream's gaps are recorded until that prompt's first token. Prints the stream's median,
-90th percentile and largest gap against its idle median, and the long prompt's time to first token.
+prompt (not speculating; `--streams` of them) and drives the engine step by step: first 60 steps
+with the streams alone (their idle gaps between tokens), then a prompt of random tokens (never in
+the prefix cache) arrives, and the gaps are recorded until that prompt's first token. Prints the
+streams' median, 90th percentile and largest gap against their idle median, and the long prompt's
+time to first token.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3")
     parser.add_argument("--prompt-tokens", type=int, default=16_384)
+    parser.add_argument("--streams", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
@@ -54,11 +57,11 @@ def main() -> None:
     # The stream does not speculate: each of its gaps is then one step, not a burst of drafts
     # whose length follows a policy timed at load.
     stream = SamplingParams(max_tokens=4000, ignore_eos=True, speculative=False)
-    engine.add_request(
-        "stream", llm.tokenizer.encode("Tell me a long story about the sea."), stream
-    )
+    for index in range(args.streams):
+        story = f"Tell me long story number {index} about the sea."
+        engine.add_request(f"stream{index}", llm.tokenizer.encode(story), stream)
 
-    last = time.monotonic()
+    last: dict[str, float] = {}
     idle: list[float] = []
     busy: list[float] = []
     long_started = first_token_s = None
@@ -67,9 +70,11 @@ def main() -> None:
         outputs = engine.step()
         now = time.monotonic()
         for output in outputs:
-            if output.request_id == "stream" and output.new_token_ids:
-                (busy if long_started is not None else idle).append(now - last)
-                last = now
+            if output.request_id.startswith("stream") and output.new_token_ids:
+                if output.request_id in last:
+                    gaps = busy if long_started is not None else idle
+                    gaps.append(now - last[output.request_id])
+                last[output.request_id] = now
             elif output.request_id == "long" and output.new_token_ids:
                 first_token_s = now - long_started
         step += 1
@@ -84,6 +89,7 @@ def main() -> None:
         "model": args.model,
         "settings": settings,
         "prompt_tokens": args.prompt_tokens,
+        "streams": args.streams,
         "idle_gap_ms": round(1000 * idle_median, 2),
         "gap_ms_median": round(1000 * statistics.median(busy), 2),
         "gap_ms_p90": round(1000 * percentile(busy, 0.9), 2),
