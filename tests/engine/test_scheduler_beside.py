@@ -23,8 +23,11 @@ def make_request(request_id: str, num_prompt: int, first_token: int = 0) -> Requ
     return Request(request_id, prompt, SamplingParams(max_tokens=50), num_prompt + 50)
 
 
-def step(scheduler: Scheduler, background: bool = True) -> SchedulerOutput:
-    """Schedule, then what the engine does after its model pass (the chunk beside not included)."""
+def step(scheduler: Scheduler, background: bool | None = None) -> SchedulerOutput:
+    """Schedule, then what the engine does after its model pass (the chunk beside not included).
+    `background` unless given: as the engine asks, whether no chunk is in flight."""
+    if background is None:
+        background = scheduler.in_flight is None
     plan = scheduler.schedule(background=background)
     scheduler.update_after_step(plan)
     for item in plan.scheduled:

@@ -100,8 +100,8 @@ class ScheduledRequest:
 @dataclass
 class _Plan:
     """A step's plan while `Scheduler.schedule` builds it: what is left of its budgets, and
-    whether chunks go beside the steps (`background`), whether the prompt cap applies (`capped`:
-    then a long prompt's chunk may start beside) and which chunk started this step."""
+    whether a chunk may start beside the steps (`background`, when the prompt cap applies:
+    `capped`) and which chunk started this step."""
 
     budget: int
     prompt_budget: int
@@ -203,7 +203,8 @@ class Scheduler:
         """This step's plan. `lookahead` asks, by request id, for draft slots after a decoding
         request's next token: granted last, from the budget and free blocks every running and
         admitted request left over (fewer or none when short), so drafts never displace anyone.
-        `background`: a prompt chunk may start beside the step (see the module's docstring)."""
+        `background`: a prompt chunk may start beside the step (see the module's docstring); while
+        one is in flight, long prompts wait for it whatever `background` says."""
         capped = self._prompts_capped()
         plan = _Plan(
             self.config.max_num_batched_tokens,
@@ -228,16 +229,14 @@ class Scheduler:
             index += 1
             if self._is_in_flight(request):
                 continue  # its chunk computes beside this step
-            if plan.background and self._beside_length(
-                request.num_tokens - request.num_computed_tokens
-            ):
+            if self._beside_length(request.num_tokens - request.num_computed_tokens):
                 if self.in_flight is not None:
                     continue  # a long prompt waits for the thread, not to slow the steps
-                if plan.capped and self._start_beside(request):
+                if plan.background and plan.capped and self._start_beside(request):
                     plan.started = self.in_flight
                     continue
-                # Not capped (prompts outnumber the decoding requests), or too few free blocks for
-                # a whole chunk: a share of the step, as without.
+                # No chunk may start, or too few free blocks for a whole one: a share of the
+                # step, as without.
             num_new = _share(request, plan.budget, plan.prompt_budget)
             if num_new == 0:
                 continue  # a prompt past this step's prompt budget: its turn comes later
@@ -258,10 +257,10 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(request)
             num_cached_tokens = len(cached) * self.kv.block_size
             num_left = request.num_tokens - num_cached_tokens
-            beside = self._beside_length(num_left) if plan.background else 0
+            beside = self._beside_length(num_left)
             if beside and self.in_flight is not None:
                 return  # the head waits for the thread; later requests do not jump it
-            beside = beside if plan.capped else 0
+            beside = beside if plan.background and plan.capped else 0
             num_new = beside or min(num_left, plan.budget, plan.prompt_budget)
             if not self.kv.allocate(request, num_new, cached, publish=not beside):
                 return  # FCFS: the head waits for blocks; later requests do not jump it
