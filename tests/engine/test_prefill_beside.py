@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from rebar.engine import prefill_beside
 from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT
-from rebar.engine.prefill_beside import NICENESS, PAYS_BELOW_DECODE_S, PrefillBeside
+from rebar.engine.prefill_beside import NICENESS
 from rebar.engine.sampling_params import SamplingParams
 from tiny_engine import VOCAB, make_core, run_to_completion, tokens_of
 
@@ -56,9 +55,7 @@ def test_a_prompt_beside_a_stream_gives_both_the_tokens_the_steps_give(tmp_path)
         outputs = run_to_completion(core)
         results[beside] = (tokens_of(outputs[("long", 0)]), tokens_of(outputs[("stream", 0)]))
         if beside:
-            # 64 tokens, 8 in the step it lands in (which measures the decode rows afresh), 26
-            # beside again, the last in a step.
-            assert chunks_beside(core) == 2
+            assert chunks_beside(core) == 2  # 64 tokens, then 35, the last in a step
         else:
             assert "prefill_beside" not in core.stats().step_seconds
         assert core.kv_manager.pool.num_free_blocks == NUM_BLOCKS
@@ -181,25 +178,3 @@ def test_the_chunk_runs_at_a_lower_priority_than_the_steps(tmp_path, monkeypatch
     core.add_request("long", long_prompt(), GREEDY)
     run_to_completion(core)
     assert held.niceness == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS
-
-
-def test_a_chunk_starts_only_after_short_uncontended_decode_rows() -> None:
-    beside = PrefillBeside(runner=None)  # type: ignore[arg-type]  # nothing is computed here
-    assert beside.may_start()  # nothing measured yet
-    beside.observe_decode(PAYS_BELOW_DECODE_S * 2)
-    assert not beside.may_start()
-    beside.observe_decode(None)  # a step without decode rows keeps the last figure
-    assert not beside.may_start()
-    beside.observe_decode(PAYS_BELOW_DECODE_S / 2)
-    assert beside.may_start()
-
-
-def test_with_long_decode_steps_the_prompt_takes_capped_shares_of_the_steps(
-    tmp_path, monkeypatch
-) -> None:
-    monkeypatch.setattr(prefill_beside, "PAYS_BELOW_DECODE_S", 0.0)  # every step is too long
-    core = core_with_a_stream(tmp_path)
-    core.add_request("long", long_prompt(), GREEDY)
-    outputs = run_to_completion(core)
-    assert chunks_beside(core) == 0
-    assert len(tokens_of(outputs[("long", 0)])) == 12

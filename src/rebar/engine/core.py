@@ -262,9 +262,7 @@ class EngineCore:
             base_rows, running = self.scheduler.running_rows(), self.scheduler.running
             lookahead = self.speculator.lookahead(list(drafting.values()), base_rows, len(running))
         beside = self.beside
-        plan = self.scheduler.schedule(
-            lookahead, background=beside is not None and beside.may_start()
-        )
+        plan = self.scheduler.schedule(lookahead, background=beside is not None and not beside.busy)
         started = time.monotonic()
         if plan.background is not None:
             assert beside is not None  # the scheduler starts a chunk only when asked to
@@ -287,8 +285,6 @@ class EngineCore:
                 sampling.append((request, item, sampling_row(request, item)))
         greedy = all(best_token_suffices(row) for _, _, row in sampling)
         scores, failed = execute_isolated(self.runner, items, greedy)
-        if beside is not None and not beside.busy:  # the decode rows' time, uncontended
-            beside.observe_decode(self.runner.decode_rows_s)
         outputs += [self._fail(self.scheduler.requests[request_id]) for request_id in failed]
         self.scheduler.update_after_step(plan)
         sampling = [entry for entry in sampling if entry[1].request_id not in failed]

@@ -35,15 +35,6 @@ logger = logging.getLogger("rebar.engine")
 # 34 s).
 NICENESS = 4
 
-# A chunk starts beside the steps only while their decode rows took less than this, measured in the
-# last step with no chunk in flight. The steps' other way with a long prompt is a capped share of it
-# in each step: 64 tokens cost a step 60-170 ms on two cores (both bundled models, 0 to 16k deep),
-# while the thread slows a step 1.4-1.7x (Gemma 3) to 2.2-3.4x (SmolLM2). Short decode steps (a
-# few streams: 4-28 ms) are far better off beside it (scripts/bench_long_prompt_neighbours.py,
-# --streams 1, 4, 8: 1.5-2.5x idle against 4-50x); long ones lose (16 streams 2,048 deep, ~100-165
-# ms a step: scripts/bench_prompt_burst.py, the gaps 270 against 150 ms). docs/benchmarks.md.
-PAYS_BELOW_DECODE_S = 0.05
-
 
 class PrefillBeside:
     """Runs one prompt chunk at a time beside the caller, on `runner`."""
@@ -55,19 +46,6 @@ class PrefillBeside:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.seconds = DurationHistogram.empty()  # each chunk, start to end
-        self._decode_s = 0.0  # the decode rows of the last step with no chunk in flight
-        self._just_landed = False
-
-    def observe_decode(self, seconds: float | None) -> None:
-        """A step's decode rows took `seconds` (None: it had none), with no chunk in flight."""
-        self._just_landed = False
-        if seconds is not None:
-            self._decode_s = seconds
-
-    def may_start(self) -> bool:
-        """Whether a chunk may start with this step: none in flight, and the decode rows measured
-        last (not in the step a chunk landed in: that step measures them afresh) were short."""
-        return self._item is None and not self._just_landed and self._decode_s < PAYS_BELOW_DECODE_S
 
     @property
     def busy(self) -> bool:
@@ -111,7 +89,6 @@ class PrefillBeside:
         self._thread.join()
         item, error = self._item, self._error
         self._item = self._thread = self._error = None
-        self._just_landed = True
         return item, error
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -44,7 +43,6 @@ class ModelRunner:
         self.fused_decoder: FusedDecoder | None = (
             self._build_fused_decoder() if fused_decode and device.type == "cpu" else None
         )
-        self.decode_rows_s: float | None = None  # the last step's fused decode rows, if any
 
     def _build_fused_decoder(self) -> FusedDecoder | None:
         from rebar.model.fused_decode import FusedDecoder
@@ -156,7 +154,6 @@ class ModelRunner:
         fused_rows = set(rows)
         chunks = [i for i in range(len(items)) if i not in fused_rows]
         sampled: dict[int, torch.Tensor] = {}  # item index -> hidden states of its sampled rows
-        self.decode_rows_s = None
         for group, fused in ((rows, True), (chunks, False)):
             if not group:
                 continue
@@ -164,9 +161,7 @@ class ModelRunner:
             input_ids, positions, meta = self._metadata(chosen, as_rows=fused)
             if fused:
                 assert self.fused_decoder is not None  # only then is `rows` non-empty
-                started = time.perf_counter()
                 hidden = self.fused_decoder(input_ids, positions, meta)
-                self.decode_rows_s = time.perf_counter() - started
             else:
                 hidden = self.model(
                     input_ids, positions, meta, self.kv_cache
