@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import threading
 import time
 
-import pytest
-
+from needs import need_linux_proc, requires
 from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT
 from rebar.engine.prefill_beside import NICENESS
 from rebar.engine.sampling_params import SamplingParams
@@ -170,7 +168,7 @@ def test_a_deadline_passing_in_flight_times_the_request_out(tmp_path, monkeypatc
     assert core.kv_manager.pool.num_free_blocks == NUM_BLOCKS
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="threads have their own nice level on Linux")
+@requires(need_linux_proc)  # threads have nice levels of their own on Linux
 def test_the_chunk_runs_at_a_lower_priority_than_the_steps(tmp_path, monkeypatch) -> None:
     core = core_with_a_stream(tmp_path)
     held = HeldChunks(monkeypatch, core.runner)
