@@ -6,8 +6,10 @@ loop, spread over the processes; R reloads, each asked of the next process in tu
 new version, then announces it; the others follow). Reported: failed requests, streams that saw
 more than one version (there must be none), how long each reload took to reach every process,
 the swap itself, the longest pause between chunks a client saw during a reload against the usual
-one, and each process's memory just before the first reload, at its peak during the reloads and
-once the old versions are freed (all three under the same streaming load).
+one, and each process's memory: at its peak during the reloads (under load), and idle just before
+the first reload and once the old versions are freed. Both idle figures are taken with the streams
+paused and the engine's freed temporaries given back, so they compare what each process holds, not
+how far its heap grew under load (that varied by ~100 MiB from run to run).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from rebar_bench.rebar_server import rebar_server_process
 from rebar_bench.serve import percentiles
 
 ADMIN_KEY = "rebar-bench-reload"
+SETTLE_S = 0.25
+SETTLE_KIB = 1024
 
 
 @dataclass
@@ -139,6 +143,19 @@ class MemorySampler:
     def now(self) -> list[tuple[int, int]]:
         return [_memory_kib(pid) for pid in self.pids]
 
+    async def settled(self, timeout_s: float = 10.0) -> list[tuple[int, int]]:
+        """The processes' memory once it stops falling (an engine gives its freed temporaries back
+        as it goes idle): two samples SETTLE_S apart within SETTLE_KIB of each other."""
+        deadline = time.monotonic() + timeout_s
+        last = self.now()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_S)
+            sample = self.now()
+            if all(abs(a[1] - b[1]) <= SETTLE_KIB for a, b in zip(sample, last)):
+                return sample
+            last = sample
+        return last
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             for i, (rss, anon) in enumerate(self.now()):
@@ -212,6 +229,57 @@ async def _admin_models(client: httpx.AsyncClient, url: str, model: str) -> dict
     return next(m for m in listing if m["id"] == model)
 
 
+class _Clients:
+    """`streams` clients streaming chat completions in a loop, spread over the servers; they can
+    be paused between requests (to measure the servers idle) and stopped."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, urls: list[str], model: str, max_tokens: int
+    ) -> None:
+        self.client, self.urls, self.model, self.max_tokens = client, urls, model, max_tokens
+        self.records: list[StreamRecord] = []
+        self.in_flight = 0
+        self._running = asyncio.Event()  # cleared: the clients pause between requests
+        self._running.set()
+        self._stopping = False
+        self._request_ended = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, streams: int) -> None:
+        self._tasks = [asyncio.create_task(self._loop(i)) for i in range(streams)]
+
+    async def pause(self) -> None:
+        """Returns once no request is in flight, and none starts until `resume` or `stop`."""
+        self._running.clear()
+        async with self._request_ended:
+            await self._request_ended.wait_for(lambda: self.in_flight == 0)
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._running.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _loop(self, i: int) -> None:
+        for n in itertools.count(1):
+            await self._running.wait()
+            if self._stopping:
+                return
+            record = StreamRecord(server=i % len(self.urls))
+            self.records.append(record)
+            prompt = f"Client {i}, request {n}: tell me a short story about a lighthouse."
+            self.in_flight += 1
+            try:
+                url = self.urls[record.server]
+                await _stream_once(self.client, url, self.model, prompt, self.max_tokens, record)
+            finally:
+                self.in_flight -= 1
+                async with self._request_ended:
+                    self._request_ended.notify_all()
+
+
 async def _drive(
     urls: list[str],
     model: str,
@@ -227,37 +295,29 @@ async def _drive(
     list[list[int]],
     tuple[list[tuple[int, int]], list[tuple[int, int]]],
 ]:
-    stop = asyncio.Event()
-    records: list[StreamRecord] = []
     windows: list[tuple[float, float]] = []
     figures: list[ReloadFigures] = []
     limits = httpx.Limits(max_connections=streams + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-
-        async def stream_loop(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                record = StreamRecord(server=i % len(urls))
-                records.append(record)
-                prompt = f"Client {i}, request {n}: tell me a short story about a lighthouse."
-                await _stream_once(client, urls[record.server], model, prompt, max_tokens, record)
-
-        clients = [asyncio.create_task(stream_loop(i)) for i in range(streams)]
+        clients = _Clients(client, urls, model, max_tokens)
+        clients.start(streams)
+        await asyncio.sleep(interval_s)  # every step's working set reached
+        await clients.pause()
+        before = await sampler.settled()
+        clients.resume()
         await asyncio.sleep(interval_s)
-        before = sampler.now()  # under load, just before the first reload
         sampler.reset_peaks()
         for r in range(reloads):
             window, figure = await _reload_once(client, urls, model, r)
             windows.append(window)
             figures.append(figure)
             await asyncio.sleep(interval_s)
-        # The old versions are freed once their last streams end; measured under the same load.
+        # The old versions are freed once their last streams end.
         retiring = await _wait_retired(client, urls, model, timeout_s=60)
-        after = sampler.now()
-        stop.set()
-        await asyncio.gather(*clients)
-    return records, figures, windows, retiring, (before, after)
+        await clients.pause()
+        after = await sampler.settled()
+        await clients.stop()
+    return clients.records, figures, windows, retiring, (before, after)
 
 
 async def _reload_once(

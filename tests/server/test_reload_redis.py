@@ -47,7 +47,9 @@ def test_three_reloads_under_sixteen_streams_across_two_processes_lose_nothing()
         record = json.loads(redis.cli("GET", "rebar:models:smollm2:current"))
         assert record["version"] == 4
         for memory in report.memory:
-            # Three reloads later each process holds one version again, give or take the
-            # allocator's caches: well under another copy of the model (184 MiB of weights).
-            assert memory.anon_after - memory.anon_before < 120, memory
+            # Idle after three reloads, each process holds one version again. What else stays
+            # varies with where the heap's live blocks fell (10-95 MiB seen, not growing with
+            # the number of reloads: +66 after one, +10 after six); a version left unfreed would
+            # add its 184 MiB of weights on top of that.
+            assert memory.anon_after - memory.anon_before < 150, memory
             assert memory.anon_peak > memory.anon_before  # the new version loaded beside
