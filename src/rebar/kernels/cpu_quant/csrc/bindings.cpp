@@ -511,16 +511,22 @@ class FusedDecoder {
 }  // namespace rebar_cpu_quant
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_packed", &rebar_cpu_quant::linear_packed, "y = x @ w.T for a packed quantized weight");
+  // Every computing function runs without the GIL (its arguments are converted before, its result
+  // after): a prompt chunk computing beside the decode steps, the server's event loop and the
+  // embedding thread then never wait for one of these calls to finish before they run Python.
+  const auto no_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("linear_packed", &rebar_cpu_quant::linear_packed, "y = x @ w.T for a packed quantized weight", no_gil);
   m.def("quantize_activations", &rebar_cpu_quant::quantize_activations,
-        "x -> (int8 codes, per-block scales, per-group sums, half-block sums)");
+        "x -> (int8 codes, per-block scales, per-group sums, half-block sums)", no_gil);
   m.def("isa", [] { return std::string(rebar_cpu_quant::isa_name()); }, "the integer instruction set built for");
-  m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up");
-  m.def("mask_logits_", &rebar_cpu_quant::mask_logits_op, "-inf where a row's token bitmask has a clear bit");
+  m.def("silu_and_mul", &rebar_cpu_quant::silu_and_mul_op, "silu(gate) * up", no_gil);
+  m.def("mask_logits_", &rebar_cpu_quant::mask_logits_op, "-inf where a row's token bitmask has a clear bit",
+        no_gil);
   m.def("best_outputs", &rebar_cpu_quant::best_outputs_op,
-        "each row's argmax of x @ w.T and whether its best is finite, without writing the outputs");
-  m.def("best_logits", &rebar_cpu_quant::best_logits_op, "each row's argmax and whether its best is finite");
-  m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin");
+        "each row's argmax of x @ w.T and whether its best is finite, without writing the outputs", no_gil);
+  m.def("best_logits", &rebar_cpu_quant::best_logits_op, "each row's argmax and whether its best is finite",
+        no_gil);
+  m.def("rope_", &rebar_cpu_quant::rope_op, "rotates x [tokens, heads, head_dim] in place by cos and sin", no_gil);
   pybind11::class_<rebar_cpu_quant::FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, int64_t>())
       .def("add_layer", &rebar_cpu_quant::FusedDecoder::add_layer)
