@@ -9,9 +9,12 @@ import random
 import threading
 import time
 
+import pytest
+import torch
+
 from needs import need_linux_proc, requires
 from rebar.engine.outputs import DEADLINE_EXCEEDED, ENGINE_FAULT
-from rebar.engine.prefill_beside import NICENESS
+from rebar.engine.prefill_beside import NICENESS, split_threads
 from rebar.engine.sampling_params import SamplingParams
 from tiny_engine import VOCAB, make_core, run_to_completion, tokens_of
 
@@ -68,11 +71,13 @@ class HeldChunks:
     def __init__(self, monkeypatch, runner, fail: bool = False) -> None:
         self.release, self.started, self.fail = threading.Event(), threading.Event(), fail
         self.niceness: int | None = None  # the chunk thread's
+        self.threads: int | None = None  # the chunk thread's team size
         inner = runner.execute
 
         def execute(items):
             if threading.current_thread().name == CHUNK_THREAD:
                 self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                self.threads = torch.get_num_threads()
                 self.started.set()
                 assert self.release.wait(30), "the test never released the chunk"
                 if self.fail:
@@ -176,3 +181,40 @@ def test_the_chunk_runs_at_a_lower_priority_than_the_steps(tmp_path, monkeypatch
     core.add_request("long", long_prompt(), GREEDY)
     run_to_completion(core)
     assert held.niceness == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS
+
+
+@pytest.mark.parametrize(
+    "total,chunk_threads,split",
+    [
+        (2, None, (1, 1)),
+        (8, None, (4, 4)),
+        (1, None, (1, 1)),
+        (8, 2, (2, 6)),
+        (2, 2, (2, 2)),
+        (2, 5, (2, 2)),
+    ],
+)
+def test_the_threads_are_split_between_the_chunk_and_the_steps(total, chunk_threads, split) -> None:
+    assert split_threads(total, chunk_threads) == split
+
+
+@requires(need_linux_proc)  # the OpenMP runtime is found among /proc/self/maps
+@pytest.mark.parametrize("chunk_threads,shares", [(1, (1, 3)), (None, (2, 2)), (4, (4, 4))])
+def test_the_steps_run_on_their_share_while_a_chunk_computes(
+    tmp_path, monkeypatch, chunk_threads, shares
+) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        core = core_with_a_stream(tmp_path, prefill_beside_threads=chunk_threads)
+        held = HeldChunks(monkeypatch, core.runner)
+        core.add_request("long", long_prompt(), GREEDY)
+        core.step()  # starts the chunk
+        assert held.started.wait(30)
+        core.step()  # the stream's step beside it
+        assert (held.threads, torch.get_num_threads()) == shares
+        held.release.set()
+        run_to_completion(core)
+        assert torch.get_num_threads() == 4  # the engine's thread has all of them back
+    finally:
+        torch.set_num_threads(before)

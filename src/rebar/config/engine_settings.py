@@ -42,6 +42,12 @@ class EngineSettings(Section):
         "chunks of up to max_num_batched_tokens, sharing the cores with them instead of adding its "
         "chunks to their steps (docs/benchmarks.md); off: in the steps, capped per step.",
     )
+    prefill_beside_threads: Annotated[Annotated[int, Field(ge=1)] | None, Unsettable] = Field(
+        None,
+        description="Threads a prompt chunk computes on beside the steps, which run on the rest "
+        "of the engine's threads meanwhile; unset: half of them (at least one); as many as the "
+        "engine's or more: both use every thread and the operating system interleaves them.",
+    )
     max_model_len: Annotated[Annotated[int, Field(ge=2)] | None, Unsettable] = Field(
         None,
         description="Longest prompt + completion in tokens; unset: the model's context window.",

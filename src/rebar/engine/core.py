@@ -85,7 +85,7 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv_manager)
         # Threads share the CPU's cores; an accelerator would run the two one after the other.
         self.beside = (
-            PrefillBeside(self.runner)
+            PrefillBeside(self.runner, config.prefill_beside_threads)
             if config.prefill_beside_decode and device.type == "cpu"
             else None
         )

@@ -50,6 +50,7 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_prefill_tokens_while_decoding: int
     prefill_beside_decode: bool  # long prompts prefill on a thread beside decode steps (CPU)
+    prefill_beside_threads: int | None  # the chunk's share of the threads; None: half
     max_model_len: int | None  # None: the model's context window
     kv_cache_memory: int | None
     kv_cache_fraction: float
