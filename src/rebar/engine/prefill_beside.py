@@ -36,11 +36,12 @@ logger = logging.getLogger("rebar.engine")
 
 # The chunk's thread runs at this nice level above the engine's (Linux: per thread), so that the
 # scheduler of the operating system gives a decode step the cores more often than the chunk: the
-# stream's pace against the prompt's. Measured on two cores, Gemma 3 270M, one stream beside a
-# 16,384-token prompt (scripts/bench_long_prompt_neighbours.py, 2026-12-06; the stream's median gap
-# against its idle one, the prompt's first token): nice 0: 2.03x, 49.6 s; 2: 1.66-1.99x, 55-56 s;
-# 3: 1.57-1.69x, 60 s; 4: 1.57-1.58x, 64-65 s; 6: 1.41-1.45x, 77 s (in the steps instead: ~11x,
-# 34 s).
+# stream's pace against the prompt's. Measured on two cores with both teams on every thread (before
+# `split_threads`), Gemma 3 270M, one stream beside a 16,384-token prompt
+# (scripts/bench_long_prompt_neighbours.py, 2026-12-06; the stream's median gap against its idle
+# one, the prompt's first token): nice 0: 2.03x, 49.6 s; 2: 1.66-1.99x, 55-56 s; 3: 1.57-1.69x,
+# 60 s; 4: 1.57-1.58x, 64-65 s; 6: 1.41-1.45x, 77 s (in the steps instead: ~11x, 34 s). With the
+# threads split, it still ranks the engine's own Python work ahead of the chunk's.
 NICENESS = 4
 
 
@@ -49,10 +50,11 @@ def split_threads(total: int, chunk_threads: int | None) -> tuple[int, int]:
 
     `chunk_threads` None: half of them (at least one); as many as `total` or more: both teams use
     every thread and the operating system interleaves them. Measured on two cores against sharing
-    both (scripts/bench_long_prompt_neighbours.py, docs/benchmarks.md): SmolLM2, one stream beside
-    an 8,000-token prompt, the stream's median gap 2.1-2.8x its idle one against 3.3-3.8x and the
-    prompt's first token at 32 s against 46-49 s; Gemma 3 beside 16,384 tokens 1.96-2.02x against
-    1.56-1.68x, 90th percentile 2.0-2.1x against 2.4-2.5x, first token at 38 s against 63 s."""
+    both (scripts/bench_long_prompt_neighbours.py, docs/benchmarks.md), the stream's median gap
+    against its idle one and the long prompt's first token: SmolLM2, one stream beside an
+    8,000-token prompt, 2.5-3.0x and 32 s against 3.2-3.8x and 49-51 s; Gemma 3 beside 16,384
+    tokens 1.75-1.90x (90th percentile 1.8-2.0x) and 38 s against 1.53-1.63x (2.4-2.5x) and
+    61-63 s. The steps are slower on one thread, but never wait for a core."""
     chunk = max(1, total // 2) if chunk_threads is None else chunk_threads
     if chunk >= total:
         return total, total
